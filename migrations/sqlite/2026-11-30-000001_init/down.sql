@@ -1,0 +1,5 @@
+DROP TABLE idempotency_key;
+DROP TABLE local_message;
+DROP TABLE refund_callback;
+DROP TABLE pay_callback;
+DROP TABLE orders;

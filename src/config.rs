@@ -1,0 +1,563 @@
+//! Loads and checks the configuration: one TOML file plus `PAYNOTIFY__SECTION__KEY` overrides.
+//!
+//! Every mistake is a start-up error that names the key; secrets never show in `Debug` output.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The file used when neither `--config` nor `$PAYNOTIFY_CONFIG` names one.
+pub const DEFAULT_CONFIG_FILE: &str = "config/default.toml";
+/// Environment variables with this prefix (then `SECTION__KEY`) override the file.
+pub const ENV_PREFIX: &str = "PAYNOTIFY";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("config key `{key}`: {message}")]
+    Invalid { key: String, message: String },
+}
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// A value that must never be printed: tokens, keys, passwords in URLs.
+#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            f.write_str("Secret(<empty>)")
+        } else {
+            f.write_str("Secret(<redacted>)")
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub database: DatabaseSettings,
+    pub redis: RedisSettings,
+    pub wechat: WechatSettings,
+    pub alipay: AlipaySettings,
+    pub orders: OrderSettings,
+    pub relay: RelaySettings,
+    pub retention: RetentionSettings,
+    pub sandbox: SandboxSettings,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSettings {
+    pub listen: SocketAddr,
+    pub max_body_bytes: usize,
+    /// Bearer token for `/orders` and `/admin`; may be empty only on a loopback address.
+    pub api_token: Secret,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DatabaseSettings {
+    /// `sqlite://PATH` or `postgres://…`; may hold a password, hence a secret.
+    pub url: Secret,
+    pub pool_size: u32,
+    pub auto_migrate: bool,
+    /// Longest wait for a pooled connection before answering 503.
+    pub acquire_timeout_ms: u64,
+    /// PostgreSQL `statement_timeout` set on every connection.
+    pub statement_timeout_ms: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisSettings {
+    pub url: Secret,
+    pub timeout_ms: u64,
+    pub result_ttl_secs: u64,
+    pub marker_ttl_ms: u64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WechatSettings {
+    pub merchants: Vec<WechatMerchant>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WechatMerchant {
+    pub mchid: String,
+    pub appid: String,
+    pub apiv3_key: Secret,
+    #[serde(default)]
+    pub platform_keys: Vec<PlatformKey>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlatformKey {
+    /// Required with `public_key_file`; taken from the certificate with `certificate_file`.
+    pub serial: Option<String>,
+    pub public_key_file: Option<PathBuf>,
+    pub certificate_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlipaySettings {
+    pub apps: Vec<AlipayApp>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlipayApp {
+    pub app_id: String,
+    pub seller_id: String,
+    pub alipay_public_key_file: Option<PathBuf>,
+    pub alipay_cert_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OrderSettings {
+    pub expire_after_secs: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SinkKind {
+    Log,
+    RedisStream,
+    Http,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelaySettings {
+    pub sink: SinkKind,
+    pub interval_ms: u64,
+    pub batch_size: u32,
+    pub max_attempts: u32,
+    pub redis_stream: String,
+    pub http_url: String,
+    pub http_secret: Secret,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionSettings {
+    pub keep_days: u32,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxSettings {
+    pub wechat_private_key_file: Option<PathBuf>,
+    pub alipay_private_key_file: Option<PathBuf>,
+}
+
+// The defaults are those of config/default.toml, so a file only needs the keys it changes.
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            max_body_bytes: 65536,
+            api_token: Secret::default(),
+        }
+    }
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self {
+            url: Secret::new("sqlite://data/paynotify.db"),
+            pool_size: 16,
+            auto_migrate: true,
+            acquire_timeout_ms: 2000,
+            statement_timeout_ms: 5000,
+        }
+    }
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            url: Secret::default(),
+            timeout_ms: 50,
+            result_ttl_secs: 172_800,
+            marker_ttl_ms: 5000,
+        }
+    }
+}
+
+impl Default for OrderSettings {
+    fn default() -> Self {
+        Self {
+            expire_after_secs: 1800,
+        }
+    }
+}
+
+impl Default for RelaySettings {
+    fn default() -> Self {
+        Self {
+            sink: SinkKind::Log,
+            interval_ms: 1000,
+            batch_size: 100,
+            max_attempts: 16,
+            redis_stream: "paynotify:events".to_owned(),
+            http_url: String::new(),
+            http_secret: Secret::default(),
+        }
+    }
+}
+
+impl Default for RetentionSettings {
+    fn default() -> Self {
+        Self { keep_days: 7 }
+    }
+}
+
+impl Settings {
+    /// Reads the file chosen by `--config`, else `$PAYNOTIFY_CONFIG`, else the default file,
+    /// then applies the `PAYNOTIFY__…` variables of this process.
+    pub fn load(explicit: Option<&Path>) -> Result<Self, ConfigError> {
+        let from_env = std::env::var_os("PAYNOTIFY_CONFIG").map(PathBuf::from);
+        let path = explicit
+            .map(Path::to_path_buf)
+            .or(from_env)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_FILE));
+        let overrides = std::env::vars()
+            .filter(|(k, _)| k.starts_with(&format!("{ENV_PREFIX}__")))
+            .collect();
+        Self::load_from(&path, overrides)
+    }
+
+    /// Reads `path` and applies `overrides` (environment-style names, `PAYNOTIFY__SECTION__KEY`).
+    pub fn load_from(path: &Path, overrides: HashMap<String, String>) -> Result<Self, ConfigError> {
+        let file_error = |message: String| ConfigError::File {
+            path: path.to_path_buf(),
+            message,
+        };
+        if !path.is_file() {
+            return Err(file_error("not found (or not a file)".to_owned()));
+        }
+        let merged = config::Config::builder()
+            .add_source(config::File::from(path).format(config::FileFormat::Toml))
+            .add_source(
+                config::Environment::with_prefix(ENV_PREFIX)
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true)
+                    .source(Some(overrides)),
+            )
+            .build()
+            .map_err(|e| file_error(e.to_string()))?;
+        let settings: Settings = serde_path_to_error::deserialize(merged).map_err(|e| {
+            let key = e.path().to_string();
+            invalid(key, e.into_inner().to_string())
+        })?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// The checks serde cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let s = &self.server;
+        if !(1024..=16 * 1024 * 1024).contains(&s.max_body_bytes) {
+            return Err(invalid(
+                "server.max_body_bytes",
+                "must be between 1024 and 16777216",
+            ));
+        }
+        if s.api_token.is_empty() && !s.listen.ip().is_loopback() {
+            return Err(invalid(
+                "server.api_token",
+                format!(
+                    "must be set when server.listen ({}) is not a loopback address",
+                    s.listen
+                ),
+            ));
+        }
+        DatabaseUrl::parse(self.database.url.expose())?;
+        if !(1..=1000).contains(&self.database.pool_size) {
+            return Err(invalid("database.pool_size", "must be between 1 and 1000"));
+        }
+        if self.database.acquire_timeout_ms == 0 {
+            return Err(invalid("database.acquire_timeout_ms", "must be positive"));
+        }
+        if self.database.statement_timeout_ms == 0 {
+            return Err(invalid("database.statement_timeout_ms", "must be positive"));
+        }
+        let r = &self.redis;
+        if !r.url.is_empty() && !r.url.expose().starts_with("redis://") {
+            return Err(invalid("redis.url", "must be empty or start with redis://"));
+        }
+        for (key, value) in [
+            ("redis.timeout_ms", r.timeout_ms),
+            ("redis.result_ttl_secs", r.result_ttl_secs),
+            ("redis.marker_ttl_ms", r.marker_ttl_ms),
+            ("orders.expire_after_secs", self.orders.expire_after_secs),
+            ("relay.interval_ms", self.relay.interval_ms),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be positive"));
+            }
+        }
+        for (i, m) in self.wechat.merchants.iter().enumerate() {
+            if m.apiv3_key.expose().len() != 32 {
+                return Err(invalid(
+                    format!("wechat.merchants[{i}].apiv3_key"),
+                    "must be exactly 32 bytes",
+                ));
+            }
+        }
+        let relay = &self.relay;
+        if !(1..=10_000).contains(&relay.batch_size) {
+            return Err(invalid("relay.batch_size", "must be between 1 and 10000"));
+        }
+        if relay.max_attempts == 0 {
+            return Err(invalid("relay.max_attempts", "must be at least 1"));
+        }
+        match relay.sink {
+            SinkKind::Log => {}
+            SinkKind::RedisStream if r.url.is_empty() => {
+                return Err(invalid(
+                    "redis.url",
+                    "must be set when relay.sink = \"redis-stream\"",
+                ));
+            }
+            SinkKind::RedisStream if relay.redis_stream.is_empty() => {
+                return Err(invalid("relay.redis_stream", "must not be empty"));
+            }
+            SinkKind::RedisStream => {}
+            SinkKind::Http if relay.http_url.is_empty() => {
+                return Err(invalid(
+                    "relay.http_url",
+                    "must be set when relay.sink = \"http\"",
+                ));
+            }
+            SinkKind::Http if relay.http_secret.is_empty() => {
+                return Err(invalid(
+                    "relay.http_secret",
+                    "must be set when relay.sink = \"http\"",
+                ));
+            }
+            SinkKind::Http => {}
+        }
+        if self.retention.keep_days < 2 {
+            return Err(invalid(
+                "retention.keep_days",
+                "must be at least 2: providers retry for up to 25 hours",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The database named by `database.url`; the scheme picks the backend.
+#[derive(Clone, PartialEq, Eq)]
+pub enum DatabaseUrl {
+    Postgres(String),
+    /// A file path (relative to the working directory), or `:memory:`.
+    Sqlite(String),
+}
+
+impl DatabaseUrl {
+    pub fn parse(url: &str) -> Result<Self, ConfigError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Self::Postgres(url.to_owned()));
+        }
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            if path.is_empty() {
+                return Err(invalid("database.url", "sqlite:// needs a file path"));
+            }
+            return Ok(Self::Sqlite(path.to_owned()));
+        }
+        if url.starts_with("mysql://") {
+            return Err(invalid(
+                "database.url",
+                "mysql:// is not supported by this build yet; use postgres:// or sqlite://",
+            ));
+        }
+        Err(invalid(
+            "database.url",
+            "must start with postgres://, postgresql:// or sqlite://",
+        ))
+    }
+
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Self::Postgres(_) => "postgres",
+            Self::Sqlite(_) => "sqlite",
+        }
+    }
+}
+
+impl fmt::Debug for DatabaseUrl {
+    /// Shows the backend and, for files, the path; never a password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Postgres(_) => f.write_str("Postgres(<redacted>)"),
+            Self::Sqlite(path) => write!(f, "Sqlite({path:?})"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn load(contents: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let mut f = tempfile::NamedTempFile::new().expect("temp file");
+        f.write_all(contents.as_bytes()).expect("write temp file");
+        let env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Settings::load_from(f.path(), env)
+    }
+
+    #[test]
+    fn the_shipped_default_file_loads() {
+        let s = Settings::load_from(Path::new(DEFAULT_CONFIG_FILE), HashMap::new())
+            .expect("config/default.toml must load");
+        assert_eq!(
+            DatabaseUrl::parse(s.database.url.expose()).expect("url"),
+            DatabaseUrl::Sqlite("data/paynotify.db".into())
+        );
+        assert!(s.server.listen.ip().is_loopback());
+        assert!(s.redis.url.is_empty());
+        assert_eq!(s.relay.sink, SinkKind::Log);
+    }
+
+    #[test]
+    fn an_unknown_key_is_named() {
+        let err = load("[server]\nlisen = \"127.0.0.1:1\"\n", &[]).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("server") && msg.contains("lisen"), "{msg}");
+    }
+
+    #[test]
+    fn an_unknown_section_is_named() {
+        let err = load("[serverr]\nlisten = \"127.0.0.1:1\"\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("serverr"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_value_names_its_key() {
+        let err = load("[database]\npool_size = \"many\"\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("database.pool_size"), "{err}");
+        let err = load("[server]\nlisten = \"nowhere\"\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("server.listen"), "{err}");
+        let err = load("[relay]\nsink = \"kafka\"\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("relay.sink"), "{err}");
+        let err = load("[retention]\nkeep_days = 1\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("retention.keep_days"), "{err}");
+        let err = load("[database]\nurl = \"oracle://x\"\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("database.url"), "{err}");
+    }
+
+    #[test]
+    fn environment_overrides_the_file_with_double_underscores() {
+        let s = load(
+            "[database]\npool_size = 4\n",
+            &[
+                ("PAYNOTIFY__DATABASE__POOL_SIZE", "9"),
+                ("PAYNOTIFY__SERVER__API_TOKEN", "t0ken"),
+                ("PAYNOTIFY_DATABASE_POOL_SIZE", "3"),
+            ],
+        )
+        .expect("loads");
+        assert_eq!(s.database.pool_size, 9);
+        assert_eq!(s.server.api_token.expose(), "t0ken");
+    }
+
+    #[test]
+    fn an_unknown_environment_key_is_named() {
+        let err = load("", &[("PAYNOTIFY__DATABASE__POOLSIZE", "9")]).unwrap_err();
+        assert!(err.to_string().contains("poolsize"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_token_is_refused_off_loopback() {
+        let err = load("[server]\nlisten = \"0.0.0.0:8080\"\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("server.api_token"), "{err}");
+        load(
+            "[server]\nlisten = \"0.0.0.0:8080\"\napi_token = \"x\"\n",
+            &[],
+        )
+        .expect("a token makes a public address acceptable");
+        load("[server]\nlisten = \"[::1]:8080\"\n", &[]).expect("IPv6 loopback is loopback");
+    }
+
+    #[test]
+    fn secrets_never_show_in_debug_output() {
+        let s = load(
+            r#"
+[server]
+api_token = "tok-SECRET-1"
+[database]
+url = "postgres://app:pw-SECRET-2@db/pay"
+[relay]
+http_secret = "hmac-SECRET-3"
+[[wechat.merchants]]
+mchid = "1900000001"
+appid = "wx1"
+apiv3_key = "0123456789abcdef0123456789SECRET"
+"#,
+            &[],
+        )
+        .expect("loads");
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("SECRET"), "{shown}");
+        let url = DatabaseUrl::parse(s.database.url.expose()).expect("url");
+        assert!(!format!("{url:?}").contains("SECRET"));
+    }
+
+    #[test]
+    fn a_wrong_length_apiv3_key_is_named() {
+        let err = load(
+            "[[wechat.merchants]]\nmchid = \"1\"\nappid = \"a\"\napiv3_key = \"short\"\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("wechat.merchants[0].apiv3_key"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_missing_file_is_named() {
+        let err =
+            Settings::load_from(Path::new("/nonexistent/p.toml"), HashMap::new()).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/p.toml"), "{err}");
+    }
+}

@@ -1,0 +1,13 @@
+//! paynotify: verifies payment notifications and turns each into exactly one order state
+//! change plus one outbox message.
+
+pub mod channel;
+pub mod config;
+pub mod notice;
+pub mod order;
+pub mod outbox;
+pub mod routes;
+pub mod startup;
+pub mod store;
+pub mod telemetry;
+pub mod time;

@@ -1,0 +1,277 @@
+//! The provider-neutral notice: what a verified WeChat Pay or Alipay notification means.
+//!
+//! Channel adapters produce a [`Notice`]; the ledger only ever sees this type.
+
+use std::fmt;
+
+use ring::digest::{SHA256, digest};
+use serde::Serialize;
+
+use crate::time::Timestamp;
+
+/// The payment channel a notice came through; stored in `orders.channel` and the callback tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChannelId {
+    Wechat,
+    Alipay,
+}
+
+impl ChannelId {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Wechat => "wechat",
+            Self::Alipay => "alipay",
+        }
+    }
+}
+
+impl fmt::Display for ChannelId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What happened, as far as the order is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoticeKind {
+    /// The buyer paid `Notice::amount_fen` for the order.
+    Paid,
+    /// One refund succeeded; keyed by the merchant's `out_refund_no` (Alipay: `out_biz_no`).
+    Refunded(Refund),
+    /// The provider closed the unpaid trade (Alipay `TRADE_CLOSED` without a refund).
+    Closed,
+    /// Recorded and acknowledged, no state change (`WAIT_BUYER_PAY`, `REFUND.ABNORMAL`, …).
+    Other { status: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refund {
+    pub out_refund_no: String,
+    /// The provider's refund id (WeChat `refund_id`; Alipay has none per refund, so the
+    /// adapter passes `trade_no:out_biz_no`).
+    pub refund_id: String,
+    /// This refund's amount (not a running total).
+    pub refund_fen: i64,
+}
+
+/// The merchant identifiers a notification carries: WeChat `mchid` + `appid`,
+/// Alipay `seller_id` + `app_id`. WeChat refund notifications carry no `appid`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MerchantIds {
+    pub merchant_id: String,
+    pub app_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub channel: ChannelId,
+    pub kind: NoticeKind,
+    pub out_trade_no: String,
+    /// WeChat `transaction_id`, Alipay `trade_no`.
+    pub transaction_id: String,
+    /// The order amount the provider reports (`amount.total` / `total_amount`), in fen.
+    pub amount_fen: i64,
+    pub currency: String,
+    pub merchant: MerchantIds,
+    /// Whether `merchant` is the merchant/app whose key signed the notification. A valid
+    /// signature over someone else's merchant ids never marks an order paid.
+    pub merchant_matches: bool,
+    pub occurred_at: Option<Timestamp>,
+}
+
+/// SHA-256 of a notice's business content, lowercase hex. Two deliveries are "the same"
+/// exactly when their digests are equal.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Digest(String);
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+impl Digest {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    pub fn of(bytes: &[u8]) -> Self {
+        let hash = digest(&SHA256, bytes);
+        let mut hex = String::with_capacity(64);
+        for byte in hash.as_ref() {
+            hex.push(char::from(HEX[usize::from(byte >> 4)]));
+            hex.push(char::from(HEX[usize::from(byte & 0xf)]));
+        }
+        Self(hex)
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({})", &self.0[..12.min(self.0.len())])
+    }
+}
+
+impl Notice {
+    /// The business content as interface.md defines it. Timestamps, nonces, `notify_id`,
+    /// field order, re-encryption and `TRADE_SUCCESS` → `TRADE_FINISHED` are not part of it.
+    /// Fields are hashed as a JSON array so no separator can be smuggled inside a value.
+    pub fn digest(&self) -> Digest {
+        let content = match &self.kind {
+            NoticeKind::Refunded(r) => serde_json::json!([
+                "refund",
+                self.channel,
+                r.out_refund_no,
+                self.out_trade_no,
+                r.refund_id,
+                r.refund_fen,
+            ]),
+            _ => serde_json::json!([
+                "payment",
+                self.channel,
+                self.out_trade_no,
+                self.transaction_id,
+                self.amount_fen,
+                self.currency,
+                self.merchant.merchant_id,
+                self.merchant.app_id,
+            ]),
+        };
+        Digest::of(content.to_string().as_bytes())
+    }
+}
+
+/// Why money that arrived must not mark the order paid (`PAYMENT_ANOMALY` payload `reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AnomalyReason {
+    /// The amount or currency differs from the order (for refunds: more than was paid).
+    AmountMismatch,
+    MerchantMismatch,
+    PaidAfterClose,
+    /// The order was already paid through another channel or transaction.
+    DuplicatePayment,
+}
+
+impl AnomalyReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AmountMismatch => "AMOUNT_MISMATCH",
+            Self::MerchantMismatch => "MERCHANT_MISMATCH",
+            Self::PaidAfterClose => "PAID_AFTER_CLOSE",
+            Self::DuplicatePayment => "DUPLICATE_PAYMENT",
+        }
+    }
+}
+
+/// What the ledger did with a notice; the HTTP layer maps it to the provider's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// First delivery: the order moved and the outbox message was written.
+    Applied,
+    /// Same key, same business content as before: nothing written.
+    Duplicate,
+    /// Same key, different business content: nothing written, answered 409.
+    Conflict,
+    /// Recorded with a `PAYMENT_ANOMALY` message; the order did not move.
+    Anomaly(AnomalyReason),
+    /// Acknowledged without a state change (a status the ledger does not act on).
+    Ignored,
+    /// No such order: nothing written, answered 404 so the provider retries.
+    UnknownOrder,
+    /// A refund for an order whose payment has not arrived yet: nothing written, answered
+    /// like an unknown order so the provider retries after the payment notification.
+    TooEarly,
+}
+
+impl Outcome {
+    /// The outcome's name in logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Duplicate => "duplicate",
+            Self::Conflict => "conflict",
+            Self::Anomaly(_) => "anomaly",
+            Self::Ignored => "ignored",
+            Self::UnknownOrder => "unknown_order",
+            Self::TooEarly => "too_early",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paid() -> Notice {
+        Notice {
+            channel: ChannelId::Wechat,
+            kind: NoticeKind::Paid,
+            out_trade_no: "O1".into(),
+            transaction_id: "T1".into(),
+            amount_fen: 19900,
+            currency: "CNY".into(),
+            merchant: MerchantIds {
+                merchant_id: "1900000001".into(),
+                app_id: Some("wx1".into()),
+            },
+            merchant_matches: true,
+            occurred_at: None,
+        }
+    }
+
+    #[test]
+    fn digest_is_sha256_hex() {
+        assert_eq!(
+            Digest::of(b"abc").as_str(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn digest_ignores_delivery_details_and_covers_business_fields() {
+        let base = paid();
+        let mut later = paid();
+        later.occurred_at = Some(Timestamp::new(chrono::Utc::now()));
+        assert_eq!(base.digest(), later.digest());
+
+        let changes: Vec<fn(&mut Notice)> = vec![
+            |n| n.channel = ChannelId::Alipay,
+            |n| n.out_trade_no.push('x'),
+            |n| n.transaction_id.push('x'),
+            |n| n.amount_fen += 1,
+            |n| n.currency = "USD".into(),
+            |n| n.merchant.merchant_id.push('x'),
+            |n| n.merchant.app_id = None,
+        ];
+        for change in changes {
+            let mut n = paid();
+            change(&mut n);
+            assert_ne!(base.digest(), n.digest(), "{n:?}");
+        }
+    }
+
+    #[test]
+    fn refund_digest_covers_refund_id_and_amount() {
+        let refund = |id: &str, fen| {
+            let mut n = paid();
+            n.kind = NoticeKind::Refunded(Refund {
+                out_refund_no: "R1".into(),
+                refund_id: id.into(),
+                refund_fen: fen,
+            });
+            n
+        };
+        assert_eq!(refund("X", 100).digest(), refund("X", 100).digest());
+        assert_ne!(refund("X", 100).digest(), refund("Y", 100).digest());
+        assert_ne!(refund("X", 100).digest(), refund("X", 101).digest());
+        assert_ne!(refund("X", 100).digest(), paid().digest());
+    }
+
+    #[test]
+    fn fields_cannot_run_into_each_other() {
+        let mut a = paid();
+        a.out_trade_no = "O1\",\"T".into();
+        a.transaction_id = "1".into();
+        let mut b = paid();
+        b.out_trade_no = "O1".into();
+        b.transaction_id = "T1".into();
+        assert_ne!(a.digest(), b.digest());
+    }
+}

@@ -1,0 +1,124 @@
+//! Orders and the only moves their status may make.
+
+use diesel::backend::Backend;
+use diesel::deserialize::{self, FromSql, FromSqlRow};
+use diesel::expression::AsExpression;
+use diesel::serialize::{self, Output, ToSql};
+use diesel::sql_types::Text;
+use serde::Serialize;
+
+use crate::store::schema::orders;
+use crate::time::Timestamp;
+
+/// `WAIT_PAY → PAID → REFUNDED`, `WAIT_PAY → CLOSED`; nothing else, ever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, AsExpression, FromSqlRow)]
+#[diesel(sql_type = Text)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum OrderStatus {
+    WaitPay,
+    Paid,
+    Refunded,
+    Closed,
+}
+
+impl OrderStatus {
+    pub const ALL: [OrderStatus; 4] = [Self::WaitPay, Self::Paid, Self::Refunded, Self::Closed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::WaitPay => "WAIT_PAY",
+            Self::Paid => "PAID",
+            Self::Refunded => "REFUNDED",
+            Self::Closed => "CLOSED",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|status| status.as_str() == s)
+    }
+
+    /// Whether an order may go from `self` to `next` (staying put is always allowed).
+    pub fn may_become(self, next: OrderStatus) -> bool {
+        use OrderStatus::*;
+        self == next
+            || matches!(
+                (self, next),
+                (WaitPay, Paid) | (Paid, Refunded) | (WaitPay, Closed)
+            )
+    }
+}
+
+impl<DB: Backend> ToSql<Text, DB> for OrderStatus
+where
+    str: ToSql<Text, DB>,
+{
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, DB>) -> serialize::Result {
+        self.as_str().to_sql(out)
+    }
+}
+
+impl<DB: Backend> FromSql<Text, DB> for OrderStatus
+where
+    String: FromSql<Text, DB>,
+{
+    fn from_sql(bytes: DB::RawValue<'_>) -> deserialize::Result<Self> {
+        let s = String::from_sql(bytes)?;
+        Self::parse(&s).ok_or_else(|| format!("unknown order status {s:?}").into())
+    }
+}
+
+/// An order as stored, serialised with exactly the keys of `GET /orders/{order_no}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, diesel::Queryable, diesel::Selectable)]
+#[diesel(table_name = orders)]
+pub struct Order {
+    pub order_no: String,
+    pub status: OrderStatus,
+    pub amount_fen: i64,
+    pub refunded_fen: i64,
+    pub currency: String,
+    #[serde(skip)]
+    pub subject: String,
+    pub channel: Option<String>,
+    pub transaction_id: Option<String>,
+    pub created_at: Timestamp,
+    pub paid_at: Option<Timestamp>,
+    pub closed_at: Option<Timestamp>,
+    #[serde(skip)]
+    pub expire_at: Timestamp,
+}
+
+/// A new order, already validated by the HTTP layer.
+#[derive(Debug, Clone, PartialEq, Eq, diesel::Insertable)]
+#[diesel(table_name = orders)]
+pub struct NewOrder {
+    pub order_no: String,
+    pub amount_fen: i64,
+    pub currency: String,
+    pub subject: String,
+    pub created_at: Timestamp,
+    pub expire_at: Timestamp,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OrderStatus::{self, *};
+
+    #[test]
+    fn only_the_four_forward_moves_are_allowed() {
+        let allowed = [(WaitPay, Paid), (Paid, Refunded), (WaitPay, Closed)];
+        for from in OrderStatus::ALL {
+            for to in OrderStatus::ALL {
+                let expected = from == to || allowed.contains(&(from, to));
+                assert_eq!(from.may_become(to), expected, "{from:?} -> {to:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn status_names_round_trip() {
+        for s in OrderStatus::ALL {
+            assert_eq!(OrderStatus::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(OrderStatus::parse("paid"), None);
+    }
+}

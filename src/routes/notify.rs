@@ -1,0 +1,90 @@
+//! The one handler behind every notify URL: verify, decode, apply, acknowledge.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+
+use crate::channel::{Channel, Inbound, Reply};
+use crate::notice::Outcome;
+use crate::startup::AppState;
+
+/// The reply the provider gets for what the ledger did.
+pub fn reply_for(outcome: Outcome) -> Reply<'static> {
+    match outcome {
+        Outcome::Applied | Outcome::Duplicate | Outcome::Anomaly(_) | Outcome::Ignored => {
+            Reply::Success
+        }
+        Outcome::Conflict => Reply::Failure {
+            status: StatusCode::CONFLICT,
+            message: "business content differs from the first delivery of this key",
+        },
+        Outcome::UnknownOrder => Reply::Failure {
+            status: StatusCode::NOT_FOUND,
+            message: "unknown order",
+        },
+        Outcome::TooEarly => Reply::Failure {
+            status: StatusCode::NOT_FOUND,
+            message: "order not paid yet",
+        },
+    }
+}
+
+/// Handles `POST` on a provider's notify URL. The body arrives as raw bytes, bounded by
+/// `server.max_body_bytes` (413 in the provider's shape when larger).
+pub async fn notify<C: Channel>(
+    channel: web::Data<C>,
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    body: Result<web::Bytes, actix_web::Error>,
+) -> HttpResponse {
+    let id = channel.id();
+    let body = match body {
+        Ok(body) => body,
+        Err(e) => {
+            let status = e.as_response_error().status_code();
+            let (status, message) = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                (status, "body too large")
+            } else {
+                (StatusCode::BAD_REQUEST, "unreadable body")
+            };
+            tracing::warn!(channel = %id, error = %e, "notification rejected: {message}");
+            return channel.render(Reply::Failure { status, message });
+        }
+    };
+    let now = state.clock.now();
+    let inbound = Inbound {
+        headers: request.headers(),
+        body: &body,
+        now,
+    };
+    let notice = match channel.verify(&inbound).and_then(|v| channel.decode(v)) {
+        Ok(notice) => notice,
+        Err(rejection) => {
+            tracing::warn!(channel = %id, reason = rejection.reason(), detail = %rejection, "notification rejected");
+            let message = rejection.to_string();
+            return channel.render(Reply::Failure {
+                status: rejection.status(),
+                message: &message,
+            });
+        }
+    };
+    match state.store.apply(&notice, now).await {
+        Ok(outcome) => {
+            tracing::info!(
+                channel = %id,
+                out_trade_no = %notice.out_trade_no,
+                transaction_id = %notice.transaction_id,
+                outcome = outcome.as_str(),
+                anomaly = ?matches!(outcome, Outcome::Anomaly(_)).then_some(outcome),
+                "notification applied"
+            );
+            channel.render(reply_for(outcome))
+        }
+        Err(e) => {
+            tracing::error!(channel = %id, out_trade_no = %notice.out_trade_no, error = %e, "notification not stored; the provider will retry");
+            channel.render(Reply::Failure {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                message: "temporarily unavailable",
+            })
+        }
+    }
+}

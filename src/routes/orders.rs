@@ -1,0 +1,166 @@
+//! The internal orders API: create (with `Idempotency-Key`), read, close.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::{Deserialize, Serialize};
+
+use super::{ApiError, Authorized, error_body};
+use crate::notice::Digest;
+use crate::order::NewOrder;
+use crate::startup::AppState;
+use crate::store::ledger::CloseResult;
+use crate::store::orders::{CreateOutcome, CreateResult, IdempotencyKey, StoredResponse};
+
+const MAX_ORDER_NO: usize = 64;
+const MAX_SUBJECT: usize = 256;
+const MAX_IDEMPOTENCY_KEY: usize = 255;
+/// Thirty days: longer than any provider keeps a trade open.
+const MAX_EXPIRE_AFTER_SECS: u64 = 30 * 24 * 3600;
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateOrderRequest {
+    pub order_no: String,
+    pub amount_fen: i64,
+    #[serde(default = "default_currency")]
+    pub currency: String,
+    #[serde(default)]
+    pub subject: String,
+    pub expire_after_secs: Option<u64>,
+}
+
+fn default_currency() -> String {
+    "CNY".to_owned()
+}
+
+impl CreateOrderRequest {
+    /// Both providers accept `out_trade_no` of letters, digits and `_-|*`; WeChat up to 32
+    /// characters, Alipay up to 64.
+    fn validate(&self) -> Result<(), ApiError> {
+        let bad = |m: &str| Err(ApiError::BadRequest(m.to_owned()));
+        let no = &self.order_no;
+        if no.is_empty()
+            || no.len() > MAX_ORDER_NO
+            || !no
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-|*".contains(&b))
+        {
+            return bad("order_no: 1 to 64 characters of A-Z a-z 0-9 _ - | *");
+        }
+        if self.amount_fen <= 0 {
+            return bad("amount_fen: must be a positive integer (fen)");
+        }
+        if self.currency.len() != 3 || !self.currency.bytes().all(|b| b.is_ascii_uppercase()) {
+            return bad("currency: three upper-case letters, e.g. CNY");
+        }
+        if self.subject.chars().count() > MAX_SUBJECT {
+            return bad("subject: at most 256 characters");
+        }
+        if let Some(secs) = self.expire_after_secs
+            && !(1..=MAX_EXPIRE_AFTER_SECS).contains(&secs)
+        {
+            return bad("expire_after_secs: between 1 and 2592000");
+        }
+        Ok(())
+    }
+}
+
+fn idempotency_key(request: &HttpRequest) -> Result<Option<&str>, ApiError> {
+    let Some(value) = request.headers().get("Idempotency-Key") else {
+        return Ok(None);
+    };
+    let key = value.to_str().unwrap_or("");
+    if key.is_empty()
+        || key.len() > MAX_IDEMPOTENCY_KEY
+        || !key.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(ApiError::BadRequest(
+            "Idempotency-Key: 1 to 255 visible ASCII characters".to_owned(),
+        ));
+    }
+    Ok(Some(key))
+}
+
+fn render_create(outcome: &CreateOutcome) -> StoredResponse {
+    match outcome {
+        CreateOutcome::Created(order) => StoredResponse {
+            status: StatusCode::CREATED.as_u16(),
+            body: serde_json::to_string(order).unwrap_or_default(),
+        },
+        CreateOutcome::OrderExists => StoredResponse {
+            status: StatusCode::CONFLICT.as_u16(),
+            body: error_body("an order with this order_no exists").to_string(),
+        },
+    }
+}
+
+fn stored(response: StoredResponse) -> HttpResponse {
+    let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    HttpResponse::build(status)
+        .content_type("application/json")
+        .body(response.body)
+}
+
+pub async fn create(
+    _: Authorized,
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    body: web::Json<CreateOrderRequest>,
+) -> Result<HttpResponse, ApiError> {
+    body.validate()?;
+    let key = idempotency_key(&request)?;
+    // Same key + same parsed request = a replay, whatever the JSON whitespace or key order.
+    let request_digest = Digest::of(serde_json::to_string(&*body).unwrap_or_default().as_bytes());
+    let now = state.clock.now();
+    let expire_after = body.expire_after_secs.unwrap_or(state.expire_after_secs);
+    let new = NewOrder {
+        order_no: body.order_no.clone(),
+        amount_fen: body.amount_fen,
+        currency: body.currency.clone(),
+        subject: body.subject.clone(),
+        created_at: now,
+        expire_at: now.plus_seconds(i64::try_from(expire_after).unwrap_or(i64::MAX / 2)),
+    };
+    let idem = key.map(|key| IdempotencyKey {
+        key,
+        request: &request_digest,
+    });
+    match state.store.create_order(&new, idem, render_create).await? {
+        CreateResult::Fresh(response) | CreateResult::Replayed(response) => Ok(stored(response)),
+        CreateResult::KeyReused => Err(ApiError::Unprocessable(
+            "Idempotency-Key was used with a different request".to_owned(),
+        )),
+    }
+}
+
+pub async fn get(
+    _: Authorized,
+    state: web::Data<AppState>,
+    order_no: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    match state.store.order(&order_no).await? {
+        Some(order) => Ok(HttpResponse::Ok().json(order)),
+        None => Err(ApiError::NotFound("no such order".to_owned())),
+    }
+}
+
+pub async fn close(
+    _: Authorized,
+    state: web::Data<AppState>,
+    order_no: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    match state
+        .store
+        .close_order(&order_no, "api", state.clock.now())
+        .await?
+    {
+        CloseResult::Closed(order) | CloseResult::AlreadyClosed(order) => {
+            Ok(HttpResponse::Ok().json(order))
+        }
+        CloseResult::NotClosable(order) => Err(ApiError::Conflict(format!(
+            "order is {} and cannot be closed",
+            order.status.as_str()
+        ))),
+        CloseResult::NotFound => Err(ApiError::NotFound("no such order".to_owned())),
+    }
+}

@@ -1,0 +1,138 @@
+//! Builds the running service: pools, migrations, routes, and the HTTP server.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use actix_web::dev::{Server, ServerHandle};
+use actix_web::{App, HttpServer, web};
+
+use crate::config::{Secret, Settings};
+use crate::routes::{ApiError, health, orders};
+use crate::store::{Store, StoreError};
+use crate::time::{Clock, SystemClock};
+
+/// What every handler shares.
+pub struct AppState {
+    pub store: Store,
+    pub clock: Arc<dyn Clock>,
+    pub api_token: Secret,
+    pub expire_after_secs: u64,
+}
+
+/// Extra routes mounted beside the built-in ones (tests mount a double channel this way).
+pub type ExtraRoutes = Arc<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("database: {0}")]
+    Database(#[from] StoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Knobs for building an [`Application`]; the defaults are production's.
+pub struct Options {
+    pub clock: Arc<dyn Clock>,
+    pub extra_routes: Option<ExtraRoutes>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            clock: Arc::new(SystemClock),
+            extra_routes: None,
+        }
+    }
+}
+
+pub struct Application {
+    server: Server,
+    port: u16,
+    store: Store,
+}
+
+impl Application {
+    /// Connects to the database (migrating it when `database.auto_migrate`), binds the
+    /// listener and builds the server; nothing runs until [`Application::run_until_stopped`].
+    pub async fn build(settings: &Settings, options: Options) -> Result<Self, StartupError> {
+        let store = Store::connect(&settings.database)?;
+        if settings.database.auto_migrate {
+            let applied = store.migrate().await?;
+            if !applied.is_empty() {
+                tracing::info!(backend = store.backend(), ?applied, "migrations applied");
+            }
+        }
+        store.ping().await?;
+
+        let addr = settings.server.listen;
+        let listener =
+            TcpListener::bind(addr).map_err(|source| StartupError::Listen { addr, source })?;
+        let port = listener
+            .local_addr()
+            .map_err(|source| StartupError::Listen { addr, source })?
+            .port();
+
+        let state = web::Data::new(AppState {
+            store: store.clone(),
+            clock: options.clock,
+            api_token: settings.server.api_token.clone(),
+            expire_after_secs: settings.orders.expire_after_secs,
+        });
+        let max_body = settings.server.max_body_bytes;
+        let extra = options.extra_routes;
+        let server = HttpServer::new(move || {
+            let json = web::JsonConfig::default()
+                .limit(max_body)
+                .error_handler(|err, _| ApiError::BadRequest(err.to_string()).into());
+            let path = web::PathConfig::default()
+                .error_handler(|err, _| ApiError::BadRequest(err.to_string()).into());
+            let mut app = App::new()
+                .wrap(tracing_actix_web::TracingLogger::default())
+                .app_data(state.clone())
+                .app_data(web::PayloadConfig::new(max_body))
+                .app_data(json)
+                .app_data(path)
+                .route("/healthz", web::get().to(health::healthz))
+                .route("/readyz", web::get().to(health::readyz))
+                .route("/orders", web::post().to(orders::create))
+                .route("/orders/{order_no}", web::get().to(orders::get))
+                .route("/orders/{order_no}/close", web::post().to(orders::close));
+            if let Some(extra) = &extra {
+                let extra = Arc::clone(extra);
+                app = app.configure(move |cfg| extra(cfg));
+            }
+            app
+        })
+        .disable_signals()
+        .shutdown_timeout(30)
+        .listen(listener)
+        .map_err(|source| StartupError::Listen { addr, source })?
+        .run();
+
+        Ok(Self {
+            server,
+            port,
+            store,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn handle(&self) -> ServerHandle {
+        self.server.handle()
+    }
+
+    /// Serves until [`ServerHandle::stop`] is called; in-flight requests finish first.
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        self.server.await
+    }
+}

@@ -1,0 +1,368 @@
+//! The ledger: one verified notice becomes, in ONE transaction, a callback row, an order
+//! compare-and-set and an outbox message — or nothing at all.
+//!
+//! The unique keys of `pay_callback` / `refund_callback` decide first-vs-duplicate (no
+//! check-then-act), inserts use `ON CONFLICT DO NOTHING` so no statement fails inside a
+//! PostgreSQL transaction, and every order update is conditional on the status it leaves.
+//! SQLite: every write transaction here starts with a write, so it takes the write lock at
+//! its first statement and waits on the busy timeout instead of failing with SQLITE_BUSY.
+
+use diesel::prelude::*;
+use diesel_async::{AsyncConnection, RunQueryDsl};
+
+use super::schema::{local_message, orders, pay_callback, refund_callback};
+use super::types::Payload;
+use super::{Store, StoreError, with_conn};
+use crate::notice::{AnomalyReason, Digest, Notice, NoticeKind, Outcome, Refund};
+use crate::order::{Order, OrderStatus};
+use crate::outbox::{Message, status};
+use crate::time::Timestamp;
+
+#[derive(Insertable)]
+#[diesel(table_name = pay_callback)]
+struct NewPayCallback<'a> {
+    out_trade_no: &'a str,
+    channel: &'a str,
+    transaction_id: &'a str,
+    amount_fen: i64,
+    digest: &'a str,
+    created_at: Timestamp,
+}
+
+#[derive(Insertable)]
+#[diesel(table_name = refund_callback)]
+struct NewRefundCallback<'a> {
+    out_refund_no: &'a str,
+    channel: &'a str,
+    out_trade_no: &'a str,
+    refund_id: &'a str,
+    refund_fen: i64,
+    status: &'a str,
+    digest: &'a str,
+    created_at: Timestamp,
+}
+
+#[derive(Insertable)]
+#[diesel(table_name = local_message)]
+pub(crate) struct NewMessage<'a> {
+    topic: &'a str,
+    biz_key: &'a str,
+    payload: Payload,
+    status: i16,
+    attempts: i32,
+    next_attempt_at: Timestamp,
+    created_at: Timestamp,
+}
+
+impl<'a> NewMessage<'a> {
+    pub(crate) fn pending(message: &'a Message, now: Timestamp) -> Self {
+        Self {
+            topic: message.topic.as_str(),
+            biz_key: &message.biz_key,
+            payload: Payload(message.payload.clone()),
+            status: status::PENDING,
+            attempts: 0,
+            next_attempt_at: now,
+            created_at: now,
+        }
+    }
+}
+
+/// Ends a transaction early: a database error, or an outcome that must leave nothing behind
+/// (the callback row inserted at the start is rolled back with it).
+pub(crate) enum Abort {
+    Db(diesel::result::Error),
+    With(Outcome),
+}
+
+impl From<diesel::result::Error> for Abort {
+    fn from(e: diesel::result::Error) -> Self {
+        Self::Db(e)
+    }
+}
+
+pub(crate) fn settle(result: Result<Outcome, Abort>) -> Result<Outcome, StoreError> {
+    match result {
+        Ok(outcome) | Err(Abort::With(outcome)) => Ok(outcome),
+        Err(Abort::Db(e)) => Err(StoreError::Query(e)),
+    }
+}
+
+/// Why a payment that did not move the order is an anomaly; `None` when it is the payment
+/// the order already records (a repeat that outlived its callback row).
+pub fn payment_anomaly(order: &Order, n: &Notice) -> Option<AnomalyReason> {
+    if !n.merchant_matches {
+        return Some(AnomalyReason::MerchantMismatch);
+    }
+    match order.status {
+        OrderStatus::Closed => Some(AnomalyReason::PaidAfterClose),
+        OrderStatus::Paid | OrderStatus::Refunded => {
+            let same_payment = order.channel.as_deref() == Some(n.channel.as_str())
+                && order.transaction_id.as_deref() == Some(n.transaction_id.as_str());
+            (!same_payment).then_some(AnomalyReason::DuplicatePayment)
+        }
+        OrderStatus::WaitPay => Some(AnomalyReason::AmountMismatch),
+    }
+}
+
+/// What closing an order found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloseResult {
+    /// `WAIT_PAY → CLOSED` happened now, with its `ORDER_CLOSED` message.
+    Closed(Order),
+    AlreadyClosed(Order),
+    /// Paid or refunded: never closed.
+    NotClosable(Order),
+    NotFound,
+}
+
+impl Store {
+    /// Applies one verified notice. Signature checks happen before this; the amount,
+    /// currency and merchant checks happen here, against the order.
+    pub async fn apply(&self, notice: &Notice, now: Timestamp) -> Result<Outcome, StoreError> {
+        match &notice.kind {
+            NoticeKind::Paid => self.apply_payment(notice, &notice.digest(), now).await,
+            NoticeKind::Refunded(refund) => {
+                self.apply_refund(notice, refund, &notice.digest(), now)
+                    .await
+            }
+            NoticeKind::Closed if notice.merchant_matches => Ok(
+                match self
+                    .close_order(&notice.out_trade_no, notice.channel.as_str(), now)
+                    .await?
+                {
+                    CloseResult::Closed(_) => Outcome::Applied,
+                    CloseResult::AlreadyClosed(_) => Outcome::Duplicate,
+                    CloseResult::NotClosable(_) => Outcome::Ignored,
+                    CloseResult::NotFound => Outcome::UnknownOrder,
+                },
+            ),
+            NoticeKind::Closed | NoticeKind::Other { .. } => Ok(Outcome::Ignored),
+        }
+    }
+
+    async fn apply_payment(
+        &self,
+        n: &Notice,
+        digest: &Digest,
+        now: Timestamp,
+    ) -> Result<Outcome, StoreError> {
+        let channel = n.channel.as_str();
+        let callback = NewPayCallback {
+            out_trade_no: &n.out_trade_no,
+            channel,
+            transaction_id: &n.transaction_id,
+            amount_fen: n.amount_fen,
+            digest: digest.as_str(),
+            created_at: now,
+        };
+        let result = with_conn!(self, conn => {
+            conn.transaction::<_, Abort, _>(async |conn| {
+                let inserted = diesel::insert_into(pay_callback::table)
+                    .values(&callback)
+                    .on_conflict((pay_callback::out_trade_no, pay_callback::channel))
+                    .do_nothing()
+                    .execute(conn)
+                    .await?;
+                if inserted == 0 {
+                    // Under READ COMMITTED this statement sees the winner's committed row.
+                    let seen: String = pay_callback::table
+                        .find((&n.out_trade_no, channel))
+                        .select(pay_callback::digest)
+                        .first(conn)
+                        .await?;
+                    return Ok(if seen == digest.as_str() { Outcome::Duplicate } else { Outcome::Conflict });
+                }
+                if n.merchant_matches {
+                    let moved = diesel::update(
+                        orders::table
+                            .filter(orders::order_no.eq(&n.out_trade_no))
+                            .filter(orders::status.eq(OrderStatus::WaitPay))
+                            .filter(orders::amount_fen.eq(n.amount_fen))
+                            .filter(orders::currency.eq(&n.currency)),
+                    )
+                    .set((
+                        orders::status.eq(OrderStatus::Paid),
+                        orders::channel.eq(channel),
+                        orders::transaction_id.eq(&n.transaction_id),
+                        orders::paid_at.eq(now),
+                    ))
+                    .execute(conn)
+                    .await?;
+                    if moved == 1 {
+                        let message = Message::order_paid(n, now);
+                        diesel::insert_into(local_message::table)
+                            .values(&NewMessage::pending(&message, now))
+                            .execute(conn)
+                            .await?;
+                        return Ok(Outcome::Applied);
+                    }
+                }
+                let order: Option<Order> = orders::table
+                    .find(&n.out_trade_no)
+                    .select(Order::as_select())
+                    .first(conn)
+                    .await
+                    .optional()?;
+                let Some(order) = order else {
+                    return Err(Abort::With(Outcome::UnknownOrder));
+                };
+                let Some(reason) = payment_anomaly(&order, n) else {
+                    return Err(Abort::With(Outcome::Duplicate));
+                };
+                let message = Message::payment_anomaly(n, &n.transaction_id, reason, &order);
+                diesel::insert_into(local_message::table)
+                    .values(&NewMessage::pending(&message, now))
+                    .on_conflict((local_message::topic, local_message::biz_key))
+                    .do_nothing()
+                    .execute(conn)
+                    .await?;
+                Ok(Outcome::Anomaly(reason))
+            })
+            .await
+        });
+        settle(result)
+    }
+
+    async fn apply_refund(
+        &self,
+        n: &Notice,
+        refund: &Refund,
+        digest: &Digest,
+        now: Timestamp,
+    ) -> Result<Outcome, StoreError> {
+        let channel = n.channel.as_str();
+        let callback = NewRefundCallback {
+            out_refund_no: &refund.out_refund_no,
+            channel,
+            out_trade_no: &n.out_trade_no,
+            refund_id: &refund.refund_id,
+            refund_fen: refund.refund_fen,
+            status: "SUCCESS",
+            digest: digest.as_str(),
+            created_at: now,
+        };
+        let fen = refund.refund_fen;
+        let result = with_conn!(self, conn => {
+            conn.transaction::<_, Abort, _>(async |conn| {
+                let inserted = diesel::insert_into(refund_callback::table)
+                    .values(&callback)
+                    .on_conflict((refund_callback::out_refund_no, refund_callback::channel))
+                    .do_nothing()
+                    .execute(conn)
+                    .await?;
+                if inserted == 0 {
+                    let seen: String = refund_callback::table
+                        .find((&refund.out_refund_no, channel))
+                        .select(refund_callback::digest)
+                        .first(conn)
+                        .await?;
+                    return Ok(if seen == digest.as_str() { Outcome::Duplicate } else { Outcome::Conflict });
+                }
+                let moved = if fen > 0 && n.merchant_matches {
+                    // Partial refunds keep PAID and add up; the one that reaches the amount
+                    // moves PAID → REFUNDED. Never more than was paid, never another channel's.
+                    diesel::update(
+                        orders::table
+                            .filter(orders::order_no.eq(&n.out_trade_no))
+                            .filter(orders::status.eq(OrderStatus::Paid))
+                            .filter(orders::channel.eq(channel))
+                            .filter((orders::refunded_fen + fen).le(orders::amount_fen)),
+                    )
+                    .set((
+                        orders::refunded_fen.eq(orders::refunded_fen + fen),
+                        orders::status.eq(diesel::dsl::case_when(
+                            (orders::refunded_fen + fen).ge(orders::amount_fen),
+                            OrderStatus::Refunded.into_sql::<diesel::sql_types::Text>(),
+                        )
+                        .otherwise(orders::status)),
+                    ))
+                    .execute(conn)
+                    .await?
+                } else {
+                    0
+                };
+                let order: Option<Order> = orders::table
+                    .find(&n.out_trade_no)
+                    .select(Order::as_select())
+                    .first(conn)
+                    .await
+                    .optional()?;
+                let Some(order) = order else {
+                    return Err(Abort::With(Outcome::UnknownOrder));
+                };
+                if moved == 1 {
+                    let message = Message::order_refunded(n, refund, &order);
+                    diesel::insert_into(local_message::table)
+                        .values(&NewMessage::pending(&message, now))
+                        .execute(conn)
+                        .await?;
+                    return Ok(Outcome::Applied);
+                }
+                if order.status == OrderStatus::WaitPay && n.merchant_matches {
+                    // The refund overtook its payment notification: keep nothing, let the
+                    // provider retry once the payment is in.
+                    return Err(Abort::With(Outcome::TooEarly));
+                }
+                let reason = if n.merchant_matches {
+                    AnomalyReason::AmountMismatch
+                } else {
+                    AnomalyReason::MerchantMismatch
+                };
+                let message = Message::payment_anomaly(n, &refund.refund_id, reason, &order);
+                diesel::insert_into(local_message::table)
+                    .values(&NewMessage::pending(&message, now))
+                    .on_conflict((local_message::topic, local_message::biz_key))
+                    .do_nothing()
+                    .execute(conn)
+                    .await?;
+                Ok(Outcome::Anomaly(reason))
+            })
+            .await
+        });
+        settle(result)
+    }
+
+    /// Closes an unpaid order (`WAIT_PAY → CLOSED`) with its `ORDER_CLOSED` message, in one
+    /// transaction. `by` is recorded in the message: `api`, `expiry`, or a channel name.
+    pub async fn close_order(
+        &self,
+        order_no: &str,
+        by: &str,
+        now: Timestamp,
+    ) -> Result<CloseResult, StoreError> {
+        with_conn!(self, conn => {
+            conn.transaction::<_, diesel::result::Error, _>(async |conn| {
+                let moved = diesel::update(
+                    orders::table
+                        .filter(orders::order_no.eq(order_no))
+                        .filter(orders::status.eq(OrderStatus::WaitPay)),
+                )
+                .set((orders::status.eq(OrderStatus::Closed), orders::closed_at.eq(now)))
+                .execute(conn)
+                .await?;
+                let order: Option<Order> = orders::table
+                    .find(order_no)
+                    .select(Order::as_select())
+                    .first(conn)
+                    .await
+                    .optional()?;
+                let Some(order) = order else { return Ok(CloseResult::NotFound) };
+                if moved == 1 {
+                    let message = Message::order_closed(&order, by);
+                    diesel::insert_into(local_message::table)
+                        .values(&NewMessage::pending(&message, now))
+                        .execute(conn)
+                        .await?;
+                    return Ok(CloseResult::Closed(order));
+                }
+                Ok(match order.status {
+                    OrderStatus::Closed => CloseResult::AlreadyClosed(order),
+                    _ => CloseResult::NotClosable(order),
+                })
+            })
+            .await
+            .map_err(StoreError::from)
+        })
+    }
+}

@@ -1,0 +1,49 @@
+//! Reading the outbox (the relay that drains it lives beside the scheduler).
+
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+use serde::Serialize;
+
+use super::schema::local_message;
+use super::types::Payload;
+use super::{Store, StoreError, with_conn};
+use crate::time::Timestamp;
+
+/// One `local_message` row.
+#[derive(Debug, Clone, PartialEq, Serialize, Queryable, Selectable)]
+#[diesel(table_name = local_message)]
+pub struct StoredMessage {
+    pub id: i64,
+    pub topic: String,
+    pub biz_key: String,
+    pub payload: Payload,
+    pub status: i16,
+    pub attempts: i32,
+    pub next_attempt_at: Timestamp,
+    pub locked_by: Option<String>,
+    pub locked_until: Option<Timestamp>,
+    pub last_error: Option<String>,
+    pub created_at: Timestamp,
+    pub sent_at: Option<Timestamp>,
+}
+
+impl Store {
+    /// Outbox rows, newest first; all statuses when `status` is `None`.
+    pub async fn messages(
+        &self,
+        status: Option<i16>,
+        limit: i64,
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        with_conn!(self, conn => {
+            let mut query = local_message::table
+                .select(StoredMessage::as_select())
+                .order(local_message::id.desc())
+                .limit(limit)
+                .into_boxed();
+            if let Some(status) = status {
+                query = query.filter(local_message::status.eq(status));
+            }
+            Ok(query.load(conn).await?)
+        })
+    }
+}

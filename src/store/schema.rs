@@ -1,0 +1,92 @@
+//! The tables, one definition for every backend (see `types` for the two custom SQL types).
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::store::types::UtcTs;
+
+    orders (order_no) {
+        order_no -> Text,
+        status -> Text,
+        amount_fen -> BigInt,
+        refunded_fen -> BigInt,
+        currency -> Text,
+        subject -> Text,
+        channel -> Nullable<Text>,
+        transaction_id -> Nullable<Text>,
+        created_at -> UtcTs,
+        paid_at -> Nullable<UtcTs>,
+        closed_at -> Nullable<UtcTs>,
+        expire_at -> UtcTs,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::store::types::UtcTs;
+
+    pay_callback (out_trade_no, channel) {
+        out_trade_no -> Text,
+        channel -> Text,
+        transaction_id -> Text,
+        amount_fen -> BigInt,
+        digest -> Text,
+        created_at -> UtcTs,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::store::types::UtcTs;
+
+    refund_callback (out_refund_no, channel) {
+        out_refund_no -> Text,
+        channel -> Text,
+        out_trade_no -> Text,
+        refund_id -> Text,
+        refund_fen -> BigInt,
+        status -> Text,
+        digest -> Text,
+        created_at -> UtcTs,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::store::types::{Json, UtcTs};
+
+    local_message (id) {
+        id -> BigInt,
+        topic -> Text,
+        biz_key -> Text,
+        payload -> Json,
+        status -> SmallInt,
+        attempts -> Integer,
+        next_attempt_at -> UtcTs,
+        locked_by -> Nullable<Text>,
+        locked_until -> Nullable<UtcTs>,
+        last_error -> Nullable<Text>,
+        created_at -> UtcTs,
+        sent_at -> Nullable<UtcTs>,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::store::types::UtcTs;
+
+    idempotency_key (idem_key) {
+        idem_key -> Text,
+        request_digest -> Text,
+        response_status -> SmallInt,
+        response_body -> Text,
+        created_at -> UtcTs,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(
+    orders,
+    pay_callback,
+    refund_callback,
+    local_message,
+    idempotency_key,
+);

@@ -1,0 +1,308 @@
+//! `spawn_app()`: the real service on port 0 with a database of its own, plus helpers to
+//! talk to it and to look at its rows.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use actix_web::dev::ServerHandle;
+use chrono::{TimeZone, Utc};
+use diesel::QueryableByName;
+use diesel::sql_types::BigInt;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use paynotify::config::{Secret, Settings};
+use paynotify::startup::{Application, Options};
+use paynotify::store::{SqliteAsync, Store};
+use paynotify::time::ManualClock;
+
+use crate::test_channel::TestChannel;
+
+/// Where the PostgreSQL tests create their databases; trust auth on this machine.
+fn pg_admin_url() -> String {
+    std::env::var("PAYNOTIFY_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+/// A database that exists only for one test.
+pub enum TestDb {
+    Postgres {
+        url: String,
+        name: String,
+    },
+    Sqlite {
+        url: String,
+        _dir: tempfile::TempDir,
+    },
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+const PG_PREFIX: &str = "paynotify_test_";
+
+impl TestDb {
+    pub async fn create(backend: Backend) -> Self {
+        match backend {
+            Backend::Postgres => {
+                let admin = pg_admin_url();
+                let mut conn = AsyncPgConnection::establish(&admin).await.unwrap_or_else(|e| {
+                    panic!(
+                        "PostgreSQL is required for these tests and did not answer at {admin}: {e}. \
+                         Start it (bash tests/run.sh does) or set PAYNOTIFY_TEST_PG_URL."
+                    )
+                });
+                sweep_old_databases(&mut conn).await;
+                let name = format!(
+                    "{PG_PREFIX}{}_{}_{}",
+                    Utc::now().timestamp(),
+                    std::process::id(),
+                    COUNTER.fetch_add(1, Ordering::Relaxed)
+                );
+                conn.batch_execute(&format!("CREATE DATABASE {name}"))
+                    .await
+                    .expect("create test database");
+                let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+                TestDb::Postgres {
+                    url: format!("{base}/{name}"),
+                    name,
+                }
+            }
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let url = format!("sqlite://{}", dir.path().join("paynotify.db").display());
+                TestDb::Sqlite { url, _dir: dir }
+            }
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        match self {
+            TestDb::Postgres { url, .. } | TestDb::Sqlite { url, .. } => url,
+        }
+    }
+
+    /// Runs SQL that is the same on both backends, on a connection of its own.
+    pub async fn execute(&self, sql: &str) {
+        match self {
+            TestDb::Postgres { url, .. } => {
+                let mut c = AsyncPgConnection::establish(url).await.expect("connect");
+                c.batch_execute(sql).await.expect("sql");
+            }
+            TestDb::Sqlite { url, .. } => {
+                let path = url.trim_start_matches("sqlite://");
+                let mut c = SqliteAsync::establish(path).await.expect("connect");
+                c.batch_execute(sql).await.expect("sql");
+            }
+        }
+    }
+
+    /// `SELECT COUNT(*) AS n FROM …` on the test database.
+    pub async fn count(&self, from_where: &str) -> i64 {
+        #[derive(QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = BigInt)]
+            n: i64,
+        }
+        let sql = format!("SELECT COUNT(*) AS n FROM {from_where}");
+        let row: Count = match self {
+            TestDb::Postgres { url, .. } => {
+                let mut c = AsyncPgConnection::establish(url).await.expect("connect");
+                diesel::sql_query(sql)
+                    .get_result(&mut c)
+                    .await
+                    .expect("count")
+            }
+            TestDb::Sqlite { url, .. } => {
+                let path = url.trim_start_matches("sqlite://");
+                let mut c = SqliteAsync::establish(path).await.expect("connect");
+                diesel::sql_query(sql)
+                    .get_result(&mut c)
+                    .await
+                    .expect("count")
+            }
+        };
+        row.n
+    }
+
+    /// Drops the database now, even with connections open (PostgreSQL only).
+    pub async fn drop_now(&self) {
+        if let TestDb::Postgres { name, .. } = self {
+            let mut conn = AsyncPgConnection::establish(&pg_admin_url())
+                .await
+                .expect("admin");
+            conn.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .await
+                .expect("drop test database");
+        }
+    }
+}
+
+/// Databases left by runs that crashed more than an hour ago.
+async fn sweep_old_databases(conn: &mut AsyncPgConnection) {
+    #[derive(QueryableByName)]
+    struct Name {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        datname: String,
+    }
+    let cutoff = Utc::now().timestamp() - 3600;
+    let names: Vec<Name> = diesel::sql_query(format!(
+        "SELECT datname FROM pg_database WHERE datname LIKE '{PG_PREFIX}%'"
+    ))
+    .load(conn)
+    .await
+    .unwrap_or_default();
+    for Name { datname } in names {
+        let stamp = datname
+            .trim_start_matches(PG_PREFIX)
+            .split('_')
+            .next()
+            .and_then(|s| s.parse::<i64>().ok());
+        if stamp.is_some_and(|t| t < cutoff) {
+            let _ = conn
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {datname} WITH (FORCE)"))
+                .await;
+        }
+    }
+}
+
+pub struct TestApp {
+    pub address: String,
+    pub store: Store,
+    pub clock: Arc<ManualClock>,
+    pub client: reqwest::Client,
+    pub db: TestDb,
+    pub api_token: String,
+    handle: ServerHandle,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        let handle = self.handle.clone();
+        tokio::spawn(async move { handle.stop(false).await });
+    }
+}
+
+pub const API_TOKEN: &str = "test-token";
+
+/// Settings for a test: the given database, port 0, a token, small timeouts.
+pub fn test_settings(db_url: &str) -> Settings {
+    let mut settings = Settings::default();
+    settings.server.listen = "127.0.0.1:0".parse().expect("addr");
+    settings.server.api_token = Secret::new(API_TOKEN);
+    settings.database.url = Secret::new(db_url);
+    settings.database.pool_size = 8;
+    settings
+}
+
+pub async fn spawn_app(backend: Backend) -> TestApp {
+    spawn_app_with(backend, |_| {}).await
+}
+
+pub async fn spawn_app_with(backend: Backend, customise: impl FnOnce(&mut Settings)) -> TestApp {
+    paynotify::telemetry::init_for_tests();
+    let db = TestDb::create(backend).await;
+    let mut settings = test_settings(db.url());
+    customise(&mut settings);
+    settings.validate().expect("test settings are valid");
+    let clock = Arc::new(ManualClock::new(
+        Utc.with_ymd_and_hms(2026, 11, 30, 8, 0, 0)
+            .single()
+            .expect("time"),
+    ));
+    let channel = Arc::new(TestChannel);
+    let routes_channel = Arc::clone(&channel);
+    let options = Options {
+        clock: clock.clone(),
+        extra_routes: Some(Arc::new(move |cfg| {
+            crate::test_channel::mount(cfg, Arc::clone(&routes_channel))
+        })),
+    };
+    let app = Application::build(&settings, options)
+        .await
+        .expect("application builds");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    let store = app.store().clone();
+    let handle = app.handle();
+    tokio::spawn(app.run_until_stopped());
+    TestApp {
+        address,
+        store,
+        clock,
+        client: reqwest::Client::new(),
+        db,
+        api_token: API_TOKEN.to_owned(),
+        handle,
+    }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
+    }
+
+    pub async fn create_order(&self, order_no: &str, amount_fen: i64) {
+        let response = self
+            .client
+            .post(self.url("/orders"))
+            .bearer_auth(&self.api_token)
+            .json(&serde_json::json!({
+                "order_no": order_no, "amount_fen": amount_fen, "currency": "CNY", "subject": "test"
+            }))
+            .send()
+            .await
+            .expect("POST /orders");
+        assert_eq!(response.status(), 201, "creating {order_no}");
+    }
+
+    pub async fn get_order(&self, order_no: &str) -> serde_json::Value {
+        let response = self
+            .client
+            .get(self.url(&format!("/orders/{order_no}")))
+            .bearer_auth(&self.api_token)
+            .send()
+            .await
+            .expect("GET /orders");
+        assert_eq!(response.status(), 200);
+        response.json().await.expect("order JSON")
+    }
+
+    pub async fn status_of(&self, order_no: &str) -> String {
+        self.get_order(order_no).await["status"]
+            .as_str()
+            .expect("status")
+            .to_owned()
+    }
+
+    /// Outbox rows of a topic.
+    pub async fn messages(&self, topic: &str) -> i64 {
+        self.db
+            .count(&format!("local_message WHERE topic = '{topic}'"))
+            .await
+    }
+}
+
+/// Generates one `#[tokio::test]` per backend for each listed `async fn(Backend)`.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::helpers::Backend::Postgres).await
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::helpers::Backend::Sqlite).await
+                }
+            )*
+        }
+    };
+}

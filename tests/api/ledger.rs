@@ -1,0 +1,471 @@
+//! The exactly-once core, on both backends: one transition per payment, conflicts and
+//! anomalies that leave orders alone, rollback on failure, state that only moves forward.
+
+use std::sync::Arc;
+
+use paynotify::notice::{AnomalyReason, ChannelId, Notice, NoticeKind, Outcome, Refund};
+use paynotify::store::ledger::CloseResult;
+use paynotify::time::Clock;
+use tokio::sync::Barrier;
+
+use crate::helpers::{Backend, TestApp, spawn_app};
+use crate::test_channel::TestNotification;
+
+crate::on_both_backends!(
+    fifty_concurrent_deliveries_make_exactly_one_transition,
+    same_key_with_different_content_is_a_conflict_and_changes_nothing,
+    amount_or_currency_mismatch_is_an_anomaly_and_the_order_stays_unpaid,
+    merchant_mismatch_is_an_anomaly_and_the_order_stays_unpaid,
+    payment_after_close_is_an_anomaly,
+    payment_by_a_second_channel_is_a_duplicate_payment_anomaly,
+    a_failure_after_the_cas_rolls_back_everything,
+    unknown_order_writes_nothing,
+    repeat_after_its_callback_row_was_purged_is_still_a_duplicate,
+    partial_refunds_add_up_to_a_full_refund,
+    refund_with_different_content_is_a_conflict,
+    refund_before_payment_writes_nothing,
+    closing_twice_writes_one_message,
+    state_never_moves_backwards,
+);
+
+fn paid(order_no: &str, transaction_id: &str, amount_fen: i64) -> Notice {
+    TestNotification::paid(order_no, transaction_id, amount_fen).to_notice()
+}
+
+fn refund(order_no: &str, out_refund_no: &str, refund_fen: i64) -> Notice {
+    let mut n = paid(order_no, &format!("T-{order_no}"), 0);
+    n.kind = NoticeKind::Refunded(Refund {
+        out_refund_no: out_refund_no.into(),
+        refund_id: format!("RID-{out_refund_no}"),
+        refund_fen,
+    });
+    n
+}
+
+async fn apply(app: &TestApp, notice: &Notice) -> Outcome {
+    app.store
+        .apply(notice, app.clock.now())
+        .await
+        .expect("no database error")
+}
+
+/// The `reason` of the only anomaly message of an order.
+async fn anomaly_reason(app: &TestApp, order_no: &str) -> String {
+    let anomalies: Vec<_> = app
+        .store
+        .messages(None, 100)
+        .await
+        .expect("messages")
+        .into_iter()
+        .filter(|m| m.topic == "PAYMENT_ANOMALY" && m.payload.0["order_no"] == order_no)
+        .collect();
+    assert_eq!(anomalies.len(), 1, "one anomaly message for {order_no}");
+    anomalies[0].payload.0["reason"]
+        .as_str()
+        .expect("reason")
+        .to_owned()
+}
+
+async fn fifty_concurrent_deliveries_make_exactly_one_transition(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-50", 19900).await;
+    let notice = paid("O-50", "T-50", 19900);
+    let barrier = Arc::new(Barrier::new(50));
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let (store, notice, barrier) = (app.store.clone(), notice.clone(), barrier.clone());
+            let now = app.clock.now();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.apply(&notice, now).await
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.expect("task").expect("no database error"));
+    }
+    let applied = outcomes.iter().filter(|o| **o == Outcome::Applied).count();
+    assert_eq!(applied, 1, "{outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Applied | Outcome::Duplicate)),
+        "{outcomes:?}"
+    );
+    assert_eq!(app.status_of("O-50").await, "PAID");
+    assert_eq!(
+        app.db
+            .count("pay_callback WHERE out_trade_no = 'O-50'")
+            .await,
+        1
+    );
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    assert_eq!(app.db.count("local_message").await, 1);
+}
+
+async fn same_key_with_different_content_is_a_conflict_and_changes_nothing(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-C", 19900).await;
+    assert_eq!(
+        apply(&app, &paid("O-C", "T-1", 19900)).await,
+        Outcome::Applied
+    );
+    let before = app.get_order("O-C").await;
+
+    assert_eq!(
+        apply(&app, &paid("O-C", "T-2", 19900)).await,
+        Outcome::Conflict
+    );
+    let mut other_amount = paid("O-C", "T-1", 100);
+    other_amount.currency = "CNY".into();
+    assert_eq!(apply(&app, &other_amount).await, Outcome::Conflict);
+
+    assert_eq!(app.get_order("O-C").await, before);
+    assert_eq!(before["transaction_id"], "T-1");
+    assert_eq!(app.db.count("pay_callback").await, 1);
+    assert_eq!(app.db.count("local_message").await, 1);
+}
+
+async fn amount_or_currency_mismatch_is_an_anomaly_and_the_order_stays_unpaid(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-A", 19900).await;
+    let short = paid("O-A", "T-A", 100);
+    assert_eq!(
+        apply(&app, &short).await,
+        Outcome::Anomaly(AnomalyReason::AmountMismatch)
+    );
+    assert_eq!(
+        apply(&app, &short).await,
+        Outcome::Duplicate,
+        "repeat of the anomaly"
+    );
+    assert_eq!(app.status_of("O-A").await, "WAIT_PAY");
+    assert_eq!(anomaly_reason(&app, "O-A").await, "AMOUNT_MISMATCH");
+    assert_eq!(app.messages("ORDER_PAID").await, 0);
+    assert_eq!(
+        app.db
+            .count("pay_callback WHERE out_trade_no = 'O-A'")
+            .await,
+        1
+    );
+
+    app.create_order("O-CUR", 19900).await;
+    let mut usd = paid("O-CUR", "T-CUR", 19900);
+    usd.currency = "USD".into();
+    assert_eq!(
+        apply(&app, &usd).await,
+        Outcome::Anomaly(AnomalyReason::AmountMismatch)
+    );
+    assert_eq!(app.status_of("O-CUR").await, "WAIT_PAY");
+}
+
+async fn merchant_mismatch_is_an_anomaly_and_the_order_stays_unpaid(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-M", 19900).await;
+    let mut foreign = paid("O-M", "T-M", 19900);
+    foreign.merchant_matches = false;
+    assert_eq!(
+        apply(&app, &foreign).await,
+        Outcome::Anomaly(AnomalyReason::MerchantMismatch)
+    );
+    assert_eq!(app.status_of("O-M").await, "WAIT_PAY");
+    assert_eq!(anomaly_reason(&app, "O-M").await, "MERCHANT_MISMATCH");
+    assert_eq!(app.messages("ORDER_PAID").await, 0);
+}
+
+async fn payment_after_close_is_an_anomaly(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-PC", 19900).await;
+    let closed = app.store.close_order("O-PC", "api", app.clock.now()).await;
+    assert!(matches!(closed, Ok(CloseResult::Closed(_))), "{closed:?}");
+    assert_eq!(
+        apply(&app, &paid("O-PC", "T-PC", 19900)).await,
+        Outcome::Anomaly(AnomalyReason::PaidAfterClose)
+    );
+    assert_eq!(app.status_of("O-PC").await, "CLOSED");
+    assert_eq!(anomaly_reason(&app, "O-PC").await, "PAID_AFTER_CLOSE");
+}
+
+async fn payment_by_a_second_channel_is_a_duplicate_payment_anomaly(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-2C", 19900).await;
+    assert_eq!(
+        apply(&app, &paid("O-2C", "WX-1", 19900)).await,
+        Outcome::Applied
+    );
+    let mut alipay = paid("O-2C", "ALI-1", 19900);
+    alipay.channel = ChannelId::Alipay;
+    assert_eq!(
+        apply(&app, &alipay).await,
+        Outcome::Anomaly(AnomalyReason::DuplicatePayment)
+    );
+    let order = app.get_order("O-2C").await;
+    assert_eq!(order["status"], "PAID");
+    assert_eq!(order["channel"], "wechat");
+    assert_eq!(order["transaction_id"], "WX-1");
+    assert_eq!(anomaly_reason(&app, "O-2C").await, "DUPLICATE_PAYMENT");
+    assert_eq!(
+        app.db
+            .count("pay_callback WHERE out_trade_no = 'O-2C'")
+            .await,
+        2
+    );
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+}
+
+async fn a_failure_after_the_cas_rolls_back_everything(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-RB", 19900).await;
+    // A row that makes the ORDER_PAID insert — the last statement, after the order CAS —
+    // fail on the unique (topic, biz_key).
+    app.db
+        .execute(
+            "INSERT INTO local_message (topic, biz_key, payload, status, attempts, \
+             next_attempt_at, created_at) VALUES ('ORDER_PAID', 'O-RB', '{}', 1, 0, \
+             '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')",
+        )
+        .await;
+    let notice = paid("O-RB", "T-RB", 19900);
+    let result = app.store.apply(&notice, app.clock.now()).await;
+    assert!(result.is_err(), "the outbox insert must fail: {result:?}");
+    assert_eq!(
+        app.status_of("O-RB").await,
+        "WAIT_PAY",
+        "order CAS rolled back"
+    );
+    assert_eq!(
+        app.db.count("pay_callback").await,
+        0,
+        "callback row rolled back"
+    );
+    assert_eq!(
+        app.db.count("local_message").await,
+        1,
+        "only the planted row"
+    );
+
+    // Nothing half-written blocks the provider's retry once the fault is gone.
+    app.db.execute("DELETE FROM local_message").await;
+    assert_eq!(apply(&app, &notice).await, Outcome::Applied);
+    assert_eq!(app.status_of("O-RB").await, "PAID");
+}
+
+async fn unknown_order_writes_nothing(backend: Backend) {
+    let app = spawn_app(backend).await;
+    assert_eq!(
+        apply(&app, &paid("NOPE", "T-N", 19900)).await,
+        Outcome::UnknownOrder
+    );
+    assert_eq!(
+        apply(&app, &refund("NOPE", "R-N", 100)).await,
+        Outcome::UnknownOrder
+    );
+    assert_eq!(app.db.count("pay_callback").await, 0);
+    assert_eq!(app.db.count("refund_callback").await, 0);
+    assert_eq!(app.db.count("local_message").await, 0);
+    // The order may be created late; the provider's retry then succeeds.
+    app.create_order("NOPE", 19900).await;
+    assert_eq!(
+        apply(&app, &paid("NOPE", "T-N", 19900)).await,
+        Outcome::Applied
+    );
+}
+
+async fn repeat_after_its_callback_row_was_purged_is_still_a_duplicate(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-P", 19900).await;
+    let notice = paid("O-P", "T-P", 19900);
+    assert_eq!(apply(&app, &notice).await, Outcome::Applied);
+    app.db.execute("DELETE FROM pay_callback").await;
+    assert_eq!(apply(&app, &notice).await, Outcome::Duplicate);
+    assert_eq!(
+        app.db.count("pay_callback").await,
+        0,
+        "nothing written for a duplicate"
+    );
+    assert_eq!(app.db.count("local_message").await, 1);
+}
+
+async fn partial_refunds_add_up_to_a_full_refund(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-R", 10000).await;
+    assert_eq!(
+        apply(&app, &paid("O-R", "T-O-R", 10000)).await,
+        Outcome::Applied
+    );
+
+    assert_eq!(
+        apply(&app, &refund("O-R", "R1", 3000)).await,
+        Outcome::Applied
+    );
+    assert_eq!(
+        apply(&app, &refund("O-R", "R1", 3000)).await,
+        Outcome::Duplicate
+    );
+    let order = app.get_order("O-R").await;
+    assert_eq!(
+        (order["status"].as_str(), order["refunded_fen"].as_i64()),
+        (Some("PAID"), Some(3000))
+    );
+
+    assert_eq!(
+        apply(&app, &refund("O-R", "R2", 7000)).await,
+        Outcome::Applied
+    );
+    let order = app.get_order("O-R").await;
+    assert_eq!(
+        (order["status"].as_str(), order["refunded_fen"].as_i64()),
+        (Some("REFUNDED"), Some(10000))
+    );
+    assert_eq!(app.messages("ORDER_REFUNDED").await, 2);
+
+    // More than was paid: recorded as an anomaly, never applied.
+    assert_eq!(
+        apply(&app, &refund("O-R", "R3", 1)).await,
+        Outcome::Anomaly(AnomalyReason::AmountMismatch)
+    );
+    assert_eq!(app.get_order("O-R").await["refunded_fen"], 10000);
+}
+
+async fn refund_with_different_content_is_a_conflict(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-RC", 10000).await;
+    apply(&app, &paid("O-RC", "T-O-RC", 10000)).await;
+    assert_eq!(
+        apply(&app, &refund("O-RC", "R1", 3000)).await,
+        Outcome::Applied
+    );
+    assert_eq!(
+        apply(&app, &refund("O-RC", "R1", 4000)).await,
+        Outcome::Conflict
+    );
+    assert_eq!(app.get_order("O-RC").await["refunded_fen"], 3000);
+}
+
+async fn refund_before_payment_writes_nothing(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-E", 10000).await;
+    assert_eq!(
+        apply(&app, &refund("O-E", "R1", 3000)).await,
+        Outcome::TooEarly
+    );
+    assert_eq!(app.db.count("refund_callback").await, 0);
+    assert_eq!(app.db.count("local_message").await, 0);
+    apply(&app, &paid("O-E", "T-O-E", 10000)).await;
+    assert_eq!(
+        apply(&app, &refund("O-E", "R1", 3000)).await,
+        Outcome::Applied
+    );
+}
+
+async fn closing_twice_writes_one_message(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-CL", 100).await;
+    let now = app.clock.now();
+    assert!(matches!(
+        app.store.close_order("O-CL", "api", now).await,
+        Ok(CloseResult::Closed(_))
+    ));
+    assert!(matches!(
+        app.store.close_order("O-CL", "api", now).await,
+        Ok(CloseResult::AlreadyClosed(_))
+    ));
+    assert_eq!(app.messages("ORDER_CLOSED").await, 1);
+    assert_eq!(
+        app.store.close_order("MISSING", "api", now).await.ok(),
+        Some(CloseResult::NotFound)
+    );
+}
+
+/// Every operation applied to an order in every status: the status after it is the one in
+/// the table, and never a move the state machine forbids.
+async fn state_never_moves_backwards(backend: Backend) {
+    use paynotify::order::OrderStatus::{self, *};
+
+    #[derive(Debug, Clone, Copy)]
+    enum Op {
+        PayWechat,
+        PayAlipay,
+        RefundFull,
+        RefundPartial,
+        CloseApi,
+        CloseByProvider,
+    }
+    use Op::*;
+    let ops = [
+        PayWechat,
+        PayAlipay,
+        RefundFull,
+        RefundPartial,
+        CloseApi,
+        CloseByProvider,
+    ];
+    // The expected status after each op, in the order of `ops`.
+    let table: [(OrderStatus, [OrderStatus; 6]); 4] = [
+        (WaitPay, [Paid, Paid, WaitPay, WaitPay, Closed, Closed]),
+        (Paid, [Paid, Paid, Refunded, Paid, Paid, Paid]),
+        (
+            Refunded,
+            [Refunded, Refunded, Refunded, Refunded, Refunded, Refunded],
+        ),
+        (Closed, [Closed, Closed, Closed, Closed, Closed, Closed]),
+    ];
+
+    let app = spawn_app(backend).await;
+    let now = app.clock.now();
+    for (i, (start, expected)) in table.iter().enumerate() {
+        for (j, op) in ops.iter().enumerate() {
+            let no = format!("S{i}-{j}");
+            app.create_order(&no, 1000).await;
+            // Bring the order to `start` through real operations.
+            if matches!(start, Paid | Refunded) {
+                assert_eq!(
+                    apply(&app, &paid(&no, "T-START", 1000)).await,
+                    Outcome::Applied
+                );
+            }
+            if *start == Refunded {
+                assert_eq!(
+                    apply(&app, &refund(&no, &format!("{no}-R0"), 1000)).await,
+                    Outcome::Applied
+                );
+            }
+            if *start == Closed {
+                app.store.close_order(&no, "api", now).await.expect("close");
+            }
+            assert_eq!(app.status_of(&no).await, start.as_str());
+
+            match op {
+                PayWechat => {
+                    apply(&app, &paid(&no, "T-START", 1000)).await;
+                }
+                PayAlipay => {
+                    let mut n = paid(&no, "ALI-1", 1000);
+                    n.channel = ChannelId::Alipay;
+                    apply(&app, &n).await;
+                }
+                RefundFull => {
+                    apply(&app, &refund(&no, &format!("{no}-RF"), 1000)).await;
+                }
+                RefundPartial => {
+                    apply(&app, &refund(&no, &format!("{no}-RP"), 1)).await;
+                }
+                CloseApi => {
+                    app.store.close_order(&no, "api", now).await.expect("close");
+                }
+                CloseByProvider => {
+                    let mut n = paid(&no, "T-START", 1000);
+                    n.kind = NoticeKind::Closed;
+                    apply(&app, &n).await;
+                }
+            }
+            let after = OrderStatus::parse(&app.status_of(&no).await).expect("known status");
+            assert_eq!(after, expected[j], "{start:?} then {op:?}");
+            assert!(
+                start.may_become(after),
+                "{start:?} -> {after:?} after {op:?}"
+            );
+        }
+    }
+}

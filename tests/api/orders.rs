@@ -1,0 +1,205 @@
+//! The orders API: idempotent creation, reads, closing, and the bearer token.
+
+use std::sync::Arc;
+
+use serde_json::json;
+use tokio::sync::Barrier;
+
+use crate::helpers::{Backend, TestApp, spawn_app};
+
+crate::on_both_backends!(
+    a_replay_with_the_same_key_returns_identical_bytes,
+    the_same_key_with_another_body_is_422,
+    an_existing_order_without_a_key_is_409,
+    concurrent_creates_with_one_key_make_one_order_and_one_answer,
+    invalid_orders_are_400_and_write_nothing,
+    orders_need_the_bearer_token,
+    an_order_has_every_key_and_404_when_missing,
+    close_moves_only_unpaid_orders,
+);
+
+async fn post_order(app: &TestApp, key: Option<&str>, body: &serde_json::Value) -> (u16, String) {
+    let mut request = app
+        .client
+        .post(app.url("/orders"))
+        .bearer_auth(&app.api_token)
+        .json(body);
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    let response = request.send().await.expect("POST /orders");
+    (
+        response.status().as_u16(),
+        response.text().await.expect("body"),
+    )
+}
+
+fn order(no: &str, amount: i64) -> serde_json::Value {
+    json!({ "order_no": no, "amount_fen": amount, "currency": "CNY", "subject": "t" })
+}
+
+async fn a_replay_with_the_same_key_returns_identical_bytes(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let first = post_order(&app, Some("k-1"), &order("P-1", 100)).await;
+    assert_eq!(first.0, 201);
+    app.clock.advance(5);
+    let again = post_order(&app, Some("k-1"), &order("P-1", 100)).await;
+    assert_eq!(again, first);
+    // Key order and whitespace do not make it another request.
+    let reordered =
+        json!({ "subject": "t", "currency": "CNY", "amount_fen": 100, "order_no": "P-1" });
+    assert_eq!(post_order(&app, Some("k-1"), &reordered).await, first);
+    assert_eq!(app.db.count("orders").await, 1);
+}
+
+async fn the_same_key_with_another_body_is_422(backend: Backend) {
+    let app = spawn_app(backend).await;
+    post_order(&app, Some("k-2"), &order("P-2", 100)).await;
+    let (status, body) = post_order(&app, Some("k-2"), &order("P-2", 101)).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(app.get_order("P-2").await["amount_fen"], 100);
+}
+
+async fn an_existing_order_without_a_key_is_409(backend: Backend) {
+    let app = spawn_app(backend).await;
+    assert_eq!(post_order(&app, None, &order("P-3", 100)).await.0, 201);
+    assert_eq!(post_order(&app, None, &order("P-3", 100)).await.0, 409);
+    // A new key for an existing order is 409 too, and replays as 409.
+    let conflict = post_order(&app, Some("k-3"), &order("P-3", 100)).await;
+    assert_eq!(conflict.0, 409);
+    assert_eq!(
+        post_order(&app, Some("k-3"), &order("P-3", 100)).await,
+        conflict
+    );
+}
+
+async fn concurrent_creates_with_one_key_make_one_order_and_one_answer(backend: Backend) {
+    let app = Arc::new(spawn_app(backend).await);
+    let barrier = Arc::new(Barrier::new(10));
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let (app, barrier) = (app.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                post_order(&app, Some("k-c"), &order("P-C", 100)).await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.expect("task"));
+    }
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+    assert_eq!(answers[0].0, 201);
+    assert_eq!(app.db.count("orders").await, 1);
+}
+
+async fn invalid_orders_are_400_and_write_nothing(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let bad = [
+        json!({ "order_no": "", "amount_fen": 1 }),
+        json!({ "order_no": "has space", "amount_fen": 1 }),
+        json!({ "order_no": "x".repeat(65), "amount_fen": 1 }),
+        json!({ "order_no": "P", "amount_fen": 0 }),
+        json!({ "order_no": "P", "amount_fen": -5 }),
+        json!({ "order_no": "P", "amount_fen": 1.5 }),
+        json!({ "order_no": "P", "amount_fen": "100" }),
+        json!({ "order_no": "P", "amount_fen": 1, "currency": "cny" }),
+        json!({ "order_no": "P", "amount_fen": 1, "expire_after_secs": 0 }),
+        json!({ "order_no": "P", "amount_fen": 1, "surprise": true }),
+        json!({ "amount_fen": 1 }),
+    ];
+    for body in bad {
+        let (status, reply) = post_order(&app, None, &body).await;
+        assert_eq!(status, 400, "{body} -> {reply}");
+        let reply: serde_json::Value = serde_json::from_str(&reply).expect("JSON error");
+        assert!(reply["error"].is_string());
+    }
+    let (status, _) = post_order(&app, Some("with space"), &order("P", 1)).await;
+    assert_eq!(status, 400);
+    assert_eq!(app.db.count("orders").await, 0);
+    assert_eq!(app.db.count("idempotency_key").await, 0);
+}
+
+async fn orders_need_the_bearer_token(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let no_token = app
+        .client
+        .post(app.url("/orders"))
+        .json(&order("P-T", 1))
+        .send()
+        .await;
+    assert_eq!(no_token.expect("request").status(), 401);
+    let wrong = app
+        .client
+        .get(app.url("/orders/P-T"))
+        .bearer_auth("nope")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(wrong.status(), 401);
+    let close = app.client.post(app.url("/orders/P-T/close")).send().await;
+    assert_eq!(close.expect("request").status(), 401);
+    assert_eq!(app.db.count("orders").await, 0);
+}
+
+async fn an_order_has_every_key_and_404_when_missing(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("P-K", 19900).await;
+    let order = app.get_order("P-K").await;
+    let mut keys: Vec<_> = order.as_object().expect("object").keys().cloned().collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "amount_fen",
+            "channel",
+            "closed_at",
+            "created_at",
+            "currency",
+            "order_no",
+            "paid_at",
+            "refunded_fen",
+            "status",
+            "transaction_id"
+        ]
+    );
+    assert_eq!(order["created_at"], "2026-11-30T08:00:00Z");
+    assert!(order["paid_at"].is_null());
+    let missing = app
+        .client
+        .get(app.url("/orders/NOPE"))
+        .bearer_auth(&app.api_token)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(missing.status(), 404);
+}
+
+async fn close_moves_only_unpaid_orders(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let close = |no: &str| {
+        app.client
+            .post(app.url(&format!("/orders/{no}/close")))
+            .bearer_auth(&app.api_token)
+            .send()
+    };
+    app.create_order("P-CL", 100).await;
+    let first = close("P-CL").await.expect("close");
+    assert_eq!(first.status(), 200);
+    let body: serde_json::Value = first.json().await.expect("json");
+    assert_eq!(body["status"], "CLOSED");
+    assert!(body["closed_at"].is_string());
+    assert_eq!(close("P-CL").await.expect("close").status(), 200);
+    assert_eq!(app.messages("ORDER_CLOSED").await, 1);
+
+    app.create_order("P-PAID", 100).await;
+    crate::test_channel::deliver(
+        &app,
+        &crate::test_channel::TestNotification::paid("P-PAID", "T", 100),
+    )
+    .await;
+    assert_eq!(close("P-PAID").await.expect("close").status(), 409);
+    assert_eq!(app.status_of("P-PAID").await, "PAID");
+    assert_eq!(close("NOPE").await.expect("close").status(), 404);
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The test command: brings up the local services the tests talk to (when they are installed
+# but down), then runs every test. A service that is missing is a loud failure, never a skip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PG_URL="${PAYNOTIFY_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_for_port() {
+  for _ in $(seq 1 60); do
+    port_open "$1" && return 0
+    sleep 0.5
+  done
+  return 1
+}
+
+ensure_postgres() {
+  if [ -n "${PAYNOTIFY_TEST_PG_URL:-}" ] || port_open 5432; then return 0; fi
+  if command -v pg_ctlcluster >/dev/null 2>&1 && [ -d /etc/postgresql ]; then
+    echo "tests/run.sh: starting the local PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n 1)" main start
+    wait_for_port 5432 && return 0
+  fi
+  cat >&2 <<MSG
+tests/run.sh: PostgreSQL is required on 127.0.0.1:5432 (trust auth for user postgres) and is
+not running. Install it (Debian: apt-get install postgresql), start it, or point
+PAYNOTIFY_TEST_PG_URL at a server where the tests may create databases.
+MSG
+  exit 1
+}
+
+ensure_postgres
+echo "tests/run.sh: PostgreSQL for tests at ${PG_URL%%@*}@…"
+cargo test --locked "$@"
