@@ -11,23 +11,13 @@ use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::schema::{local_message, orders, pay_callback, refund_callback};
+use super::statements::{InsertMessage, InsertPayCallback, MarkPaid};
 use super::types::Payload;
 use super::{Store, StoreError, with_conn};
 use crate::notice::{AnomalyReason, Digest, Notice, NoticeKind, Outcome, Refund};
 use crate::order::{Order, OrderStatus};
 use crate::outbox::{Message, status};
 use crate::time::Timestamp;
-
-#[derive(Insertable)]
-#[diesel(table_name = pay_callback)]
-struct NewPayCallback<'a> {
-    out_trade_no: &'a str,
-    channel: &'a str,
-    transaction_id: &'a str,
-    amount_fen: i64,
-    digest: &'a str,
-    created_at: Timestamp,
-}
 
 #[derive(Insertable)]
 #[diesel(table_name = refund_callback)]
@@ -148,22 +138,18 @@ impl Store {
         now: Timestamp,
     ) -> Result<Outcome, StoreError> {
         let channel = n.channel.as_str();
-        let callback = NewPayCallback {
-            out_trade_no: &n.out_trade_no,
-            channel,
-            transaction_id: &n.transaction_id,
-            amount_fen: n.amount_fen,
-            digest: digest.as_str(),
-            created_at: now,
-        };
         let result = with_conn!(self, conn => {
             conn.transaction::<_, Abort, _>(async |conn| {
-                let inserted = diesel::insert_into(pay_callback::table)
-                    .values(&callback)
-                    .on_conflict((pay_callback::out_trade_no, pay_callback::channel))
-                    .do_nothing()
-                    .execute(conn)
-                    .await?;
+                let inserted = InsertPayCallback {
+                    out_trade_no: &n.out_trade_no,
+                    channel,
+                    transaction_id: &n.transaction_id,
+                    amount_fen: n.amount_fen,
+                    digest: digest.as_str(),
+                    created_at: now,
+                }
+                .execute(conn)
+                .await?;
                 if inserted == 0 {
                     // Under READ COMMITTED this statement sees the winner's committed row.
                     let seen: String = pay_callback::table
@@ -174,27 +160,19 @@ impl Store {
                     return Ok(if seen == digest.as_str() { Outcome::Duplicate } else { Outcome::Conflict });
                 }
                 if n.merchant_matches {
-                    let moved = diesel::update(
-                        orders::table
-                            .filter(orders::order_no.eq(&n.out_trade_no))
-                            .filter(orders::status.eq(OrderStatus::WaitPay))
-                            .filter(orders::amount_fen.eq(n.amount_fen))
-                            .filter(orders::currency.eq(&n.currency)),
-                    )
-                    .set((
-                        orders::status.eq(OrderStatus::Paid),
-                        orders::channel.eq(channel),
-                        orders::transaction_id.eq(&n.transaction_id),
-                        orders::paid_at.eq(now),
-                    ))
+                    let moved = MarkPaid {
+                        order_no: &n.out_trade_no,
+                        amount_fen: n.amount_fen,
+                        currency: &n.currency,
+                        channel,
+                        transaction_id: &n.transaction_id,
+                        paid_at: now,
+                    }
                     .execute(conn)
                     .await?;
                     if moved == 1 {
                         let message = Message::order_paid(n, now);
-                        diesel::insert_into(local_message::table)
-                            .values(&NewMessage::pending(&message, now))
-                            .execute(conn)
-                            .await?;
+                        InsertMessage::pending(&message, now).execute(conn).await?;
                         return Ok(Outcome::Applied);
                     }
                 }
@@ -293,10 +271,7 @@ impl Store {
                 };
                 if moved == 1 {
                     let message = Message::order_refunded(n, refund, &order);
-                    diesel::insert_into(local_message::table)
-                        .values(&NewMessage::pending(&message, now))
-                        .execute(conn)
-                        .await?;
+                    InsertMessage::pending(&message, now).execute(conn).await?;
                     return Ok(Outcome::Applied);
                 }
                 if order.status == OrderStatus::WaitPay && n.merchant_matches {
@@ -350,10 +325,7 @@ impl Store {
                 let Some(order) = order else { return Ok(CloseResult::NotFound) };
                 if moved == 1 {
                     let message = Message::order_closed(&order, by);
-                    diesel::insert_into(local_message::table)
-                        .values(&NewMessage::pending(&message, now))
-                        .execute(conn)
-                        .await?;
+                    InsertMessage::pending(&message, now).execute(conn).await?;
                     return Ok(CloseResult::Closed(order));
                 }
                 Ok(match order.status {

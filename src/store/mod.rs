@@ -8,6 +8,7 @@ pub mod ledger;
 pub mod orders;
 pub mod outbox;
 pub mod schema;
+mod statements;
 pub mod types;
 
 use std::path::Path;
