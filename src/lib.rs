@@ -3,6 +3,8 @@
 
 pub mod channel;
 pub mod config;
+pub mod forge;
+pub mod metrics;
 pub mod notice;
 pub mod order;
 pub mod outbox;

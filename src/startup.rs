@@ -6,7 +6,10 @@ use std::sync::Arc;
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::{App, HttpServer, web};
 
-use crate::config::{Secret, Settings};
+use crate::channel::wechat::WechatPay;
+use crate::config::{ConfigError, Secret, Settings};
+use crate::metrics::Metrics;
+use crate::routes::notify::notify;
 use crate::routes::{ApiError, health, orders};
 use crate::store::{Store, StoreError};
 use crate::time::{Clock, SystemClock};
@@ -14,6 +17,7 @@ use crate::time::{Clock, SystemClock};
 /// What every handler shares.
 pub struct AppState {
     pub store: Store,
+    pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
     pub api_token: Secret,
     pub expire_after_secs: u64,
@@ -24,6 +28,8 @@ pub type ExtraRoutes = Arc<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     #[error("database: {0}")]
     Database(#[from] StoreError),
     #[error("cannot listen on {addr}: {source}")]
@@ -52,12 +58,18 @@ pub struct Application {
     server: Server,
     port: u16,
     store: Store,
+    metrics: Arc<Metrics>,
 }
 
 impl Application {
     /// Connects to the database (migrating it when `database.auto_migrate`), binds the
     /// listener and builds the server; nothing runs until [`Application::run_until_stopped`].
     pub async fn build(settings: &Settings, options: Options) -> Result<Self, StartupError> {
+        // Keys first: a bad key file should stop start-up before anything connects.
+        let wechat = web::Data::new(WechatPay::from_settings(
+            &settings.wechat,
+            options.clock.now(),
+        )?);
         let store = Store::connect(&settings.database)?;
         if settings.database.auto_migrate {
             let applied = store.migrate().await?;
@@ -75,8 +87,10 @@ impl Application {
             .map_err(|source| StartupError::Listen { addr, source })?
             .port();
 
+        let metrics = Arc::new(Metrics::new());
         let state = web::Data::new(AppState {
             store: store.clone(),
+            metrics: Arc::clone(&metrics),
             clock: options.clock,
             api_token: settings.server.api_token.clone(),
             expire_after_secs: settings.orders.expire_after_secs,
@@ -99,7 +113,10 @@ impl Application {
                 .route("/readyz", web::get().to(health::readyz))
                 .route("/orders", web::post().to(orders::create))
                 .route("/orders/{order_no}", web::get().to(orders::get))
-                .route("/orders/{order_no}/close", web::post().to(orders::close));
+                .route("/orders/{order_no}/close", web::post().to(orders::close))
+                .app_data(wechat.clone())
+                .route("/notify/wechat/pay", web::post().to(notify::<WechatPay>))
+                .route("/notify/wechat/refund", web::post().to(notify::<WechatPay>));
             if let Some(extra) = &extra {
                 let extra = Arc::clone(extra);
                 app = app.configure(move |cfg| extra(cfg));
@@ -116,6 +133,7 @@ impl Application {
             server,
             port,
             store,
+            metrics,
         })
     }
 
@@ -125,6 +143,10 @@ impl Application {
 
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.metrics)
     }
 
     pub fn handle(&self) -> ServerHandle {

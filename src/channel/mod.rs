@@ -11,6 +11,8 @@ use actix_web::http::header::HeaderMap;
 use crate::notice::{ChannelId, Notice};
 use crate::time::Timestamp;
 
+pub mod wechat;
+
 /// One notification exactly as it arrived: nothing in it is trusted yet.
 #[derive(Debug, Clone, Copy)]
 pub struct Inbound<'a> {

@@ -3,7 +3,7 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 
-use crate::channel::{Channel, Inbound, Reply};
+use crate::channel::{Channel, Inbound, Rejection, Reply};
 use crate::notice::Outcome;
 use crate::startup::AppState;
 
@@ -47,6 +47,16 @@ pub async fn notify<C: Channel>(
                 (StatusCode::BAD_REQUEST, "unreadable body")
             };
             tracing::warn!(channel = %id, error = %e, "notification rejected: {message}");
+            let reason = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                "too_large"
+            } else {
+                "bad_request"
+            };
+            state
+                .metrics
+                .rejections
+                .with_label_values(&[id.as_str(), reason])
+                .inc();
             return channel.render(Reply::Failure { status, message });
         }
     };
@@ -59,7 +69,17 @@ pub async fn notify<C: Channel>(
     let notice = match channel.verify(&inbound).and_then(|v| channel.decode(v)) {
         Ok(notice) => notice,
         Err(rejection) => {
-            tracing::warn!(channel = %id, reason = rejection.reason(), detail = %rejection, "notification rejected");
+            if let Rejection::Undecryptable(_) = rejection {
+                // Our key is wrong, not the provider: an operator must act while it retries.
+                tracing::error!(channel = %id, detail = %rejection, "notification verified but not decryptable: check the configured key");
+            } else {
+                tracing::warn!(channel = %id, reason = rejection.reason(), detail = %rejection, "notification rejected");
+            }
+            state
+                .metrics
+                .rejections
+                .with_label_values(&[id.as_str(), rejection.reason()])
+                .inc();
             let message = rejection.to_string();
             return channel.render(Reply::Failure {
                 status: rejection.status(),
@@ -69,6 +89,18 @@ pub async fn notify<C: Channel>(
     };
     match state.store.apply(&notice, now).await {
         Ok(outcome) => {
+            state
+                .metrics
+                .notifications
+                .with_label_values(&[id.as_str(), outcome.as_str()])
+                .inc();
+            if let Outcome::Anomaly(reason) = outcome {
+                state
+                    .metrics
+                    .anomalies
+                    .with_label_values(&[id.as_str(), reason.as_str()])
+                    .inc();
+            }
             tracing::info!(
                 channel = %id,
                 out_trade_no = %notice.out_trade_no,
@@ -80,6 +112,11 @@ pub async fn notify<C: Channel>(
             channel.render(reply_for(outcome))
         }
         Err(e) => {
+            state
+                .metrics
+                .notifications
+                .with_label_values(&[id.as_str(), "db_unavailable"])
+                .inc();
             tracing::error!(channel = %id, out_trade_no = %notice.out_trade_no, error = %e, "notification not stored; the provider will retry");
             channel.render(Reply::Failure {
                 status: StatusCode::SERVICE_UNAVAILABLE,

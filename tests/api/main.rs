@@ -6,3 +6,4 @@ mod ledger;
 mod notify;
 mod orders;
 mod test_channel;
+mod wechat_vectors;

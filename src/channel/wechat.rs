@@ -1,0 +1,520 @@
+//! WeChat Pay API v3 notifications (`/notify/wechat/pay`, `/notify/wechat/refund`).
+//!
+//! WeChat Pay v3: the signed message is `"{Wechatpay-Timestamp}\n{Wechatpay-Nonce}\n{body}\n"`
+//! over the raw body bytes, RSASSA-PKCS1-v1_5 with SHA-256, base64; `Wechatpay-Serial` names
+//! the platform key (a `PUB_KEY_ID_…` public key or a platform certificate serial) and so the
+//! merchant. `resource` is AES-256-GCM with the merchant's APIv3 key, `resource.nonce` and
+//! `resource.associated_data` as AAD, ciphertext‖tag in base64.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use actix_web::HttpResponse;
+use actix_web::http::header::HeaderMap;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
+use ring::signature::{RSA_PKCS1_2048_8192_SHA256, UnparsedPublicKey};
+use rsa::pkcs1::EncodeRsaPublicKey;
+use rsa::pkcs8::DecodePublicKey;
+use serde::Deserialize;
+
+use super::{Channel, Inbound, Rejection, Reply};
+use crate::config::{ConfigError, WechatSettings};
+use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund};
+use crate::time::Timestamp;
+
+/// WeChat Pay's freshness rule: more than five minutes either way is refused.
+pub const TIMESTAMP_WINDOW_SECS: i64 = 300;
+/// The only signature type this build verifies (absent means this one).
+pub const SIGNATURE_TYPE: &str = "WECHATPAY2-SHA256-RSA2048";
+/// Signatures WeChat sends on purpose to check that merchants verify them.
+const PROBE_PREFIX: &str = "WECHATPAY/SIGNTEST/";
+
+/// A configured merchant: its ids and its APIv3 decryption key.
+pub struct Merchant {
+    pub mchid: String,
+    pub appid: String,
+    apiv3_key: LessSafeKey,
+}
+
+impl std::fmt::Debug for Merchant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Merchant")
+            .field("mchid", &self.mchid)
+            .field("appid", &self.appid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One platform key and the merchant it belongs to.
+struct PlatformKey {
+    /// PKCS#1 `RSAPublicKey` DER, as ring wants it.
+    key: UnparsedPublicKey<Vec<u8>>,
+    merchant: Arc<Merchant>,
+}
+
+/// The WeChat Pay channel: every configured merchant, keyed by platform-key serial.
+pub struct WechatPay {
+    keys: HashMap<String, PlatformKey>,
+}
+
+impl std::fmt::Debug for WechatPay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut serials: Vec<_> = self.keys.keys().collect();
+        serials.sort();
+        f.debug_struct("WechatPay")
+            .field("serials", &serials)
+            .finish()
+    }
+}
+
+/// What verification hands to decoding: the merchant and the decrypted resource.
+#[derive(Debug)]
+pub struct Verified {
+    merchant: Arc<Merchant>,
+    event_type: String,
+    plaintext: Vec<u8>,
+}
+
+impl Verified {
+    /// The decrypted `resource`, exactly as WeChat encrypted it.
+    pub fn plaintext(&self) -> &[u8] {
+        &self.plaintext
+    }
+}
+
+fn config_error(key: String, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key,
+        message: message.into(),
+    }
+}
+
+fn read_file(key: &str, path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| {
+        config_error(
+            key.to_owned(),
+            format!("cannot read {}: {e}", path.display()),
+        )
+    })
+}
+
+/// PKCS#1 DER of an RSA public key given as SPKI DER.
+fn pkcs1_from_spki(key: &str, path: &Path, spki_der: &[u8]) -> Result<Vec<u8>, ConfigError> {
+    let public = rsa::PublicKey::from_public_key_der(spki_der).map_err(|e| {
+        config_error(
+            key.to_owned(),
+            format!("{}: not an RSA public key: {e}", path.display()),
+        )
+    })?;
+    let der = public.to_pkcs1_der().map_err(|e| {
+        config_error(
+            key.to_owned(),
+            format!("{}: cannot encode key: {e}", path.display()),
+        )
+    })?;
+    Ok(der.as_bytes().to_vec())
+}
+
+/// Reads a platform certificate: its serial (upper-case hex, as WeChat sends it) and key.
+fn load_certificate(
+    key: &str,
+    path: &Path,
+    now: Timestamp,
+) -> Result<(String, Vec<u8>), ConfigError> {
+    use x509_cert::Certificate;
+    use x509_cert::der::{DecodePem, Encode};
+
+    let pem = read_file(key, path)?;
+    let cert = Certificate::from_pem(pem.as_bytes()).map_err(|e| {
+        config_error(
+            key.to_owned(),
+            format!("{}: not a PEM certificate: {e}", path.display()),
+        )
+    })?;
+    let tbs = cert.tbs_certificate();
+    let not_after = tbs.validity().not_after.to_unix_duration().as_secs();
+    if i64::try_from(not_after).unwrap_or(i64::MAX) < now.unix_seconds() {
+        return Err(config_error(
+            key.to_owned(),
+            format!(
+                "{}: certificate expired at unix time {not_after}; download the current \
+                 platform certificate or move to the WeChat Pay public key",
+                path.display()
+            ),
+        ));
+    }
+    let serial: String = tbs
+        .serial_number()
+        .as_bytes()
+        .iter()
+        .skip_while(|b| **b == 0)
+        .map(|b| format!("{b:02X}"))
+        .collect();
+    let spki = tbs.subject_public_key_info().to_der().map_err(|e| {
+        config_error(
+            key.to_owned(),
+            format!("{}: bad public key: {e}", path.display()),
+        )
+    })?;
+    Ok((serial, pkcs1_from_spki(key, path, &spki)?))
+}
+
+impl WechatPay {
+    /// Loads every merchant's keys once, at start-up. `now` decides certificate expiry.
+    pub fn from_settings(settings: &WechatSettings, now: Timestamp) -> Result<Self, ConfigError> {
+        let mut keys = HashMap::new();
+        for (i, m) in settings.merchants.iter().enumerate() {
+            let prefix = format!("wechat.merchants[{i}]");
+            let apiv3_key = UnboundKey::new(&AES_256_GCM, m.apiv3_key.expose().as_bytes())
+                .map_err(|_| {
+                    config_error(format!("{prefix}.apiv3_key"), "must be exactly 32 bytes")
+                })?;
+            let merchant = Arc::new(Merchant {
+                mchid: m.mchid.clone(),
+                appid: m.appid.clone(),
+                apiv3_key: LessSafeKey::new(apiv3_key),
+            });
+            if m.platform_keys.is_empty() {
+                return Err(config_error(
+                    format!("{prefix}.platform_keys"),
+                    "at least one key is needed",
+                ));
+            }
+            for (j, k) in m.platform_keys.iter().enumerate() {
+                let key_name = format!("{prefix}.platform_keys[{j}]");
+                let (serial, der) = match (&k.public_key_file, &k.certificate_file) {
+                    (Some(path), None) => {
+                        let name = format!("{key_name}.public_key_file");
+                        let serial = k.serial.clone().ok_or_else(|| {
+                            config_error(
+                                format!("{key_name}.serial"),
+                                "required with public_key_file",
+                            )
+                        })?;
+                        let pem = read_file(&name, path)?;
+                        let public = rsa::PublicKey::from_public_key_pem(&pem).map_err(|e| {
+                            config_error(
+                                name.clone(),
+                                format!("{}: not an SPKI RSA public key: {e}", path.display()),
+                            )
+                        })?;
+                        let der = public
+                            .to_pkcs1_der()
+                            .map_err(|e| config_error(name.clone(), e.to_string()))?;
+                        (serial, der.as_bytes().to_vec())
+                    }
+                    (None, Some(path)) => {
+                        let name = format!("{key_name}.certificate_file");
+                        let (serial, der) = load_certificate(&name, path, now)?;
+                        if let Some(given) = &k.serial
+                            && !given.eq_ignore_ascii_case(&serial)
+                        {
+                            return Err(config_error(
+                                format!("{key_name}.serial"),
+                                format!("{given} differs from the certificate's serial {serial}"),
+                            ));
+                        }
+                        (serial, der)
+                    }
+                    _ => {
+                        return Err(config_error(
+                            key_name,
+                            "set exactly one of public_key_file and certificate_file",
+                        ));
+                    }
+                };
+                let entry = PlatformKey {
+                    key: UnparsedPublicKey::new(&RSA_PKCS1_2048_8192_SHA256, der),
+                    merchant: Arc::clone(&merchant),
+                };
+                if keys.insert(serial.to_ascii_uppercase(), entry).is_some() {
+                    return Err(config_error(
+                        format!("{key_name}.serial"),
+                        format!("{serial} is configured twice"),
+                    ));
+                }
+            }
+        }
+        Ok(Self { keys })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+/// The one value of a header that must appear exactly once.
+fn single_header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Rejection> {
+    let mut values = headers.get_all(name);
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(Rejection::BadRequest(format!(
+            "header {name} appears more than once"
+        )));
+    }
+    first
+        .to_str()
+        .map(Some)
+        .map_err(|_| Rejection::BadRequest(format!("header {name} is not visible ASCII")))
+}
+
+fn required_header<'a>(headers: &'a HeaderMap, name: &str) -> Result<&'a str, Rejection> {
+    single_header(headers, name)?
+        .ok_or_else(|| Rejection::BadRequest(format!("missing header {name}")))
+}
+
+#[derive(Deserialize)]
+struct Envelope {
+    event_type: String,
+    resource_type: Option<String>,
+    resource: Resource,
+}
+
+#[derive(Deserialize)]
+struct Resource {
+    algorithm: String,
+    ciphertext: String,
+    #[serde(default)]
+    associated_data: String,
+    nonce: String,
+}
+
+#[derive(Deserialize)]
+struct Transaction {
+    appid: String,
+    mchid: String,
+    out_trade_no: String,
+    transaction_id: String,
+    trade_state: String,
+    amount: TransactionAmount,
+    success_time: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct TransactionAmount {
+    /// The order amount; not `payer_total`, which coupons reduce.
+    total: i64,
+    currency: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RefundResource {
+    mchid: String,
+    transaction_id: String,
+    out_trade_no: String,
+    refund_id: String,
+    out_refund_no: String,
+    refund_status: String,
+    amount: RefundAmount,
+    success_time: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RefundAmount {
+    total: i64,
+    refund: i64,
+}
+
+fn parse_time(text: Option<&str>) -> Option<Timestamp> {
+    text.and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| Timestamp::new(t.with_timezone(&chrono::Utc)))
+}
+
+fn bad_json(what: &str) -> impl Fn(serde_json::Error) -> Rejection + '_ {
+    move |e| Rejection::BadRequest(format!("{what}: {e}"))
+}
+
+impl Channel for WechatPay {
+    type Verified = Verified;
+
+    fn id(&self) -> ChannelId {
+        ChannelId::Wechat
+    }
+
+    fn verify(&self, request: &Inbound<'_>) -> Result<Verified, Rejection> {
+        let h = request.headers;
+        if let Some(kind) = single_header(h, "Wechatpay-Signature-Type")?
+            && kind != SIGNATURE_TYPE
+        {
+            return Err(Rejection::BadRequest(format!(
+                "unsupported Wechatpay-Signature-Type {kind}"
+            )));
+        }
+        let timestamp = required_header(h, "Wechatpay-Timestamp")?;
+        let nonce = required_header(h, "Wechatpay-Nonce")?;
+        let signature = required_header(h, "Wechatpay-Signature")?;
+        let serial = required_header(h, "Wechatpay-Serial")?;
+
+        let seconds: i64 = timestamp
+            .parse()
+            .map_err(|_| Rejection::BadRequest("Wechatpay-Timestamp is not unix seconds".into()))?;
+        let skew = request.now.unix_seconds().saturating_sub(seconds);
+        if skew.abs() > TIMESTAMP_WINDOW_SECS {
+            return Err(Rejection::Stale(format!("timestamp is {skew} s from now")));
+        }
+        let platform = self
+            .keys
+            .get(&serial.to_ascii_uppercase())
+            .ok_or_else(|| Rejection::BadSignature(format!("unknown Wechatpay-Serial {serial}")))?;
+        if signature.starts_with(PROBE_PREFIX) {
+            return Err(Rejection::BadSignature("WECHATPAY/SIGNTEST probe".into()));
+        }
+        let signature = BASE64
+            .decode(signature)
+            .map_err(|_| Rejection::BadSignature("Wechatpay-Signature is not base64".into()))?;
+        let mut message =
+            Vec::with_capacity(timestamp.len() + nonce.len() + request.body.len() + 3);
+        for part in [timestamp.as_bytes(), nonce.as_bytes(), request.body] {
+            message.extend_from_slice(part);
+            message.push(b'\n');
+        }
+        platform
+            .key
+            .verify(&message, &signature)
+            .map_err(|_| Rejection::BadSignature("signature does not verify".into()))?;
+
+        // Verified: from here on the body is WeChat's.
+        let envelope: Envelope =
+            serde_json::from_slice(request.body).map_err(bad_json("envelope"))?;
+        if envelope
+            .resource_type
+            .as_deref()
+            .is_some_and(|t| t != "encrypt-resource")
+        {
+            return Err(Rejection::BadRequest(
+                "resource_type is not encrypt-resource".into(),
+            ));
+        }
+        let r = envelope.resource;
+        if r.algorithm != "AEAD_AES_256_GCM" {
+            return Err(Rejection::BadRequest(format!(
+                "unsupported algorithm {}",
+                r.algorithm
+            )));
+        }
+        let nonce = Nonce::try_assume_unique_for_key(r.nonce.as_bytes())
+            .map_err(|_| Rejection::BadRequest("resource.nonce is not 12 bytes".into()))?;
+        let mut sealed = BASE64
+            .decode(&r.ciphertext)
+            .map_err(|_| Rejection::BadRequest("resource.ciphertext is not base64".into()))?;
+        let merchant = Arc::clone(&platform.merchant);
+        let plaintext = merchant
+            .apiv3_key
+            .open_in_place(nonce, Aad::from(r.associated_data.as_bytes()), &mut sealed)
+            .map_err(|_| {
+                Rejection::Undecryptable(format!(
+                    "resource does not decrypt with the apiv3_key of merchant {}",
+                    merchant.mchid
+                ))
+            })?
+            .to_vec();
+        Ok(Verified {
+            merchant,
+            event_type: envelope.event_type,
+            plaintext,
+        })
+    }
+
+    fn decode(&self, v: Verified) -> Result<Notice, Rejection> {
+        let m = &v.merchant;
+        match v.event_type.as_str() {
+            "TRANSACTION.SUCCESS" => {
+                let t: Transaction =
+                    serde_json::from_slice(&v.plaintext).map_err(bad_json("transaction"))?;
+                if t.amount.total <= 0 {
+                    return Err(Rejection::BadRequest(
+                        "amount.total must be positive".into(),
+                    ));
+                }
+                let kind = if t.trade_state == "SUCCESS" {
+                    NoticeKind::Paid
+                } else {
+                    NoticeKind::Other {
+                        status: t.trade_state,
+                    }
+                };
+                Ok(Notice {
+                    channel: ChannelId::Wechat,
+                    kind,
+                    merchant_matches: t.mchid == m.mchid && t.appid == m.appid,
+                    merchant: MerchantIds {
+                        merchant_id: t.mchid,
+                        app_id: Some(t.appid),
+                    },
+                    out_trade_no: t.out_trade_no,
+                    transaction_id: t.transaction_id,
+                    amount_fen: t.amount.total,
+                    currency: t.amount.currency.unwrap_or_else(|| "CNY".to_owned()),
+                    occurred_at: parse_time(t.success_time.as_deref()),
+                })
+            }
+            "REFUND.SUCCESS" | "REFUND.ABNORMAL" | "REFUND.CLOSED" => {
+                let r: RefundResource =
+                    serde_json::from_slice(&v.plaintext).map_err(bad_json("refund"))?;
+                if r.amount.refund <= 0 || r.amount.total <= 0 {
+                    return Err(Rejection::BadRequest(
+                        "amount.refund and amount.total must be positive".into(),
+                    ));
+                }
+                let kind = if v.event_type == "REFUND.SUCCESS" && r.refund_status == "SUCCESS" {
+                    NoticeKind::Refunded(Refund {
+                        out_refund_no: r.out_refund_no,
+                        refund_id: r.refund_id,
+                        refund_fen: r.amount.refund,
+                    })
+                } else {
+                    // ABNORMAL is not final (the merchant may retry the refund) and CLOSED
+                    // refunded nothing: acknowledge, change nothing.
+                    NoticeKind::Other {
+                        status: r.refund_status,
+                    }
+                };
+                Ok(Notice {
+                    channel: ChannelId::Wechat,
+                    kind,
+                    merchant_matches: r.mchid == m.mchid,
+                    merchant: MerchantIds {
+                        merchant_id: r.mchid,
+                        app_id: None,
+                    },
+                    out_trade_no: r.out_trade_no,
+                    transaction_id: r.transaction_id,
+                    amount_fen: r.amount.total,
+                    currency: "CNY".to_owned(),
+                    occurred_at: parse_time(r.success_time.as_deref()),
+                })
+            }
+            other => Ok(Notice {
+                // A verified event this service does not act on: acknowledged so WeChat
+                // stops resending it for 24 hours.
+                channel: ChannelId::Wechat,
+                kind: NoticeKind::Other {
+                    status: other.to_owned(),
+                },
+                out_trade_no: String::new(),
+                transaction_id: String::new(),
+                amount_fen: 0,
+                currency: String::new(),
+                merchant: MerchantIds {
+                    merchant_id: m.mchid.clone(),
+                    app_id: Some(m.appid.clone()),
+                },
+                merchant_matches: true,
+                occurred_at: None,
+            }),
+        }
+    }
+
+    fn render(&self, reply: Reply<'_>) -> HttpResponse {
+        match reply {
+            Reply::Success => HttpResponse::NoContent().finish(),
+            Reply::Failure { status, message } => HttpResponse::build(status)
+                .json(serde_json::json!({ "code": "FAIL", "message": message })),
+        }
+    }
+}
