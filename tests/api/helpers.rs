@@ -10,6 +10,7 @@ use diesel::QueryableByName;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use paynotify::config::{Secret, Settings};
+use paynotify::metrics::Metrics;
 use paynotify::startup::{Application, Options};
 use paynotify::store::{SqliteAsync, Store};
 use paynotify::time::ManualClock;
@@ -175,6 +176,7 @@ pub struct TestApp {
     pub client: reqwest::Client,
     pub db: TestDb,
     pub api_token: String,
+    pub metrics: Arc<Metrics>,
     handle: ServerHandle,
 }
 
@@ -225,6 +227,7 @@ pub async fn spawn_app_with(backend: Backend, customise: impl FnOnce(&mut Settin
         .expect("application builds");
     let address = format!("http://127.0.0.1:{}", app.port());
     let store = app.store().clone();
+    let metrics = app.metrics();
     let handle = app.handle();
     tokio::spawn(app.run_until_stopped());
     TestApp {
@@ -234,6 +237,7 @@ pub async fn spawn_app_with(backend: Backend, customise: impl FnOnce(&mut Settin
         client: reqwest::Client::new(),
         db,
         api_token: API_TOKEN.to_owned(),
+        metrics,
         handle,
     }
 }
@@ -305,4 +309,15 @@ macro_rules! on_both_backends {
             )*
         }
     };
+}
+
+/// The value of one counter of the app, by metric name and label values.
+pub fn metric(app: &TestApp, name: &str, labels: &[&str]) -> u64 {
+    let vec = match name {
+        "paynotify_notifications_total" => &app.metrics.notifications,
+        "paynotify_notify_rejections_total" => &app.metrics.rejections,
+        "paynotify_anomalies_total" => &app.metrics.anomalies,
+        other => panic!("unknown metric {other}"),
+    };
+    Metrics::count(vec, labels)
 }

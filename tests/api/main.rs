@@ -6,4 +6,5 @@ mod ledger;
 mod notify;
 mod orders;
 mod test_channel;
+mod wechat;
 mod wechat_vectors;

@@ -1,0 +1,571 @@
+//! WeChat Pay notifications end to end over HTTP, with keys made for the test run and
+//! notifications built exactly as WeChat builds them (`paynotify::forge::wechat`).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+
+use paynotify::config::{PlatformKey, Secret, WechatMerchant, WechatSettings};
+use paynotify::forge::Delivery;
+use paynotify::forge::wechat::{self, Sandbox};
+use paynotify::time::Clock;
+use rsa::pkcs8::{DecodePrivateKey, EncodePublicKey, LineEnding};
+use rsa::{Generate, PrivateKey};
+use serde_json::Value;
+use tokio::sync::Barrier;
+
+use crate::helpers::{Backend, TestApp, spawn_app_with};
+
+const KEY_A: &str = "PUB_KEY_ID_0000000000000000000000000000000A";
+const KEY_B: &str = "PUB_KEY_ID_0000000000000000000000000000000B";
+const APIV3_A: &str = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA1";
+const APIV3_B: &str = "BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB2";
+
+/// Keys for the whole run: merchant A with a public key and a platform certificate (as
+/// during WeChat's move to public keys), merchant B with a public key.
+struct Keys {
+    dir: tempfile::TempDir,
+    a: PrivateKey,
+    b: PrivateKey,
+    cert_key: PrivateKey,
+    cert_serial: String,
+}
+
+fn keys() -> &'static Keys {
+    static KEYS: OnceLock<Keys> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = PrivateKey::try_generate().expect("key A");
+        let b = PrivateKey::try_generate().expect("key B");
+        for (key, file) in [(&a, "a.pem"), (&b, "b.pem")] {
+            let pem = key
+                .to_public_key()
+                .to_public_key_pem(LineEnding::LF)
+                .expect("pem");
+            std::fs::write(dir.path().join(file), pem).expect("write key");
+        }
+        // A self-signed platform certificate, as WeChat's look (serial in hex).
+        let status = Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
+            ])
+            .args(["-subj", "/O=Tenpay.com/CN=Tenpay.com Root CA"])
+            .args(["-set_serial", "0x5157F09EFDC096DE15EBE81A47057A7232F1B8E1"])
+            .arg("-keyout")
+            .arg(dir.path().join("cert_key.pem"))
+            .arg("-out")
+            .arg(dir.path().join("cert.pem"))
+            .output()
+            .expect("the openssl command is needed to make a test certificate");
+        assert!(
+            status.status.success(),
+            "{}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+        let cert_key = PrivateKey::from_pkcs8_pem(
+            &std::fs::read_to_string(dir.path().join("cert_key.pem")).expect("read key"),
+        )
+        .expect("certificate key");
+        Keys {
+            dir,
+            a,
+            b,
+            cert_key,
+            cert_serial: "5157F09EFDC096DE15EBE81A47057A7232F1B8E1".into(),
+        }
+    })
+}
+
+fn path(file: &str) -> PathBuf {
+    keys().dir.path().join(file)
+}
+
+fn settings() -> WechatSettings {
+    WechatSettings {
+        merchants: vec![
+            WechatMerchant {
+                mchid: "1900000001".into(),
+                appid: "wx0000000000000001".into(),
+                apiv3_key: Secret::new(APIV3_A),
+                platform_keys: vec![
+                    PlatformKey {
+                        serial: Some(KEY_A.into()),
+                        public_key_file: Some(path("a.pem")),
+                        certificate_file: None,
+                    },
+                    PlatformKey {
+                        serial: None,
+                        public_key_file: None,
+                        certificate_file: Some(path("cert.pem")),
+                    },
+                ],
+            },
+            WechatMerchant {
+                mchid: "1900000002".into(),
+                appid: "wx0000000000000002".into(),
+                apiv3_key: Secret::new(APIV3_B),
+                platform_keys: vec![PlatformKey {
+                    serial: Some(KEY_B.into()),
+                    public_key_file: Some(path("b.pem")),
+                    certificate_file: None,
+                }],
+            },
+        ],
+    }
+}
+
+fn sandbox(which: char) -> Sandbox {
+    let k = keys();
+    let (serial, key, mchid, appid, apiv3) = match which {
+        'A' => (
+            KEY_A.to_owned(),
+            k.a.clone(),
+            "1900000001",
+            "wx0000000000000001",
+            APIV3_A,
+        ),
+        'C' => (
+            k.cert_serial.clone(),
+            k.cert_key.clone(),
+            "1900000001",
+            "wx0000000000000001",
+            APIV3_A,
+        ),
+        _ => (
+            KEY_B.to_owned(),
+            k.b.clone(),
+            "1900000002",
+            "wx0000000000000002",
+            APIV3_B,
+        ),
+    };
+    Sandbox {
+        serial,
+        private_key: key,
+        mchid: mchid.into(),
+        appid: appid.into(),
+        apiv3_key: apiv3.into(),
+    }
+}
+
+async fn app(backend: Backend) -> TestApp {
+    spawn_app_with(backend, |s| s.wechat = settings()).await
+}
+
+fn now(app: &TestApp) -> i64 {
+    app.clock.now().unix_seconds()
+}
+
+fn paid(app: &TestApp, s: &Sandbox, order_no: &str, total: i64) -> Delivery {
+    let plaintext = wechat::transaction(s, order_no, &format!("42{order_no}"), total);
+    s.notification("TRANSACTION.SUCCESS", &plaintext, now(app))
+        .expect("forge")
+}
+
+async fn send(app: &TestApp, route: &str, d: &Delivery) -> (u16, String) {
+    let mut request = app.client.post(app.url(route)).body(d.body.clone());
+    for (name, value) in &d.headers {
+        request = request.header(name.as_str(), value.as_str());
+    }
+    let response = request.send().await.expect("notify request");
+    (
+        response.status().as_u16(),
+        response.text().await.expect("body"),
+    )
+}
+
+async fn pay(app: &TestApp, d: &Delivery) -> (u16, String) {
+    send(app, "/notify/wechat/pay", d).await
+}
+
+/// A refused notification answers in WeChat's failure shape and writes nothing.
+async fn assert_refused(app: &TestApp, d: &Delivery, status: u16) {
+    let (got, body) = pay(app, d).await;
+    assert_eq!(got, status, "{body}");
+    let body: Value = serde_json::from_str(&body).expect("FAIL body is JSON");
+    assert_eq!(body["code"], "FAIL");
+    assert!(body["message"].is_string());
+    assert_eq!(app.db.count("pay_callback").await, 0);
+    assert_eq!(app.db.count("local_message").await, 0);
+}
+
+crate::on_both_backends!(
+    a_valid_payment_marks_the_order_paid,
+    a_retry_reencrypted_and_resigned_is_a_duplicate,
+    partial_refunds_add_up_to_a_full_refund,
+    abnormal_and_closed_refunds_change_nothing,
+    twenty_concurrent_identical_deliveries_make_one_transition,
+    wrong_merchant_ids_or_amount_are_anomalies_and_the_order_stays_unpaid,
+    two_merchants_and_both_key_kinds_at_once,
+);
+
+async fn a_valid_payment_marks_the_order_paid(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("W-1", 19900).await;
+    let (status, body) = pay(&app, &paid(&app, &sandbox('A'), "W-1", 19900)).await;
+    assert_eq!((status, body.as_str()), (204, ""));
+    let order = app.get_order("W-1").await;
+    assert_eq!(order["status"], "PAID");
+    assert_eq!(order["channel"], "wechat");
+    assert_eq!(order["transaction_id"], "42W-1");
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+}
+
+async fn a_retry_reencrypted_and_resigned_is_a_duplicate(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("W-2", 19900).await;
+    let s = sandbox('A');
+    let first = paid(&app, &s, "W-2", 19900);
+    assert_eq!(pay(&app, &first).await.0, 204);
+    app.clock.advance(15);
+    let retry = paid(&app, &s, "W-2", 19900);
+    assert_ne!(first.body, retry.body, "a fresh nonce and ciphertext");
+    assert_ne!(
+        first.header("Wechatpay-Signature"),
+        retry.header("Wechatpay-Signature")
+    );
+    assert_eq!(pay(&app, &retry).await, (204, String::new()));
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    assert_eq!(app.db.count("pay_callback").await, 1);
+}
+
+async fn partial_refunds_add_up_to_a_full_refund(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("W-R", 10000).await;
+    let s = sandbox('A');
+    assert_eq!(pay(&app, &paid(&app, &s, "W-R", 10000)).await.0, 204);
+    let refund = |no: &str, fen| {
+        let plaintext = wechat::refund(&s, "W-R", "42W-R", no, fen, 10000);
+        s.notification("REFUND.SUCCESS", &plaintext, now(&app))
+            .expect("forge")
+    };
+    assert_eq!(
+        send(&app, "/notify/wechat/refund", &refund("R-1", 4000))
+            .await
+            .0,
+        204
+    );
+    assert_eq!(
+        send(&app, "/notify/wechat/refund", &refund("R-1", 4000))
+            .await
+            .0,
+        204
+    );
+    let order = app.get_order("W-R").await;
+    assert_eq!(
+        (order["status"].as_str(), order["refunded_fen"].as_i64()),
+        (Some("PAID"), Some(4000))
+    );
+    assert_eq!(
+        send(&app, "/notify/wechat/refund", &refund("R-2", 6000))
+            .await
+            .0,
+        204
+    );
+    let order = app.get_order("W-R").await;
+    assert_eq!(
+        (order["status"].as_str(), order["refunded_fen"].as_i64()),
+        (Some("REFUNDED"), Some(10000))
+    );
+    assert_eq!(app.messages("ORDER_REFUNDED").await, 2);
+}
+
+async fn abnormal_and_closed_refunds_change_nothing(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("W-AB", 10000).await;
+    let s = sandbox('A');
+    pay(&app, &paid(&app, &s, "W-AB", 10000)).await;
+    for (event, status) in [("REFUND.ABNORMAL", "ABNORMAL"), ("REFUND.CLOSED", "CLOSED")] {
+        let mut plaintext = wechat::refund(&s, "W-AB", "42W-AB", "R-X", 10000, 10000);
+        plaintext["refund_status"] = status.into();
+        let d = s.notification(event, &plaintext, now(&app)).expect("forge");
+        assert_eq!(
+            send(&app, "/notify/wechat/refund", &d).await.0,
+            204,
+            "{event}"
+        );
+    }
+    let order = app.get_order("W-AB").await;
+    assert_eq!(
+        (order["status"].as_str(), order["refunded_fen"].as_i64()),
+        (Some("PAID"), Some(0))
+    );
+    assert_eq!(app.db.count("refund_callback").await, 0);
+    // The refund can still succeed later under the same out_refund_no.
+    let ok = s
+        .notification(
+            "REFUND.SUCCESS",
+            &wechat::refund(&s, "W-AB", "42W-AB", "R-X", 10000, 10000),
+            now(&app),
+        )
+        .expect("forge");
+    assert_eq!(send(&app, "/notify/wechat/refund", &ok).await.0, 204);
+    assert_eq!(app.status_of("W-AB").await, "REFUNDED");
+}
+
+async fn twenty_concurrent_identical_deliveries_make_one_transition(backend: Backend) {
+    let app = Arc::new(app(backend).await);
+    app.create_order("W-20", 19900).await;
+    let d = paid(&app, &sandbox('A'), "W-20", 19900);
+    let barrier = Arc::new(Barrier::new(20));
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let (app, d, barrier) = (app.clone(), d.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                pay(&app, &d).await
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.expect("task"), (204, String::new()));
+    }
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    assert_eq!(app.db.count("pay_callback").await, 1);
+}
+
+async fn wrong_merchant_ids_or_amount_are_anomalies_and_the_order_stays_unpaid(backend: Backend) {
+    let app = app(backend).await;
+    let s = sandbox('A');
+    for (no, field, value) in [
+        ("W-M1", "mchid", "1999999999"),
+        ("W-M2", "appid", "wxffffffffffffffff"),
+    ] {
+        app.create_order(no, 19900).await;
+        let mut plaintext = wechat::transaction(&s, no, "42x", 19900);
+        plaintext[field] = value.into();
+        let d = s
+            .notification("TRANSACTION.SUCCESS", &plaintext, now(&app))
+            .expect("forge");
+        assert_eq!(pay(&app, &d).await.0, 204, "{field}");
+        assert_eq!(app.status_of(no).await, "WAIT_PAY", "{field}");
+    }
+    app.create_order("W-M3", 19900).await;
+    assert_eq!(pay(&app, &paid(&app, &s, "W-M3", 100)).await.0, 204);
+    assert_eq!(app.status_of("W-M3").await, "WAIT_PAY");
+    // `amount.total` is the order amount; what the payer paid after coupons does not count.
+    app.create_order("W-M4", 19900).await;
+    let mut coupon = wechat::transaction(&s, "W-M4", "42W-M4", 19900);
+    coupon["amount"]["payer_total"] = 15000.into();
+    let d = s
+        .notification("TRANSACTION.SUCCESS", &coupon, now(&app))
+        .expect("forge");
+    assert_eq!(pay(&app, &d).await.0, 204);
+    assert_eq!(app.status_of("W-M4").await, "PAID");
+
+    assert_eq!(app.messages("PAYMENT_ANOMALY").await, 3);
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+}
+
+async fn two_merchants_and_both_key_kinds_at_once(backend: Backend) {
+    let app = app(backend).await;
+    for (no, which) in [("W-KA", 'A'), ("W-KC", 'C'), ("W-KB", 'B')] {
+        app.create_order(no, 500).await;
+        assert_eq!(
+            pay(&app, &paid(&app, &sandbox(which), no, 500)).await.0,
+            204,
+            "{which}"
+        );
+        assert_eq!(app.status_of(no).await, "PAID", "{which}");
+    }
+    // Merchant B's key cannot speak for merchant A's ids.
+    app.create_order("W-KX", 500).await;
+    let mut b_as_a = sandbox('B');
+    b_as_a.mchid = "1900000001".into();
+    b_as_a.appid = "wx0000000000000001".into();
+    assert_eq!(pay(&app, &paid(&app, &b_as_a, "W-KX", 500)).await.0, 204);
+    assert_eq!(app.status_of("W-KX").await, "WAIT_PAY");
+}
+
+// The refusals below never reach the ledger, so one backend is enough.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bytes_not_signed_are_refused() {
+    let app = app(Backend::Sqlite).await;
+    app.create_order("W-X", 19900).await;
+    let s = sandbox('A');
+    let good = paid(&app, &s, "W-X", 19900);
+
+    let mut one_byte = good.clone();
+    let at = one_byte
+        .body
+        .iter()
+        .position(|b| *b == b'T')
+        .expect("a T in the body");
+    one_byte.body[at] = b'X';
+    assert_refused(&app, &one_byte, 401).await;
+
+    // The same JSON re-serialised with other whitespace: the raw bytes are what is signed.
+    let mut pretty = good.clone();
+    let value: Value = serde_json::from_slice(&good.body).expect("json");
+    pretty.body = serde_json::to_vec_pretty(&value).expect("json");
+    assert_refused(&app, &pretty, 401).await;
+
+    let mut other_key = good.clone();
+    let forged = Sandbox {
+        private_key: keys().b.clone(),
+        ..sandbox('A')
+    }
+    .sign(now(&app), good.body.clone())
+    .expect("sign");
+    other_key.set_header(
+        "Wechatpay-Signature",
+        forged.header("Wechatpay-Signature").expect("sig"),
+    );
+    other_key.set_header(
+        "Wechatpay-Nonce",
+        forged.header("Wechatpay-Nonce").expect("nonce"),
+    );
+    assert_refused(&app, &other_key, 401).await;
+
+    let mut probe = good.clone();
+    let real = good.header("Wechatpay-Signature").expect("sig").to_owned();
+    probe.set_header("Wechatpay-Signature", format!("WECHATPAY/SIGNTEST/{real}"));
+    assert_refused(&app, &probe, 401).await;
+
+    let mut garbage = good.clone();
+    garbage.set_header("Wechatpay-Signature", "%%% not base64 %%%");
+    assert_refused(&app, &garbage, 401).await;
+
+    let mut unknown = good.clone();
+    unknown.set_header(
+        "Wechatpay-Serial",
+        "PUB_KEY_ID_0000000000000000000000000000000Z",
+    );
+    assert_refused(&app, &unknown, 401).await;
+
+    // And the untouched notification still goes through.
+    assert_eq!(pay(&app, &good).await.0, 204);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timestamp_window_is_300_seconds_either_way() {
+    let app = app(Backend::Sqlite).await;
+    let s = sandbox('A');
+    let at = |offset: i64, no: &str| {
+        s.notification(
+            "TRANSACTION.SUCCESS",
+            &wechat::transaction(&s, no, "42", 100),
+            now(&app) + offset,
+        )
+        .expect("forge")
+    };
+    for offset in [301, -301, 3600] {
+        assert_refused(&app, &at(offset, "W-T0"), 401).await;
+    }
+    for (offset, no) in [(299, "W-T1"), (-299, "W-T2"), (0, "W-T3")] {
+        app.create_order(no, 100).await;
+        assert_eq!(pay(&app, &at(offset, no)).await.0, 204, "{offset}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_our_key_cannot_open_is_500_so_wechat_retries() {
+    let app = app(Backend::Sqlite).await;
+    app.create_order("W-D", 100).await;
+    let s = sandbox('A');
+    let plaintext = wechat::transaction(&s, "W-D", "42", 100).to_string();
+    let signed = |ciphertext: String, aad: &str| {
+        let body = wechat::envelope(
+            "TRANSACTION.SUCCESS",
+            "transaction",
+            &ciphertext,
+            aad,
+            "abcdefghijkl",
+        );
+        s.sign(now(&app), body.into_bytes()).expect("sign")
+    };
+    let wrong_key = wechat::encrypt(
+        APIV3_B.as_bytes(),
+        "abcdefghijkl",
+        "transaction",
+        plaintext.as_bytes(),
+    )
+    .expect("enc");
+    assert_refused(&app, &signed(wrong_key, "transaction"), 500).await;
+
+    let right = wechat::encrypt(
+        APIV3_A.as_bytes(),
+        "abcdefghijkl",
+        "transaction",
+        plaintext.as_bytes(),
+    )
+    .expect("enc");
+    assert_refused(&app, &signed(right.clone(), "refund"), 500).await;
+
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut truncated = b64.decode(&right).expect("b64");
+    truncated.truncate(truncated.len() - 4);
+    assert_refused(&app, &signed(b64.encode(truncated), "transaction"), 500).await;
+
+    assert_eq!(
+        pay(&app, &signed(right, "transaction")).await.0,
+        204,
+        "the intact one opens"
+    );
+    let metrics = crate::helpers::metric(
+        &app,
+        "paynotify_notify_rejections_total",
+        &["wechat", "undecryptable"],
+    );
+    assert_eq!(metrics, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_are_400() {
+    let app = app(Backend::Sqlite).await;
+    app.create_order("W-H", 100).await;
+    let s = sandbox('A');
+    let good = paid(&app, &s, "W-H", 100);
+    for header in [
+        "Wechatpay-Timestamp",
+        "Wechatpay-Nonce",
+        "Wechatpay-Signature",
+        "Wechatpay-Serial",
+    ] {
+        let mut missing = good.clone();
+        missing.remove_header(header);
+        assert_refused(&app, &missing, 400).await;
+        let mut twice = good.clone();
+        twice.headers.push((
+            header.to_owned(),
+            good.header(header).expect("header").to_owned(),
+        ));
+        assert_refused(&app, &twice, 400).await;
+    }
+    let mut sm2 = good.clone();
+    sm2.set_header("Wechatpay-Signature-Type", "WECHATPAY2-SM2-WITH-SM3");
+    assert_refused(&app, &sm2, 400).await;
+    let mut no_type = good.clone();
+    no_type.remove_header("Wechatpay-Signature-Type");
+    assert_eq!(pay(&app, &no_type).await.0, 204, "an absent type means RSA");
+
+    // Signed by WeChat but missing a required field.
+    let mut plaintext = wechat::transaction(&s, "W-H", "42", 100);
+    plaintext
+        .as_object_mut()
+        .expect("object")
+        .remove("out_trade_no");
+    let d = s
+        .notification("TRANSACTION.SUCCESS", &plaintext, now(&app))
+        .expect("forge");
+    let (status, _) = pay(&app, &d).await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversize_body_is_413() {
+    let app = spawn_app_with(Backend::Sqlite, |s| {
+        s.wechat = settings();
+        s.server.max_body_bytes = 2048;
+    })
+    .await;
+    let s = sandbox('A');
+    let mut plaintext = wechat::transaction(&s, "W-BIG", "42", 100);
+    plaintext["attach"] = "x".repeat(4096).into();
+    let d = s
+        .notification("TRANSACTION.SUCCESS", &plaintext, now(&app))
+        .expect("forge");
+    assert_refused(&app, &d, 413).await;
+}
