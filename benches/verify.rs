@@ -1,0 +1,107 @@
+//! Per-notification crypto and parsing, without the database: WeChat Pay verify + decrypt +
+//! decode of a realistic ~1 KB notification, and the RSA-2048 verification alone with `ring`
+//! and with `rsa`, which is why verification uses `ring`.
+//!
+//! `cargo bench --bench verify`
+
+use std::hint::black_box;
+
+use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+use criterion::{Criterion, criterion_group, criterion_main};
+use paynotify::channel::wechat::WechatPay;
+use paynotify::channel::{Channel, Inbound};
+use paynotify::config::{PlatformKey, Secret, WechatMerchant, WechatSettings};
+use paynotify::forge::wechat::{self, Sandbox};
+use paynotify::time::{Clock, SystemClock};
+use rsa::pkcs1::EncodeRsaPublicKey;
+use rsa::pkcs8::{EncodePublicKey, LineEnding};
+use rsa::sha2::Sha256;
+use rsa::{Generate, PrivateKey};
+
+fn wechat(c: &mut Criterion) {
+    let key = PrivateKey::try_generate().expect("key");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pem = key
+        .to_public_key()
+        .to_public_key_pem(LineEnding::LF)
+        .expect("pem");
+    std::fs::write(dir.path().join("k.pem"), pem).expect("write");
+    let serial = "PUB_KEY_ID_0000000000000000000000000000000A";
+    let apiv3 = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA1";
+    let settings = WechatSettings {
+        merchants: vec![WechatMerchant {
+            mchid: "1900000001".into(),
+            appid: "wx0000000000000001".into(),
+            apiv3_key: Secret::new(apiv3),
+            platform_keys: vec![PlatformKey {
+                serial: Some(serial.into()),
+                public_key_file: Some(dir.path().join("k.pem")),
+                certificate_file: None,
+            }],
+        }],
+    };
+    let now = SystemClock.now();
+    let channel = WechatPay::from_settings(&settings, now).expect("channel");
+    let sandbox = Sandbox {
+        serial: serial.into(),
+        private_key: key.clone(),
+        mchid: "1900000001".into(),
+        appid: "wx0000000000000001".into(),
+        apiv3_key: apiv3.into(),
+    };
+    let mut plaintext = wechat::transaction(
+        &sandbox,
+        "PN20261130100512000371",
+        "4200002793202611185421936078",
+        19900,
+    );
+    plaintext["attach"] = "自定义数据".into();
+    plaintext["promotion_detail"] = serde_json::json!([{"coupon_id": "109519", "name": "单品惠-6", "scope": "SINGLE", "type": "DISCOUNT", "amount": 100, "stock_id": "931386", "currency": "CNY"}]);
+    let delivery = sandbox
+        .notification("TRANSACTION.SUCCESS", &plaintext, now.unix_seconds())
+        .expect("forge");
+    let mut headers = HeaderMap::new();
+    for (k, v) in &delivery.headers {
+        headers.append(
+            HeaderName::from_bytes(k.as_bytes()).expect("name"),
+            HeaderValue::from_str(v).expect("value"),
+        );
+    }
+    println!("WeChat notification body: {} bytes", delivery.body.len());
+    c.bench_function("wechat verify+decrypt+decode", |b| {
+        b.iter(|| {
+            let inbound = Inbound {
+                headers: &headers,
+                body: &delivery.body,
+                now,
+            };
+            let verified = channel.verify(black_box(&inbound)).expect("verifies");
+            black_box(channel.decode(verified).expect("decodes"))
+        })
+    });
+
+    let message = b"1794967523\n29LH9I1HCJ2D2CQERDTLC3ES13YNGPA2\n{\"id\":\"x\"}\n";
+    let signature = key.pkcs1v15_sign::<Sha256>(message).expect("sign");
+    let public = key.to_public_key();
+    let ring_key = ring::signature::UnparsedPublicKey::new(
+        &ring::signature::RSA_PKCS1_2048_8192_SHA256,
+        public.to_pkcs1_der().expect("der").as_bytes().to_vec(),
+    );
+    c.bench_function("rsa-2048 verify with ring", |b| {
+        b.iter(|| {
+            ring_key
+                .verify(black_box(message), black_box(&signature))
+                .expect("ok")
+        })
+    });
+    c.bench_function("rsa-2048 verify with rsa", |b| {
+        b.iter(|| {
+            public
+                .pkcs1v15_verify::<Sha256>(black_box(message), black_box(&signature))
+                .expect("ok")
+        })
+    });
+}
+
+criterion_group!(benches, wechat);
+criterion_main!(benches);
