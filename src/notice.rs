@@ -51,8 +51,17 @@ pub struct Refund {
     /// The provider's refund id (WeChat `refund_id`; Alipay has none per refund, so the
     /// adapter passes `trade_no:out_biz_no`).
     pub refund_id: String,
-    /// This refund's amount (not a running total).
-    pub refund_fen: i64,
+    pub amount: RefundAmount,
+}
+
+/// How a provider states a refund's amount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefundAmount {
+    /// This refund alone (WeChat `amount.refund`).
+    This(i64),
+    /// Everything refunded on the trade so far, this refund included (Alipay `refund_fee`);
+    /// the ledger derives this refund's amount from what the order already records.
+    RunningTotal(i64),
 }
 
 /// The merchant identifiers a notification carries: WeChat `mchid` + `appid`,
@@ -114,14 +123,21 @@ impl Notice {
     /// Fields are hashed as a JSON array so no separator can be smuggled inside a value.
     pub fn digest(&self) -> Digest {
         let content = match &self.kind {
-            NoticeKind::Refunded(r) => serde_json::json!([
-                "refund",
-                self.channel,
-                r.out_refund_no,
-                self.out_trade_no,
-                r.refund_id,
-                r.refund_fen,
-            ]),
+            NoticeKind::Refunded(r) => {
+                let (rule, fen) = match r.amount {
+                    RefundAmount::This(fen) => ("this", fen),
+                    RefundAmount::RunningTotal(fen) => ("running_total", fen),
+                };
+                serde_json::json!([
+                    "refund",
+                    self.channel,
+                    r.out_refund_no,
+                    self.out_trade_no,
+                    r.refund_id,
+                    rule,
+                    fen,
+                ])
+            }
             _ => serde_json::json!([
                 "payment",
                 self.channel,
@@ -178,6 +194,9 @@ pub enum Outcome {
     /// A refund for an order whose payment has not arrived yet: nothing written, answered
     /// like an unknown order so the provider retries after the payment notification.
     TooEarly,
+    /// Another refund of the same order changed it mid-transaction: nothing written, the
+    /// provider retries.
+    Contended,
 }
 
 impl Outcome {
@@ -191,6 +210,7 @@ impl Outcome {
             Self::Ignored => "ignored",
             Self::UnknownOrder => "unknown_order",
             Self::TooEarly => "too_early",
+            Self::Contended => "contended",
         }
     }
 }
@@ -254,7 +274,7 @@ mod tests {
             n.kind = NoticeKind::Refunded(Refund {
                 out_refund_no: "R1".into(),
                 refund_id: id.into(),
-                refund_fen: fen,
+                amount: RefundAmount::This(fen),
             });
             n
         };

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::notice::{AnomalyReason, Notice, Refund};
+use crate::notice::{AnomalyReason, Notice, Refund, RefundAmount};
 use crate::order::Order;
 use crate::time::Timestamp;
 
@@ -58,8 +58,8 @@ impl Message {
         }
     }
 
-    /// A refund succeeded; `order` is the order after it.
-    pub fn order_refunded(n: &Notice, refund: &Refund, order: &Order) -> Self {
+    /// A refund of `refund_fen` succeeded; `order` is the order after it.
+    pub fn order_refunded(n: &Notice, refund: &Refund, refund_fen: i64, order: &Order) -> Self {
         Self {
             topic: Topic::OrderRefunded,
             biz_key: format!("{}:{}", n.out_trade_no, refund.out_refund_no),
@@ -68,7 +68,7 @@ impl Message {
                 "channel": n.channel,
                 "out_refund_no": refund.out_refund_no,
                 "refund_id": refund.refund_id,
-                "refund_fen": refund.refund_fen,
+                "refund_fen": refund_fen,
                 "refunded_fen": order.refunded_fen,
                 "amount_fen": order.amount_fen,
                 "status": order.status,
@@ -99,11 +99,18 @@ impl Message {
         order: &Order,
     ) -> Self {
         let refund = match &n.kind {
-            crate::notice::NoticeKind::Refunded(r) => json!({
-                "out_refund_no": r.out_refund_no,
-                "refund_id": r.refund_id,
-                "refund_fen": r.refund_fen,
-            }),
+            crate::notice::NoticeKind::Refunded(r) => {
+                let (this, total) = match r.amount {
+                    RefundAmount::This(fen) => (Some(fen), None),
+                    RefundAmount::RunningTotal(fen) => (None, Some(fen)),
+                };
+                json!({
+                    "out_refund_no": r.out_refund_no,
+                    "refund_id": r.refund_id,
+                    "refund_fen": this,
+                    "refunded_total_fen": total,
+                })
+            }
             _ => serde_json::Value::Null,
         };
         Self {

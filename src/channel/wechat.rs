@@ -22,7 +22,7 @@ use serde::Deserialize;
 
 use super::{Channel, Inbound, Rejection, Reply};
 use crate::config::{ConfigError, WechatSettings};
-use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund};
+use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 use crate::time::Timestamp;
 
 /// WeChat Pay's freshness rule: more than five minutes either way is refused.
@@ -310,12 +310,12 @@ struct RefundResource {
     refund_id: String,
     out_refund_no: String,
     refund_status: String,
-    amount: RefundAmount,
+    amount: WechatRefundAmount,
     success_time: Option<String>,
 }
 
 #[derive(Deserialize)]
-struct RefundAmount {
+struct WechatRefundAmount {
     total: i64,
     refund: i64,
 }
@@ -465,7 +465,7 @@ impl Channel for WechatPay {
                     NoticeKind::Refunded(Refund {
                         out_refund_no: r.out_refund_no,
                         refund_id: r.refund_id,
-                        refund_fen: r.amount.refund,
+                        amount: RefundAmount::This(r.amount.refund),
                     })
                 } else {
                     // ABNORMAL is not final (the merchant may retry the refund) and CLOSED

@@ -25,6 +25,10 @@ pub fn reply_for(outcome: Outcome) -> Reply<'static> {
             status: StatusCode::NOT_FOUND,
             message: "order not paid yet",
         },
+        Outcome::Contended => Reply::Failure {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "order busy, retry",
+        },
     }
 }
 

@@ -14,7 +14,7 @@ use super::schema::{local_message, orders, pay_callback, refund_callback};
 use super::statements::{InsertMessage, InsertPayCallback, MarkPaid};
 use super::types::Payload;
 use super::{Store, StoreError, with_conn};
-use crate::notice::{AnomalyReason, Digest, Notice, NoticeKind, Outcome, Refund};
+use crate::notice::{AnomalyReason, Digest, Notice, NoticeKind, Outcome, Refund, RefundAmount};
 use crate::order::{Order, OrderStatus};
 use crate::outbox::{Message, status};
 use crate::time::Timestamp;
@@ -210,17 +210,20 @@ impl Store {
         now: Timestamp,
     ) -> Result<Outcome, StoreError> {
         let channel = n.channel.as_str();
+        let reported = match refund.amount {
+            RefundAmount::This(fen) | RefundAmount::RunningTotal(fen) => fen,
+        };
         let callback = NewRefundCallback {
             out_refund_no: &refund.out_refund_no,
             channel,
             out_trade_no: &n.out_trade_no,
             refund_id: &refund.refund_id,
-            refund_fen: refund.refund_fen,
+            refund_fen: reported,
             status: "SUCCESS",
             digest: digest.as_str(),
             created_at: now,
         };
-        let fen = refund.refund_fen;
+        let refund_key = (&refund.out_refund_no, channel);
         let result = with_conn!(self, conn => {
             conn.transaction::<_, Abort, _>(async |conn| {
                 let inserted = diesel::insert_into(refund_callback::table)
@@ -231,11 +234,42 @@ impl Store {
                     .await?;
                 if inserted == 0 {
                     let seen: String = refund_callback::table
-                        .find((&refund.out_refund_no, channel))
+                        .find(refund_key)
                         .select(refund_callback::digest)
                         .first(conn)
                         .await?;
                     return Ok(if seen == digest.as_str() { Outcome::Duplicate } else { Outcome::Conflict });
+                }
+                let order: Option<Order> = orders::table
+                    .find(&n.out_trade_no)
+                    .select(Order::as_select())
+                    .first(conn)
+                    .await
+                    .optional()?;
+                let Some(before) = order else {
+                    return Err(Abort::With(Outcome::UnknownOrder));
+                };
+                // This refund's amount. A running total is turned into it against the order
+                // as read here, and the update below only applies to that same state.
+                let (fen, seen_refunded) = match refund.amount {
+                    RefundAmount::This(fen) => (fen, (0, i64::MAX)),
+                    RefundAmount::RunningTotal(total) => {
+                        (total - before.refunded_fen, (before.refunded_fen, before.refunded_fen))
+                    }
+                };
+                if matches!(refund.amount, RefundAmount::RunningTotal(_)) {
+                    if fen <= 0 && before.status != OrderStatus::WaitPay {
+                        // A later refund's total already counted this one (out of order).
+                        diesel::update(refund_callback::table.find(refund_key))
+                            .set(refund_callback::refund_fen.eq(0))
+                            .execute(conn)
+                            .await?;
+                        return Ok(Outcome::Ignored);
+                    }
+                    diesel::update(refund_callback::table.find(refund_key))
+                        .set(refund_callback::refund_fen.eq(fen))
+                        .execute(conn)
+                        .await?;
                 }
                 let moved = if fen > 0 && n.merchant_matches {
                     // Partial refunds keep PAID and add up; the one that reaches the amount
@@ -245,6 +279,7 @@ impl Store {
                             .filter(orders::order_no.eq(&n.out_trade_no))
                             .filter(orders::status.eq(OrderStatus::Paid))
                             .filter(orders::channel.eq(channel))
+                            .filter(orders::refunded_fen.between(seen_refunded.0, seen_refunded.1))
                             .filter((orders::refunded_fen + fen).le(orders::amount_fen)),
                     )
                     .set((
@@ -260,17 +295,13 @@ impl Store {
                 } else {
                     0
                 };
-                let order: Option<Order> = orders::table
+                let order: Order = orders::table
                     .find(&n.out_trade_no)
                     .select(Order::as_select())
                     .first(conn)
-                    .await
-                    .optional()?;
-                let Some(order) = order else {
-                    return Err(Abort::With(Outcome::UnknownOrder));
-                };
+                    .await?;
                 if moved == 1 {
-                    let message = Message::order_refunded(n, refund, &order);
+                    let message = Message::order_refunded(n, refund, fen, &order);
                     InsertMessage::pending(&message, now).execute(conn).await?;
                     return Ok(Outcome::Applied);
                 }
@@ -278,6 +309,9 @@ impl Store {
                     // The refund overtook its payment notification: keep nothing, let the
                     // provider retry once the payment is in.
                     return Err(Abort::With(Outcome::TooEarly));
+                }
+                if order.refunded_fen != before.refunded_fen {
+                    return Err(Abort::With(Outcome::Contended));
                 }
                 let reason = if n.merchant_matches {
                     AnomalyReason::AmountMismatch

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use paynotify::notice::{AnomalyReason, ChannelId, Notice, NoticeKind, Outcome, Refund};
+use paynotify::notice::{AnomalyReason, ChannelId, Notice, NoticeKind, Outcome, Refund, RefundAmount};
 use paynotify::store::ledger::CloseResult;
 use paynotify::time::Clock;
 use tokio::sync::Barrier;
@@ -37,7 +37,7 @@ fn refund(order_no: &str, out_refund_no: &str, refund_fen: i64) -> Notice {
     n.kind = NoticeKind::Refunded(Refund {
         out_refund_no: out_refund_no.into(),
         refund_id: format!("RID-{out_refund_no}"),
-        refund_fen,
+        amount: RefundAmount::This(refund_fen),
     });
     n
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, web};
 use paynotify::channel::{Channel, Inbound, Rejection, Reply};
-use paynotify::notice::{ChannelId, Digest, MerchantIds, Notice, NoticeKind, Refund};
+use paynotify::notice::{ChannelId, Digest, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 use paynotify::routes::notify::notify;
 use serde::{Deserialize, Serialize};
 
@@ -56,7 +56,7 @@ impl TestNotification {
                 NoticeKind::Refunded(Refund {
                     out_refund_no: out_refund_no.clone(),
                     refund_id: refund_id.clone(),
-                    refund_fen: *refund_fen,
+                    amount: RefundAmount::This(*refund_fen),
                 })
             }
             ("paid", _) => NoticeKind::Paid,
