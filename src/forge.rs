@@ -224,3 +224,145 @@ pub mod wechat {
         }
     }
 }
+
+/// Alipay asynchronous notifications, from Alipay's side.
+pub mod alipay {
+    use super::*;
+
+    /// Alipay's private key for one app, with the app's ids.
+    pub struct Sandbox {
+        pub app_id: String,
+        pub seller_id: String,
+        pub private_key: rsa::PrivateKey,
+    }
+
+    /// `19900` → `"199.00"`.
+    pub fn yuan(fen: i64) -> String {
+        format!("{}.{:02}", fen / 100, fen % 100)
+    }
+
+    fn field(k: &str, v: impl Into<String>) -> (String, String) {
+        (k.to_owned(), v.into())
+    }
+
+    /// The fields of a `trade_status_sync` notification for a payment.
+    pub fn payment(
+        s: &Sandbox,
+        out_trade_no: &str,
+        trade_no: &str,
+        total_fen: i64,
+        status: &str,
+    ) -> Vec<(String, String)> {
+        vec![
+            field("gmt_create", "2026-11-30 10:00:00"),
+            field("charset", "utf-8"),
+            field("seller_email", "pay-ops@example.com"),
+            field("subject", "沙箱订单 A+B & C=D"),
+            field("buyer_id", "2088102179514385"),
+            field("invoice_amount", yuan(total_fen)),
+            field("notify_id", format!("2026113000222{trade_no}")),
+            field(
+                "fund_bill_list",
+                format!(
+                    "[{{\"amount\":\"{}\",\"fundChannel\":\"ALIPAYACCOUNT\"}}]",
+                    yuan(total_fen)
+                ),
+            ),
+            field("notify_type", "trade_status_sync"),
+            field("trade_status", status),
+            field("receipt_amount", yuan(total_fen)),
+            field("buyer_pay_amount", yuan(total_fen)),
+            field("app_id", s.app_id.clone()),
+            field("notify_time", "2026-11-30 10:00:08"),
+            field("point_amount", "0.00"),
+            field("total_amount", yuan(total_fen)),
+            field("trade_no", trade_no),
+            field("auth_app_id", s.app_id.clone()),
+            field("buyer_logon_id", "159****3821"),
+            field("gmt_payment", "2026-11-30 10:00:07"),
+            field("out_trade_no", out_trade_no),
+            field("seller_id", s.seller_id.clone()),
+            field("version", "1.0"),
+        ]
+    }
+
+    /// A refund notification: `refunded_total_fen` is Alipay's `refund_fee`, the trade's
+    /// refunded total after this refund; a full refund comes as `TRADE_CLOSED`.
+    pub fn refund(
+        s: &Sandbox,
+        out_trade_no: &str,
+        trade_no: &str,
+        total_fen: i64,
+        out_biz_no: &str,
+        refunded_total_fen: i64,
+    ) -> Vec<(String, String)> {
+        let status = if refunded_total_fen >= total_fen {
+            "TRADE_CLOSED"
+        } else {
+            "TRADE_SUCCESS"
+        };
+        let mut fields = payment(s, out_trade_no, trade_no, total_fen, status);
+        fields.push(field("refund_fee", yuan(refunded_total_fen)));
+        fields.push(field("out_biz_no", out_biz_no));
+        fields.push(field("gmt_refund", "2026-11-30 11:00:00.123"));
+        if status == "TRADE_CLOSED" {
+            fields.push(field("gmt_close", "2026-11-30 11:00:00"));
+        }
+        fields
+    }
+
+    /// What Alipay signs: every field but `sign`/`sign_type`, sorted, `k=v` joined by `&`.
+    /// `keep_empty` follows the Python/Node/Go SDKs; otherwise empty values are skipped
+    /// as the Java SDK does.
+    pub fn sign_content(fields: &[(String, String)], keep_empty: bool) -> String {
+        let mut signed: Vec<_> = fields
+            .iter()
+            .filter(|(k, v)| k != "sign" && k != "sign_type" && (keep_empty || !v.is_empty()))
+            .collect();
+        signed.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        signed
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("&")
+    }
+
+    /// `application/x-www-form-urlencoded`: space as `+`, everything else outside
+    /// `[A-Za-z0-9*-._]` percent-encoded.
+    pub fn encode_form(fields: &[(String, String)]) -> Vec<u8> {
+        fields
+            .iter()
+            .map(|(k, v)| {
+                let k: String = form_urlencoded::byte_serialize(k.as_bytes()).collect();
+                let v: String = form_urlencoded::byte_serialize(v.as_bytes()).collect();
+                format!("{k}={v}")
+            })
+            .collect::<Vec<_>>()
+            .join("&")
+            .into_bytes()
+    }
+
+    impl Sandbox {
+        /// Adds `sign_type` and `sign` (over `sign_content(fields, keep_empty)`) and encodes
+        /// the form in UTF-8.
+        pub fn notification(
+            &self,
+            mut fields: Vec<(String, String)>,
+            keep_empty: bool,
+        ) -> Result<Delivery, ForgeError> {
+            let sign = rsa_sign(
+                &self.private_key,
+                sign_content(&fields, keep_empty).as_bytes(),
+            )?;
+            fields.push(("sign".into(), sign));
+            fields.push(("sign_type".into(), "RSA2".into()));
+            Ok(Delivery {
+                headers: vec![(
+                    "Content-Type".into(),
+                    "application/x-www-form-urlencoded; charset=utf-8".into(),
+                )],
+                body: encode_form(&fields),
+            })
+        }
+    }
+}

@@ -5,6 +5,7 @@ pub mod channel;
 pub mod config;
 pub mod forge;
 pub mod metrics;
+pub mod money;
 pub mod notice;
 pub mod order;
 pub mod outbox;

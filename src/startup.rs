@@ -6,6 +6,7 @@ use std::sync::Arc;
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::{App, HttpServer, web};
 
+use crate::channel::alipay::Alipay;
 use crate::channel::wechat::WechatPay;
 use crate::config::{ConfigError, Secret, Settings};
 use crate::metrics::Metrics;
@@ -66,10 +67,9 @@ impl Application {
     /// listener and builds the server; nothing runs until [`Application::run_until_stopped`].
     pub async fn build(settings: &Settings, options: Options) -> Result<Self, StartupError> {
         // Keys first: a bad key file should stop start-up before anything connects.
-        let wechat = web::Data::new(WechatPay::from_settings(
-            &settings.wechat,
-            options.clock.now(),
-        )?);
+        let now = options.clock.now();
+        let wechat = web::Data::new(WechatPay::from_settings(&settings.wechat, now)?);
+        let alipay = web::Data::new(Alipay::from_settings(&settings.alipay, now)?);
         let store = Store::connect(&settings.database)?;
         if settings.database.auto_migrate {
             let applied = store.migrate().await?;
@@ -116,7 +116,9 @@ impl Application {
                 .route("/orders/{order_no}/close", web::post().to(orders::close))
                 .app_data(wechat.clone())
                 .route("/notify/wechat/pay", web::post().to(notify::<WechatPay>))
-                .route("/notify/wechat/refund", web::post().to(notify::<WechatPay>));
+                .route("/notify/wechat/refund", web::post().to(notify::<WechatPay>))
+                .app_data(alipay.clone())
+                .route("/notify/alipay", web::post().to(notify::<Alipay>));
             if let Some(extra) = &extra {
                 let extra = Arc::clone(extra);
                 app = app.configure(move |cfg| extra(cfg));

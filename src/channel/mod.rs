@@ -11,6 +11,8 @@ use actix_web::http::header::HeaderMap;
 use crate::notice::{ChannelId, Notice};
 use crate::time::Timestamp;
 
+pub mod alipay;
+pub mod keys;
 pub mod wechat;
 
 /// One notification exactly as it arrived: nothing in it is trusted yet.

@@ -7,7 +7,6 @@
 //! `resource.associated_data` as AAD, ciphertext‖tag in base64.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 
 use actix_web::HttpResponse;
@@ -15,11 +14,9 @@ use actix_web::http::header::HeaderMap;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
-use ring::signature::{RSA_PKCS1_2048_8192_SHA256, UnparsedPublicKey};
-use rsa::pkcs1::EncodeRsaPublicKey;
-use rsa::pkcs8::DecodePublicKey;
 use serde::Deserialize;
 
+use super::keys::{self, RsaVerifier, config_error};
 use super::{Channel, Inbound, Rejection, Reply};
 use crate::config::{ConfigError, WechatSettings};
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
@@ -50,8 +47,7 @@ impl std::fmt::Debug for Merchant {
 
 /// One platform key and the merchant it belongs to.
 struct PlatformKey {
-    /// PKCS#1 `RSAPublicKey` DER, as ring wants it.
-    key: UnparsedPublicKey<Vec<u8>>,
+    key: RsaVerifier,
     merchant: Arc<Merchant>,
 }
 
@@ -85,83 +81,6 @@ impl Verified {
     }
 }
 
-fn config_error(key: String, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key,
-        message: message.into(),
-    }
-}
-
-fn read_file(key: &str, path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|e| {
-        config_error(
-            key.to_owned(),
-            format!("cannot read {}: {e}", path.display()),
-        )
-    })
-}
-
-/// PKCS#1 DER of an RSA public key given as SPKI DER.
-fn pkcs1_from_spki(key: &str, path: &Path, spki_der: &[u8]) -> Result<Vec<u8>, ConfigError> {
-    let public = rsa::PublicKey::from_public_key_der(spki_der).map_err(|e| {
-        config_error(
-            key.to_owned(),
-            format!("{}: not an RSA public key: {e}", path.display()),
-        )
-    })?;
-    let der = public.to_pkcs1_der().map_err(|e| {
-        config_error(
-            key.to_owned(),
-            format!("{}: cannot encode key: {e}", path.display()),
-        )
-    })?;
-    Ok(der.as_bytes().to_vec())
-}
-
-/// Reads a platform certificate: its serial (upper-case hex, as WeChat sends it) and key.
-fn load_certificate(
-    key: &str,
-    path: &Path,
-    now: Timestamp,
-) -> Result<(String, Vec<u8>), ConfigError> {
-    use x509_cert::Certificate;
-    use x509_cert::der::{DecodePem, Encode};
-
-    let pem = read_file(key, path)?;
-    let cert = Certificate::from_pem(pem.as_bytes()).map_err(|e| {
-        config_error(
-            key.to_owned(),
-            format!("{}: not a PEM certificate: {e}", path.display()),
-        )
-    })?;
-    let tbs = cert.tbs_certificate();
-    let not_after = tbs.validity().not_after.to_unix_duration().as_secs();
-    if i64::try_from(not_after).unwrap_or(i64::MAX) < now.unix_seconds() {
-        return Err(config_error(
-            key.to_owned(),
-            format!(
-                "{}: certificate expired at unix time {not_after}; download the current \
-                 platform certificate or move to the WeChat Pay public key",
-                path.display()
-            ),
-        ));
-    }
-    let serial: String = tbs
-        .serial_number()
-        .as_bytes()
-        .iter()
-        .skip_while(|b| **b == 0)
-        .map(|b| format!("{b:02X}"))
-        .collect();
-    let spki = tbs.subject_public_key_info().to_der().map_err(|e| {
-        config_error(
-            key.to_owned(),
-            format!("{}: bad public key: {e}", path.display()),
-        )
-    })?;
-    Ok((serial, pkcs1_from_spki(key, path, &spki)?))
-}
-
 impl WechatPay {
     /// Loads every merchant's keys once, at start-up. `now` decides certificate expiry.
     pub fn from_settings(settings: &WechatSettings, now: Timestamp) -> Result<Self, ConfigError> {
@@ -185,30 +104,22 @@ impl WechatPay {
             }
             for (j, k) in m.platform_keys.iter().enumerate() {
                 let key_name = format!("{prefix}.platform_keys[{j}]");
-                let (serial, der) = match (&k.public_key_file, &k.certificate_file) {
+                let (serial, key) = match (&k.public_key_file, &k.certificate_file) {
                     (Some(path), None) => {
-                        let name = format!("{key_name}.public_key_file");
                         let serial = k.serial.clone().ok_or_else(|| {
                             config_error(
                                 format!("{key_name}.serial"),
                                 "required with public_key_file",
                             )
                         })?;
-                        let pem = read_file(&name, path)?;
-                        let public = rsa::PublicKey::from_public_key_pem(&pem).map_err(|e| {
-                            config_error(
-                                name.clone(),
-                                format!("{}: not an SPKI RSA public key: {e}", path.display()),
-                            )
-                        })?;
-                        let der = public
-                            .to_pkcs1_der()
-                            .map_err(|e| config_error(name.clone(), e.to_string()))?;
-                        (serial, der.as_bytes().to_vec())
+                        (
+                            serial,
+                            keys::public_key_file(&format!("{key_name}.public_key_file"), path)?,
+                        )
                     }
                     (None, Some(path)) => {
                         let name = format!("{key_name}.certificate_file");
-                        let (serial, der) = load_certificate(&name, path, now)?;
+                        let (serial, key) = keys::certificate_file(&name, path, now)?;
                         if let Some(given) = &k.serial
                             && !given.eq_ignore_ascii_case(&serial)
                         {
@@ -217,7 +128,7 @@ impl WechatPay {
                                 format!("{given} differs from the certificate's serial {serial}"),
                             ));
                         }
-                        (serial, der)
+                        (serial, key)
                     }
                     _ => {
                         return Err(config_error(
@@ -227,7 +138,7 @@ impl WechatPay {
                     }
                 };
                 let entry = PlatformKey {
-                    key: UnparsedPublicKey::new(&RSA_PKCS1_2048_8192_SHA256, der),
+                    key,
                     merchant: Arc::clone(&merchant),
                 };
                 if keys.insert(serial.to_ascii_uppercase(), entry).is_some() {
@@ -373,10 +284,9 @@ impl Channel for WechatPay {
             message.extend_from_slice(part);
             message.push(b'\n');
         }
-        platform
-            .key
-            .verify(&message, &signature)
-            .map_err(|_| Rejection::BadSignature("signature does not verify".into()))?;
+        if !platform.key.verify(&message, &signature) {
+            return Err(Rejection::BadSignature("signature does not verify".into()));
+        }
 
         // Verified: from here on the body is WeChat's.
         let envelope: Envelope =

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use paynotify::notice::{AnomalyReason, ChannelId, Notice, NoticeKind, Outcome, Refund, RefundAmount};
+use paynotify::notice::{
+    AnomalyReason, ChannelId, Notice, NoticeKind, Outcome, Refund, RefundAmount,
+};
 use paynotify::store::ledger::CloseResult;
 use paynotify::time::Clock;
 use tokio::sync::Barrier;

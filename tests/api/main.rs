@@ -1,7 +1,9 @@
 //! Integration tests: the real service, real PostgreSQL and SQLite, one binary.
 
+mod alipay_vectors;
 mod health;
 mod helpers;
+mod keys;
 mod ledger;
 mod notify;
 mod orders;

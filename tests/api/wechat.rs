@@ -1,86 +1,28 @@
 //! WeChat Pay notifications end to end over HTTP, with keys made for the test run and
 //! notifications built exactly as WeChat builds them (`paynotify::forge::wechat`).
 
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use paynotify::config::{PlatformKey, Secret, WechatMerchant, WechatSettings};
 use paynotify::forge::Delivery;
 use paynotify::forge::wechat::{self, Sandbox};
 use paynotify::time::Clock;
-use rsa::pkcs8::{DecodePrivateKey, EncodePublicKey, LineEnding};
-use rsa::{Generate, PrivateKey};
 use serde_json::Value;
 use tokio::sync::Barrier;
 
 use crate::helpers::{Backend, TestApp, spawn_app_with};
+use crate::keys::{certificate, public_key_path, rsa_key};
 
 const KEY_A: &str = "PUB_KEY_ID_0000000000000000000000000000000A";
 const KEY_B: &str = "PUB_KEY_ID_0000000000000000000000000000000B";
 const APIV3_A: &str = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA1";
 const APIV3_B: &str = "BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB2";
 
-/// Keys for the whole run: merchant A with a public key and a platform certificate (as
-/// during WeChat's move to public keys), merchant B with a public key.
-struct Keys {
-    dir: tempfile::TempDir,
-    a: PrivateKey,
-    b: PrivateKey,
-    cert_key: PrivateKey,
-    cert_serial: String,
-}
-
-fn keys() -> &'static Keys {
-    static KEYS: OnceLock<Keys> = OnceLock::new();
-    KEYS.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let a = PrivateKey::try_generate().expect("key A");
-        let b = PrivateKey::try_generate().expect("key B");
-        for (key, file) in [(&a, "a.pem"), (&b, "b.pem")] {
-            let pem = key
-                .to_public_key()
-                .to_public_key_pem(LineEnding::LF)
-                .expect("pem");
-            std::fs::write(dir.path().join(file), pem).expect("write key");
-        }
-        // A self-signed platform certificate, as WeChat's look (serial in hex).
-        let status = Command::new("openssl")
-            .args([
-                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
-            ])
-            .args(["-subj", "/O=Tenpay.com/CN=Tenpay.com Root CA"])
-            .args(["-set_serial", "0x5157F09EFDC096DE15EBE81A47057A7232F1B8E1"])
-            .arg("-keyout")
-            .arg(dir.path().join("cert_key.pem"))
-            .arg("-out")
-            .arg(dir.path().join("cert.pem"))
-            .output()
-            .expect("the openssl command is needed to make a test certificate");
-        assert!(
-            status.status.success(),
-            "{}",
-            String::from_utf8_lossy(&status.stderr)
-        );
-        let cert_key = PrivateKey::from_pkcs8_pem(
-            &std::fs::read_to_string(dir.path().join("cert_key.pem")).expect("read key"),
-        )
-        .expect("certificate key");
-        Keys {
-            dir,
-            a,
-            b,
-            cert_key,
-            cert_serial: "5157F09EFDC096DE15EBE81A47057A7232F1B8E1".into(),
-        }
-    })
-}
-
-fn path(file: &str) -> PathBuf {
-    keys().dir.path().join(file)
-}
+const CERT_SERIAL: &str = "5157F09EFDC096DE15EBE81A47057A7232F1B8E1";
 
 fn settings() -> WechatSettings {
+    rsa_key("wechat-a");
+    rsa_key("wechat-b");
     WechatSettings {
         merchants: vec![
             WechatMerchant {
@@ -90,13 +32,13 @@ fn settings() -> WechatSettings {
                 platform_keys: vec![
                     PlatformKey {
                         serial: Some(KEY_A.into()),
-                        public_key_file: Some(path("a.pem")),
+                        public_key_file: Some(public_key_path("wechat-a")),
                         certificate_file: None,
                     },
                     PlatformKey {
                         serial: None,
                         public_key_file: None,
-                        certificate_file: Some(path("cert.pem")),
+                        certificate_file: Some(certificate("wechat-cert", CERT_SERIAL).1),
                     },
                 ],
             },
@@ -106,7 +48,7 @@ fn settings() -> WechatSettings {
                 apiv3_key: Secret::new(APIV3_B),
                 platform_keys: vec![PlatformKey {
                     serial: Some(KEY_B.into()),
-                    public_key_file: Some(path("b.pem")),
+                    public_key_file: Some(public_key_path("wechat-b")),
                     certificate_file: None,
                 }],
             },
@@ -115,33 +57,32 @@ fn settings() -> WechatSettings {
 }
 
 fn sandbox(which: char) -> Sandbox {
-    let k = keys();
-    let (serial, key, mchid, appid, apiv3) = match which {
+    let (serial, private_key, mchid, appid, apiv3) = match which {
         'A' => (
-            KEY_A.to_owned(),
-            k.a.clone(),
+            KEY_A,
+            rsa_key("wechat-a"),
             "1900000001",
             "wx0000000000000001",
             APIV3_A,
         ),
         'C' => (
-            k.cert_serial.clone(),
-            k.cert_key.clone(),
+            CERT_SERIAL,
+            certificate("wechat-cert", CERT_SERIAL).0,
             "1900000001",
             "wx0000000000000001",
             APIV3_A,
         ),
         _ => (
-            KEY_B.to_owned(),
-            k.b.clone(),
+            KEY_B,
+            rsa_key("wechat-b"),
             "1900000002",
             "wx0000000000000002",
             APIV3_B,
         ),
     };
     Sandbox {
-        serial,
-        private_key: key,
+        serial: serial.into(),
+        private_key,
         mchid: mchid.into(),
         appid: appid.into(),
         apiv3_key: apiv3.into(),
@@ -403,7 +344,7 @@ async fn bytes_not_signed_are_refused() {
 
     let mut other_key = good.clone();
     let forged = Sandbox {
-        private_key: keys().b.clone(),
+        private_key: rsa_key("wechat-b"),
         ..sandbox('A')
     }
     .sign(now(&app), good.body.clone())

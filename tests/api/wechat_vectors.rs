@@ -119,7 +119,9 @@ fn every_wechat_vector_gets_its_expected_answer() {
                     assert_eq!(r.refund_id, want["refund_id"], "{name}");
                     let fen = match r.amount {
                         RefundAmount::This(fen) => fen,
-                        RefundAmount::RunningTotal(_) => panic!("{name}: WeChat states each refund alone"),
+                        RefundAmount::RunningTotal(_) => {
+                            panic!("{name}: WeChat states each refund alone")
+                        }
                     };
                     assert_eq!(fen, want["refund_fen"], "{name}");
                 } else if want["kind"] == "paid" {

@@ -1,0 +1,123 @@
+//! Provider public keys, read once at start-up and verified with `ring` on every request.
+//! Every failure is a configuration error naming the key and the file.
+
+use std::path::Path;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use ring::signature::{RSA_PKCS1_2048_8192_SHA256, UnparsedPublicKey};
+use rsa::pkcs1::EncodeRsaPublicKey;
+use rsa::pkcs8::DecodePublicKey;
+
+use crate::config::ConfigError;
+use crate::time::Timestamp;
+
+pub(crate) fn config_error(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// An RSA public key that checks RSASSA-PKCS1-v1_5 / SHA-256 signatures.
+pub struct RsaVerifier(UnparsedPublicKey<Vec<u8>>);
+
+impl RsaVerifier {
+    pub fn verify(&self, message: &[u8], signature: &[u8]) -> bool {
+        self.0.verify(message, signature).is_ok()
+    }
+
+    /// From SPKI DER (the form in PEM files and certificates); ring wants PKCS#1 inside it.
+    fn from_spki(key: &str, path: &Path, spki_der: &[u8]) -> Result<Self, ConfigError> {
+        let public = rsa::PublicKey::from_public_key_der(spki_der).map_err(|e| {
+            config_error(
+                key,
+                format!("{}: not an RSA public key: {e}", path.display()),
+            )
+        })?;
+        let der = public.to_pkcs1_der().map_err(|e| {
+            config_error(
+                key,
+                format!("{}: cannot encode the key: {e}", path.display()),
+            )
+        })?;
+        Ok(Self(UnparsedPublicKey::new(
+            &RSA_PKCS1_2048_8192_SHA256,
+            der.as_bytes().to_vec(),
+        )))
+    }
+}
+
+fn read(key: &str, path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| config_error(key, format!("cannot read {}: {e}", path.display())))
+}
+
+/// A public key file: SPKI PEM (`BEGIN PUBLIC KEY`), or the bare base64 of the SPKI DER as
+/// the Alipay console hands it out.
+pub fn public_key_file(key: &str, path: &Path) -> Result<RsaVerifier, ConfigError> {
+    let text = read(key, path)?;
+    let der = if text.contains("-----BEGIN") {
+        let public = rsa::PublicKey::from_public_key_pem(&text).map_err(|e| {
+            config_error(
+                key,
+                format!("{}: not an SPKI RSA public key: {e}", path.display()),
+            )
+        })?;
+        let der = public
+            .to_pkcs1_der()
+            .map_err(|e| config_error(key, e.to_string()))?;
+        return Ok(RsaVerifier(UnparsedPublicKey::new(
+            &RSA_PKCS1_2048_8192_SHA256,
+            der.as_bytes().to_vec(),
+        )));
+    } else {
+        let compact: String = text.split_whitespace().collect();
+        BASE64
+            .decode(compact)
+            .map_err(|_| config_error(key, format!("{}: neither PEM nor base64", path.display())))?
+    };
+    RsaVerifier::from_spki(key, path, &der)
+}
+
+/// A certificate file: its serial (upper-case hex, no leading zero byte) and its key.
+/// An expired certificate is refused.
+pub fn certificate_file(
+    key: &str,
+    path: &Path,
+    now: Timestamp,
+) -> Result<(String, RsaVerifier), ConfigError> {
+    use x509_cert::Certificate;
+    use x509_cert::der::{DecodePem, Encode};
+
+    let pem = read(key, path)?;
+    let cert = Certificate::from_pem(pem.as_bytes()).map_err(|e| {
+        config_error(
+            key,
+            format!("{}: not a PEM certificate: {e}", path.display()),
+        )
+    })?;
+    let tbs = cert.tbs_certificate();
+    let not_after = tbs.validity().not_after.to_unix_duration().as_secs();
+    if i64::try_from(not_after).unwrap_or(i64::MAX) < now.unix_seconds() {
+        return Err(config_error(
+            key,
+            format!(
+                "{}: certificate expired at unix time {not_after}; install the current one",
+                path.display()
+            ),
+        ));
+    }
+    let serial: String = tbs
+        .serial_number()
+        .as_bytes()
+        .iter()
+        .skip_while(|b| **b == 0)
+        .map(|b| format!("{b:02X}"))
+        .collect();
+    let spki = tbs
+        .subject_public_key_info()
+        .to_der()
+        .map_err(|e| config_error(key, format!("{}: bad public key: {e}", path.display())))?;
+    Ok((serial, RsaVerifier::from_spki(key, path, &spki)?))
+}
