@@ -1,6 +1,7 @@
 //! Per-notification crypto and parsing, without the database: WeChat Pay verify + decrypt +
-//! decode of a realistic ~1 KB notification, and the RSA-2048 verification alone with `ring`
-//! and with `rsa`, which is why verification uses `ring`.
+//! decode of a realistic ~1 KB notification, Alipay parse + verify + decode of a realistic
+//! form, and the RSA-2048 verification alone with `ring` and with `rsa`, which is why
+//! verification uses `ring`.
 //!
 //! `cargo bench --bench verify`
 
@@ -103,5 +104,61 @@ fn wechat(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, wechat);
+fn alipay(c: &mut Criterion) {
+    use paynotify::channel::alipay::Alipay;
+    use paynotify::config::{AlipayApp, AlipaySettings};
+    use paynotify::forge::alipay;
+
+    let key = PrivateKey::try_generate().expect("key");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pem = key
+        .to_public_key()
+        .to_public_key_pem(LineEnding::LF)
+        .expect("pem");
+    std::fs::write(dir.path().join("alipay.pem"), pem).expect("write");
+    let settings = AlipaySettings {
+        apps: vec![AlipayApp {
+            app_id: "2021000000000001".into(),
+            seller_id: "2088000000000001".into(),
+            alipay_public_key_file: Some(dir.path().join("alipay.pem")),
+            alipay_cert_file: None,
+        }],
+    };
+    let channel = Alipay::from_settings(&settings, SystemClock.now()).expect("channel");
+    let sandbox = alipay::Sandbox {
+        app_id: "2021000000000001".into(),
+        seller_id: "2088000000000001".into(),
+        private_key: key,
+    };
+    let fields = alipay::payment(
+        &sandbox,
+        "PN20261130120307000381",
+        "2026113022001456731405127733",
+        19900,
+        "TRADE_SUCCESS",
+    );
+    let delivery = sandbox.notification(fields, false).expect("forge");
+    let mut headers = HeaderMap::new();
+    for (k, v) in &delivery.headers {
+        headers.append(
+            HeaderName::from_bytes(k.as_bytes()).expect("name"),
+            HeaderValue::from_str(v).expect("value"),
+        );
+    }
+    println!("Alipay notification body: {} bytes", delivery.body.len());
+    let now = SystemClock.now();
+    c.bench_function("alipay parse+verify+decode", |b| {
+        b.iter(|| {
+            let inbound = Inbound {
+                headers: &headers,
+                body: &delivery.body,
+                now,
+            };
+            let verified = channel.verify(black_box(&inbound)).expect("verifies");
+            black_box(channel.decode(verified).expect("decodes"))
+        })
+    });
+}
+
+criterion_group!(benches, wechat, alipay);
 criterion_main!(benches);

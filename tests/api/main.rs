@@ -1,5 +1,6 @@
 //! Integration tests: the real service, real PostgreSQL and SQLite, one binary.
 
+mod alipay;
 mod alipay_vectors;
 mod health;
 mod helpers;

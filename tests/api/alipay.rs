@@ -1,0 +1,497 @@
+//! Alipay notifications end to end over HTTP, signed with keys made for the test run and
+//! encoded exactly as Alipay encodes them (`paynotify::forge::alipay`).
+
+use std::sync::Arc;
+
+use paynotify::config::{AlipayApp, AlipaySettings};
+use paynotify::forge::Delivery;
+use paynotify::forge::alipay::{self, Sandbox, encode_form, sign_content, yuan};
+use paynotify::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Outcome};
+use paynotify::time::Clock;
+use tokio::sync::Barrier;
+
+use crate::helpers::{Backend, TestApp, spawn_app_with};
+use crate::keys::{certificate, public_key_path, rsa_key};
+
+const APP: &str = "2021000000000001";
+const SELLER: &str = "2088000000000001";
+const CERT_APP: &str = "2021000000000002";
+const CERT_SELLER: &str = "2088000000000002";
+
+type Fields = Vec<(String, String)>;
+
+fn settings() -> AlipaySettings {
+    rsa_key("alipay");
+    AlipaySettings {
+        apps: vec![
+            AlipayApp {
+                app_id: APP.into(),
+                seller_id: SELLER.into(),
+                alipay_public_key_file: Some(public_key_path("alipay")),
+                alipay_cert_file: None,
+            },
+            AlipayApp {
+                app_id: CERT_APP.into(),
+                seller_id: CERT_SELLER.into(),
+                alipay_public_key_file: None,
+                alipay_cert_file: Some(certificate("alipay-cert", "0A1B2C3D").1),
+            },
+        ],
+    }
+}
+
+fn sandbox() -> Sandbox {
+    Sandbox {
+        app_id: APP.into(),
+        seller_id: SELLER.into(),
+        private_key: rsa_key("alipay"),
+    }
+}
+
+async fn app(backend: Backend) -> TestApp {
+    spawn_app_with(backend, |s| s.alipay = settings()).await
+}
+
+fn set(fields: &mut Fields, key: &str, value: &str) {
+    match fields.iter_mut().find(|(k, _)| k == key) {
+        Some(field) => field.1 = value.to_owned(),
+        None => fields.push((key.to_owned(), value.to_owned())),
+    }
+}
+
+fn signed(fields: Fields) -> Delivery {
+    sandbox().notification(fields, false).expect("forge")
+}
+
+fn pay_fields(order_no: &str, fen: i64, status: &str) -> Fields {
+    alipay::payment(
+        &sandbox(),
+        order_no,
+        &format!("2026{order_no}"),
+        fen,
+        status,
+    )
+}
+
+async fn post(app: &TestApp, path: &str, d: &Delivery) -> (u16, String) {
+    let mut request = app.client.post(app.url(path)).body(d.body.clone());
+    for (name, value) in &d.headers {
+        request = request.header(name.as_str(), value.as_str());
+    }
+    let response = request.send().await.expect("notify request");
+    (
+        response.status().as_u16(),
+        response.text().await.expect("body"),
+    )
+}
+
+async fn send(app: &TestApp, d: &Delivery) -> (u16, String) {
+    post(app, "/notify/alipay", d).await
+}
+
+fn ok() -> (u16, String) {
+    (200, "success".to_owned())
+}
+
+/// Refused in Alipay's shape (`fail`), nothing written.
+async fn assert_refused(app: &TestApp, d: &Delivery, status: u16) {
+    assert_eq!(send(app, d).await, (status, "fail".to_owned()));
+    assert_eq!(app.db.count("pay_callback").await, 0);
+    assert_eq!(app.db.count("local_message").await, 0);
+}
+
+crate::on_both_backends!(
+    a_valid_payment_marks_the_order_paid,
+    twenty_concurrent_identical_deliveries_make_one_transition,
+    trade_finished_after_trade_success_is_the_same_payment,
+    partial_refund_twice_then_the_rest,
+    a_full_refund_comes_as_trade_closed,
+    an_unpaid_trade_closed_by_alipay_closes_the_order,
+    wechat_and_alipay_both_paying_is_a_duplicate_payment,
+    wrong_seller_or_amount_are_anomalies_and_the_order_stays_unpaid,
+);
+
+async fn a_valid_payment_marks_the_order_paid(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("A-1", 19900).await;
+    let d = signed(pay_fields("A-1", 19900, "TRADE_SUCCESS"));
+    let body = String::from_utf8(d.body.clone()).expect("ascii form");
+    // The subject has Chinese, `+`, `&`, `=` and spaces, all encoded once.
+    assert!(
+        body.contains("subject=%E6%B2%99%E7%AE%B1%E8%AE%A2%E5%8D%95+A%2BB+%26+C%3DD"),
+        "{body}"
+    );
+    assert_eq!(send(&app, &d).await, ok());
+    let order = app.get_order("A-1").await;
+    assert_eq!(
+        (order["status"].as_str(), order["channel"].as_str()),
+        (Some("PAID"), Some("alipay"))
+    );
+    assert_eq!(order["transaction_id"], "2026A-1");
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+}
+
+async fn twenty_concurrent_identical_deliveries_make_one_transition(backend: Backend) {
+    let app = Arc::new(app(backend).await);
+    app.create_order("A-20", 990).await;
+    let d = signed(pay_fields("A-20", 990, "TRADE_SUCCESS"));
+    let barrier = Arc::new(Barrier::new(20));
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let (app, d, barrier) = (app.clone(), d.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                send(&app, &d).await
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.expect("task"), ok());
+    }
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    assert_eq!(app.db.count("pay_callback").await, 1);
+}
+
+async fn trade_finished_after_trade_success_is_the_same_payment(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("A-F", 5880).await;
+    assert_eq!(
+        send(&app, &signed(pay_fields("A-F", 5880, "TRADE_SUCCESS"))).await,
+        ok()
+    );
+    let mut finished = pay_fields("A-F", 5880, "TRADE_FINISHED");
+    set(&mut finished, "notify_time", "2027-02-28 10:00:00");
+    set(&mut finished, "notify_id", "another-notify-id");
+    assert_eq!(send(&app, &signed(finished)).await, ok());
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    assert_eq!(
+        app.db.count("local_message").await,
+        1,
+        "no anomaly, no conflict"
+    );
+    // A first-ever TRADE_FINISHED pays an order by itself.
+    app.create_order("A-F2", 100).await;
+    assert_eq!(
+        send(&app, &signed(pay_fields("A-F2", 100, "TRADE_FINISHED"))).await,
+        ok()
+    );
+    assert_eq!(app.status_of("A-F2").await, "PAID");
+}
+
+async fn partial_refund_twice_then_the_rest(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("A-R", 19900).await;
+    let s = sandbox();
+    send(&app, &signed(pay_fields("A-R", 19900, "TRADE_SUCCESS"))).await;
+    let first = signed(alipay::refund(&s, "A-R", "2026A-R", 19900, "RF-1", 5000));
+    assert_eq!(send(&app, &first).await, ok());
+    assert_eq!(send(&app, &first).await, ok(), "the same refund again");
+    let order = app.get_order("A-R").await;
+    assert_eq!(
+        (order["status"].as_str(), order["refunded_fen"].as_i64()),
+        (Some("PAID"), Some(5000))
+    );
+    // refund_fee is Alipay's running total: 19900 after the second refund of 14900.
+    let rest = signed(alipay::refund(&s, "A-R", "2026A-R", 19900, "RF-2", 19900));
+    assert_eq!(send(&app, &rest).await, ok());
+    let order = app.get_order("A-R").await;
+    assert_eq!(
+        (order["status"].as_str(), order["refunded_fen"].as_i64()),
+        (Some("REFUNDED"), Some(19900))
+    );
+    let refunds: Vec<_> = app
+        .store
+        .messages(None, 10)
+        .await
+        .expect("messages")
+        .into_iter()
+        .filter(|m| m.topic == "ORDER_REFUNDED")
+        .map(|m| (m.biz_key, m.payload.0["refund_fen"].as_i64()))
+        .collect();
+    assert_eq!(
+        refunds,
+        [
+            ("A-R:RF-2".to_owned(), Some(14900)),
+            ("A-R:RF-1".to_owned(), Some(5000))
+        ]
+    );
+    let (_, recorded) = app.store.callbacks_of("A-R").await.expect("callbacks");
+    let mut amounts: Vec<_> = recorded
+        .iter()
+        .map(|r| (r.out_refund_no.as_str(), r.refund_fen))
+        .collect();
+    amounts.sort();
+    assert_eq!(amounts, [("RF-1", 5000), ("RF-2", 14900)]);
+}
+
+async fn a_full_refund_comes_as_trade_closed(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("A-FR", 12800).await;
+    send(&app, &signed(pay_fields("A-FR", 12800, "TRADE_SUCCESS"))).await;
+    let full = signed(alipay::refund(
+        &sandbox(),
+        "A-FR",
+        "2026A-FR",
+        12800,
+        "RF-ALL",
+        12800,
+    ));
+    assert!(String::from_utf8_lossy(&full.body).contains("trade_status=TRADE_CLOSED"));
+    assert_eq!(send(&app, &full).await, ok());
+    let order = app.get_order("A-FR").await;
+    assert_eq!(
+        (order["status"].as_str(), order["refunded_fen"].as_i64()),
+        (Some("REFUNDED"), Some(12800))
+    );
+}
+
+async fn an_unpaid_trade_closed_by_alipay_closes_the_order(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("A-C", 6660).await;
+    let mut closed = pay_fields("A-C", 6660, "TRADE_CLOSED");
+    closed.retain(|(k, _)| k != "gmt_payment");
+    set(&mut closed, "gmt_close", "2026-11-30 10:30:00");
+    assert_eq!(send(&app, &signed(closed.clone())).await, ok());
+    assert_eq!(app.status_of("A-C").await, "CLOSED");
+    assert_eq!(send(&app, &signed(closed)).await, ok(), "repeat");
+    assert_eq!(app.messages("ORDER_CLOSED").await, 1);
+    // WAIT_BUYER_PAY is acknowledged and changes nothing.
+    app.create_order("A-W", 100).await;
+    assert_eq!(
+        send(&app, &signed(pay_fields("A-W", 100, "WAIT_BUYER_PAY"))).await,
+        ok()
+    );
+    assert_eq!(app.status_of("A-W").await, "WAIT_PAY");
+}
+
+async fn wechat_and_alipay_both_paying_is_a_duplicate_payment(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("A-2C", 19900).await;
+    let wechat = Notice {
+        channel: ChannelId::Wechat,
+        kind: NoticeKind::Paid,
+        out_trade_no: "A-2C".into(),
+        transaction_id: "4200000000".into(),
+        amount_fen: 19900,
+        currency: "CNY".into(),
+        merchant: MerchantIds {
+            merchant_id: "1900000001".into(),
+            app_id: Some("wx1".into()),
+        },
+        merchant_matches: true,
+        occurred_at: None,
+    };
+    assert_eq!(
+        app.store
+            .apply(&wechat, app.clock.now())
+            .await
+            .expect("apply"),
+        Outcome::Applied
+    );
+    assert_eq!(
+        send(&app, &signed(pay_fields("A-2C", 19900, "TRADE_SUCCESS"))).await,
+        ok()
+    );
+    let order = app.get_order("A-2C").await;
+    assert_eq!(order["channel"], "wechat");
+    let anomaly = app.store.messages(None, 10).await.expect("messages");
+    let anomaly = anomaly
+        .iter()
+        .find(|m| m.topic == "PAYMENT_ANOMALY")
+        .expect("an anomaly");
+    assert_eq!(anomaly.payload.0["reason"], "DUPLICATE_PAYMENT");
+    assert_eq!(anomaly.biz_key, "A-2C:alipay:2026A-2C");
+}
+
+async fn wrong_seller_or_amount_are_anomalies_and_the_order_stays_unpaid(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("A-S", 19900).await;
+    let mut other_seller = pay_fields("A-S", 19900, "TRADE_SUCCESS");
+    set(&mut other_seller, "seller_id", "2088999999999999");
+    assert_eq!(send(&app, &signed(other_seller)).await, ok());
+    assert_eq!(app.status_of("A-S").await, "WAIT_PAY");
+
+    app.create_order("A-AM", 19900).await;
+    assert_eq!(
+        send(&app, &signed(pay_fields("A-AM", 19800, "TRADE_SUCCESS"))).await,
+        ok()
+    );
+    assert_eq!(app.status_of("A-AM").await, "WAIT_PAY");
+    assert_eq!(app.messages("PAYMENT_ANOMALY").await, 2);
+}
+
+// Refusals and encodings; the ledger is not what is tested, so SQLite suffices.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn field_order_charset_and_content_type_do_not_matter() {
+    let app = app(Backend::Sqlite).await;
+    // Fields in another order.
+    app.create_order("A-O", 100).await;
+    let mut fields = pay_fields("A-O", 100, "TRADE_SUCCESS");
+    fields.reverse();
+    let d = signed(fields);
+    let body = String::from_utf8_lossy(&d.body).to_string();
+    assert!(
+        body.contains("sign=")
+            && (body.contains("%2B") || body.contains("%2F") || body.contains("%3D"))
+    );
+    assert_eq!(send(&app, &d).await, ok());
+
+    // The Content-Type Alipay has been seen to send, and query parameters on the URL.
+    app.create_order("A-Q", 100).await;
+    let mut odd = signed(pay_fields("A-Q", 100, "TRADE_SUCCESS"));
+    odd.set_header(
+        "Content-Type",
+        "application/x-www-form-urlencoded; text/html; charset=utf-8",
+    );
+    assert_eq!(
+        post(
+            &app,
+            "/notify/alipay?s=api/pay&total_amount=1.00&sign=xyz",
+            &odd
+        )
+        .await,
+        ok()
+    );
+    assert_eq!(app.status_of("A-Q").await, "PAID");
+
+    // A GBK body, signed over its GBK bytes.
+    app.create_order("A-G", 100).await;
+    let mut gbk = pay_fields("A-G", 100, "TRADE_SUCCESS");
+    set(&mut gbk, "charset", "gbk");
+    set(&mut gbk, "subject", "年货礼盒 A+B");
+    let content = sign_content(&gbk, false);
+    let (content, _, _) = encoding_rs::GBK.encode(&content);
+    let sign = paynotify::forge::rsa_sign(&rsa_key("alipay"), &content).expect("sign");
+    let mut body = Vec::new();
+    for (k, v) in gbk.iter().chain(
+        [
+            ("sign".to_owned(), sign),
+            ("sign_type".to_owned(), "RSA2".to_owned()),
+        ]
+        .iter(),
+    ) {
+        let (bytes, _, _) = encoding_rs::GBK.encode(v);
+        body.extend(format!("{k}=").bytes());
+        body.extend(form_urlencoded::byte_serialize(&bytes).flat_map(str::bytes));
+        body.push(b'&');
+    }
+    body.pop();
+    let d = Delivery {
+        headers: vec![(
+            "Content-Type".into(),
+            "application/x-www-form-urlencoded; charset=gbk".into(),
+        )],
+        body,
+    };
+    assert_eq!(send(&app, &d).await, ok());
+    assert_eq!(app.status_of("A-G").await, "PAID");
+
+    // Certificate mode: the key inside the Alipay public-key certificate.
+    app.create_order("A-CERT", 100).await;
+    let cert_app = Sandbox {
+        app_id: CERT_APP.into(),
+        seller_id: CERT_SELLER.into(),
+        private_key: certificate("alipay-cert", "0A1B2C3D").0,
+    };
+    let fields = alipay::payment(&cert_app, "A-CERT", "2026A-CERT", 100, "TRADE_SUCCESS");
+    assert_eq!(
+        send(&app, &cert_app.notification(fields, false).expect("forge")).await,
+        ok()
+    );
+    assert_eq!(app.status_of("A-CERT").await, "PAID");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_valued_field_verifies_under_either_signing_rule() {
+    let app = app(Backend::Sqlite).await;
+    for (no, keep_empty) in [("A-E1", false), ("A-E2", true)] {
+        app.create_order(no, 100).await;
+        let mut fields = pay_fields(no, 100, "TRADE_SUCCESS");
+        set(&mut fields, "passback_params", "");
+        let d = sandbox().notification(fields, keep_empty).expect("forge");
+        assert!(String::from_utf8_lossy(&d.body).contains("passback_params=&"));
+        assert_eq!(send(&app, &d).await, ok(), "keep_empty = {keep_empty}");
+        assert_eq!(app.status_of(no).await, "PAID");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_or_foreign_notifications_are_401() {
+    let app = app(Backend::Sqlite).await;
+    app.create_order("A-X", 19900).await;
+    let good = signed(pay_fields("A-X", 19900, "TRADE_SUCCESS"));
+
+    let mut tampered = good.clone();
+    let text = String::from_utf8(tampered.body).expect("ascii");
+    tampered.body = text
+        .replace("total_amount=199.00", "total_amount=1.99")
+        .into_bytes();
+    assert_refused(&app, &tampered, 401).await;
+
+    let wrong_key = Sandbox {
+        private_key: rsa_key("not-alipay"),
+        ..sandbox()
+    };
+    assert_refused(
+        &app,
+        &wrong_key
+            .notification(pay_fields("A-X", 19900, "TRADE_SUCCESS"), false)
+            .expect("forge"),
+        401,
+    )
+    .await;
+
+    let stranger = Sandbox {
+        app_id: "2021999999999999".into(),
+        ..sandbox()
+    };
+    let fields = alipay::payment(&stranger, "A-X", "2026A-X", 19900, "TRADE_SUCCESS");
+    assert_refused(
+        &app,
+        &stranger.notification(fields, false).expect("forge"),
+        401,
+    )
+    .await;
+
+    let mut unsigned = pay_fields("A-X", 19900, "TRADE_SUCCESS");
+    unsigned.push(("sign_type".into(), "RSA2".into()));
+    let d = Delivery {
+        headers: good.headers.clone(),
+        body: encode_form(&unsigned),
+    };
+    assert_refused(&app, &d, 401).await;
+
+    // Decoding `+` twice would turn it into a space and break the signature: decoded once,
+    // the good notification verifies.
+    assert_eq!(send(&app, &good).await, ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_forms_and_bad_amounts_are_400() {
+    let app = app(Backend::Sqlite).await;
+    app.create_order("A-B", 19900).await;
+    let mut twice = signed(pay_fields("A-B", 19900, "TRADE_SUCCESS"));
+    twice.body.extend_from_slice(b"&out_trade_no=A-OTHER");
+    assert_refused(&app, &twice, 400).await;
+
+    for amount in [
+        "199.001",
+        "1e2",
+        "-1.00",
+        " 199.00",
+        "",
+        "NaN",
+        "99999999999999999999.00",
+        "0.00",
+    ] {
+        let mut fields = pay_fields("A-B", 19900, "TRADE_SUCCESS");
+        set(&mut fields, "total_amount", amount);
+        assert_refused(&app, &signed(fields), 400).await;
+    }
+    let mut missing = pay_fields("A-B", 19900, "TRADE_SUCCESS");
+    missing.retain(|(k, _)| k != "out_trade_no");
+    assert_refused(&app, &signed(missing), 400).await;
+    assert_eq!(app.status_of("A-B").await, "WAIT_PAY");
+    assert_eq!(yuan(19900), "199.00");
+}
