@@ -4,11 +4,13 @@
 pub mod channel;
 pub mod config;
 pub mod forge;
+pub mod jobs;
 pub mod metrics;
 pub mod money;
 pub mod notice;
 pub mod order;
 pub mod outbox;
+pub mod relay;
 pub mod routes;
 pub mod startup;
 pub mod store;

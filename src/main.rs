@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -35,6 +37,10 @@ enum Command {
     },
 }
 
+/// How long the relay may finish its batch in flight after SIGTERM before it gives its
+/// leases back.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
+
 #[tokio::main]
 async fn main() -> ExitCode {
     paynotify::telemetry::init();
@@ -53,7 +59,10 @@ async fn main() -> ExitCode {
 
 async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
     let settings = Settings::load(config.as_deref())?;
-    let app = Application::build(&settings, Options::default()).await?;
+    let options = Options::default();
+    let clock = Arc::clone(&options.clock);
+    let app = Application::build(&settings, options).await?;
+    let jobs = app.start_jobs(&settings, clock).await?;
     tracing::info!(
         listen = %settings.server.listen,
         port = app.port(),
@@ -67,6 +76,7 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
         handle.stop(true).await;
     });
     app.run_until_stopped().await.context("server")?;
+    jobs.shutdown(SHUTDOWN_DRAIN).await;
     tracing::info!("stopped");
     Ok(())
 }

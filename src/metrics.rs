@@ -1,6 +1,6 @@
 //! Counters operators alert on, registered in one Prometheus registry.
 
-use prometheus::{IntCounterVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -12,6 +12,18 @@ pub struct Metrics {
     pub rejections: IntCounterVec,
     /// Anomalies by channel and reason (`AMOUNT_MISMATCH`, …).
     pub anomalies: IntCounterVec,
+    pub relay_published: IntCounter,
+    pub relay_failed: IntCounter,
+    pub relay_pending: IntGauge,
+    pub relay_dead: IntGauge,
+    pub relay_oldest_pending_seconds: IntGauge,
+}
+
+fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
+    registry
+        .register(Box::new(metric.clone()))
+        .unwrap_or_else(|e| unreachable!("metric registered twice: {e}"));
+    metric
 }
 
 impl Metrics {
@@ -20,10 +32,17 @@ impl Metrics {
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let c = IntCounterVec::new(Opts::new(name, help), labels)
                 .unwrap_or_else(|e| unreachable!("static metric definition {name}: {e}"));
-            registry
-                .register(Box::new(c.clone()))
-                .unwrap_or_else(|e| unreachable!("metric {name} registered twice: {e}"));
-            c
+            register(&registry, c)
+        };
+        let single = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help)
+                .unwrap_or_else(|e| unreachable!("static metric definition {name}: {e}"));
+            register(&registry, c)
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help)
+                .unwrap_or_else(|e| unreachable!("static metric definition {name}: {e}"));
+            register(&registry, g)
         };
         let notifications = counter(
             "paynotify_notifications_total",
@@ -40,11 +59,36 @@ impl Metrics {
             "Payments recorded as PAYMENT_ANOMALY, by channel and reason",
             &["channel", "reason"],
         );
+        let relay_published = single(
+            "paynotify_relay_published_total",
+            "Outbox messages delivered to the sink",
+        );
+        let relay_failed = single(
+            "paynotify_relay_failed_total",
+            "Outbox deliveries that failed and were scheduled again (or parked dead)",
+        );
+        let relay_pending = gauge(
+            "paynotify_relay_pending",
+            "Outbox messages not yet delivered",
+        );
+        let relay_dead = gauge(
+            "paynotify_relay_dead",
+            "Outbox messages parked after relay.max_attempts; redrive them",
+        );
+        let relay_oldest_pending_seconds = gauge(
+            "paynotify_relay_oldest_pending_seconds",
+            "Age of the oldest undelivered message (relay lag)",
+        );
         Self {
             registry,
             notifications,
             rejections,
             anomalies,
+            relay_published,
+            relay_failed,
+            relay_pending,
+            relay_dead,
+            relay_oldest_pending_seconds,
         }
     }
 

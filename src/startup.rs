@@ -2,6 +2,7 @@
 
 use std::net::TcpListener;
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::{App, HttpServer, web};
@@ -9,9 +10,11 @@ use actix_web::{App, HttpServer, web};
 use crate::channel::alipay::Alipay;
 use crate::channel::wechat::WechatPay;
 use crate::config::{ConfigError, Secret, Settings};
+use crate::jobs::Jobs;
 use crate::metrics::Metrics;
+use crate::relay::{Relay, sink};
 use crate::routes::notify::notify;
-use crate::routes::{ApiError, health, orders};
+use crate::routes::{ApiError, admin, health, orders};
 use crate::store::{Store, StoreError};
 use crate::time::{Clock, SystemClock};
 
@@ -31,6 +34,8 @@ pub type ExtraRoutes = Arc<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
 pub enum StartupError {
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error("scheduler: {0}")]
+    Scheduler(String),
     #[error("database: {0}")]
     Database(#[from] StoreError),
     #[error("cannot listen on {addr}: {source}")]
@@ -103,17 +108,26 @@ impl Application {
                 .error_handler(|err, _| ApiError::BadRequest(err.to_string()).into());
             let path = web::PathConfig::default()
                 .error_handler(|err, _| ApiError::BadRequest(err.to_string()).into());
+            let query = web::QueryConfig::default()
+                .error_handler(|err, _| ApiError::BadRequest(err.to_string()).into());
             let mut app = App::new()
                 .wrap(tracing_actix_web::TracingLogger::default())
                 .app_data(state.clone())
                 .app_data(web::PayloadConfig::new(max_body))
                 .app_data(json)
                 .app_data(path)
+                .app_data(query)
                 .route("/healthz", web::get().to(health::healthz))
                 .route("/readyz", web::get().to(health::readyz))
                 .route("/orders", web::post().to(orders::create))
                 .route("/orders/{order_no}", web::get().to(orders::get))
                 .route("/orders/{order_no}/close", web::post().to(orders::close))
+                .route("/admin/messages", web::get().to(admin::messages))
+                .route(
+                    "/admin/messages/{id}/redrive",
+                    web::post().to(admin::redrive),
+                )
+                .route("/admin/callbacks", web::get().to(admin::callbacks))
                 .app_data(wechat.clone())
                 .route("/notify/wechat/pay", web::post().to(notify::<WechatPay>))
                 .route("/notify/wechat/refund", web::post().to(notify::<WechatPay>))
@@ -149,6 +163,38 @@ impl Application {
 
     pub fn metrics(&self) -> Arc<Metrics> {
         Arc::clone(&self.metrics)
+    }
+
+    /// Starts the relay, order-expiry and retention jobs with the sink `relay.sink` names.
+    pub async fn start_jobs(
+        &self,
+        settings: &Settings,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Jobs, StartupError> {
+        let timeout = Duration::from_millis(settings.redis.timeout_ms.max(1000));
+        let sink = sink::from_settings(&settings.relay, &settings.redis.url, timeout)
+            .await
+            .map_err(|message| ConfigError::Invalid {
+                key: "relay.sink".into(),
+                message,
+            })?;
+        let relay = Arc::new(Relay::new(
+            self.store.clone(),
+            Arc::from(sink),
+            Arc::clone(&clock),
+            Arc::clone(&self.metrics),
+            settings.relay.batch_size,
+            settings.relay.max_attempts,
+        ));
+        Jobs::start(
+            self.store.clone(),
+            clock,
+            relay,
+            Duration::from_millis(settings.relay.interval_ms),
+            settings.retention.keep_days,
+        )
+        .await
+        .map_err(|e| StartupError::Scheduler(e.to_string()))
     }
 
     pub fn handle(&self) -> ServerHandle {

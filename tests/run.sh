@@ -31,6 +31,23 @@ MSG
   exit 1
 }
 
+ensure_redis() {
+  if port_open 6379; then return 0; fi
+  if command -v redis-server >/dev/null 2>&1; then
+    echo "tests/run.sh: starting the local Redis"
+    mkdir -p /var/lib/redis /var/log/redis 2>/dev/null || true
+    redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+      --dir "${TMPDIR:-/tmp}" --logfile "${TMPDIR:-/tmp}/paynotify-tests-redis.log"
+    wait_for_port 6379 && return 0
+  fi
+  cat >&2 <<MSG
+tests/run.sh: Redis is required on 127.0.0.1:6379 and is not running. Install it (Debian:
+apt-get install redis-server) or start it.
+MSG
+  exit 1
+}
+
 ensure_postgres
+ensure_redis
 echo "tests/run.sh: PostgreSQL for tests at ${PG_URL%%@*}@…"
 cargo test --locked "$@"

@@ -1,5 +1,6 @@
 //! HTTP routes and the JSON error shape of the internal API.
 
+pub mod admin;
 pub mod health;
 pub mod notify;
 pub mod orders;

@@ -7,6 +7,7 @@
 pub mod ledger;
 pub mod orders;
 pub mod outbox;
+pub mod relay;
 pub mod schema;
 mod statements;
 pub mod types;
@@ -68,21 +69,37 @@ impl std::fmt::Debug for Store {
 
 /// Runs `$body` with `$conn` bound to a pooled connection of whichever backend the store uses.
 /// The body is compiled once per backend, so each query is written once.
+/// The `$dialect` form also binds which backend it is, for the few statements whose SQL
+/// text differs (see `Dialect`).
 macro_rules! with_conn {
     ($store:expr, $conn:ident => $body:expr) => {
+        $crate::store::with_conn!($store, $conn, _dialect => $body)
+    };
+    ($store:expr, $conn:ident, $dialect:ident => $body:expr) => {
         match &*$store.pools {
             $crate::store::Pools::Postgres(pool) => {
                 let mut pooled = $crate::store::acquire(pool.get(), $store.acquire_timeout).await?;
                 let $conn: &mut diesel_async::AsyncPgConnection = &mut pooled;
+                let $dialect = $crate::store::Dialect::Postgres;
                 $body
             }
             $crate::store::Pools::Sqlite(pool) => {
                 let mut pooled = $crate::store::acquire(pool.get(), $store.acquire_timeout).await?;
                 let $conn: &mut $crate::store::SqliteAsync = &mut pooled;
+                let $dialect = $crate::store::Dialect::Sqlite;
                 $body
             }
         }
     };
+}
+
+/// Which SQL dialect a connection speaks, for hand-written statements. Their placeholders
+/// are `$1, $2, …`, each used once and in order: PostgreSQL reads them as positions and
+/// SQLite as names numbered in order of appearance, so one bind list serves both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Postgres,
+    Sqlite,
 }
 pub(crate) use with_conn;
 

@@ -46,4 +46,16 @@ impl Store {
             Ok(query.load(conn).await?)
         })
     }
+
+    /// The status of one message, if it exists.
+    pub async fn message_status(&self, id: i64) -> Result<Option<i16>, StoreError> {
+        with_conn!(self, conn => {
+            Ok(local_message::table
+                .find(id)
+                .select(local_message::status)
+                .first(conn)
+                .await
+                .optional()?)
+        })
+    }
 }

@@ -8,6 +8,7 @@ mod keys;
 mod ledger;
 mod notify;
 mod orders;
+mod relay;
 mod test_channel;
 mod wechat;
 mod wechat_vectors;

@@ -64,6 +64,8 @@ CREATE TABLE local_message (
 -- The relay claims due pending rows in this order; a partial index keeps sent rows out of it.
 CREATE INDEX local_message_pending_due ON local_message (next_attempt_at, id) WHERE status = 0;
 CREATE INDEX local_message_status_created ON local_message (status, created_at);
+-- Retention purges sent rows by delivery time.
+CREATE INDEX local_message_sent_at ON local_message (sent_at) WHERE status = 1;
 
 -- Stored answers of POST /orders, replayed byte for byte for a repeated Idempotency-Key.
 CREATE TABLE idempotency_key (

@@ -1,0 +1,189 @@
+//! The outbox relay: delivers every `local_message` row downstream at least once.
+//!
+//! Claim due rows under a lease (committed), publish them, mark them sent only while the
+//! lease is still ours. A crash between publish and mark republishes after the lease runs
+//! out (at least once, never zero); a failure backs off in SQL and parks the row dead at
+//! `relay.max_attempts`. Consumers deduplicate on `(topic, biz_key)`.
+
+pub mod sink;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::metrics::Metrics;
+use crate::store::relay::Claimed;
+use crate::store::{Store, StoreError};
+use crate::time::Clock;
+pub use sink::{Event, Sink};
+
+/// How long a claim stays ours: longer than any batch can take to publish (the HTTP sink
+/// posts a batch concurrently with a 10 s timeout each).
+pub const LEASE_SECS: i64 = 60;
+
+pub struct Relay {
+    store: Store,
+    sink: Arc<dyn Sink>,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
+    /// Who holds a lease: unique per process, so several instances can share the outbox.
+    owner: String,
+    batch_size: i64,
+    max_attempts: i32,
+    /// Held while a tick runs: the scheduler may fire again before the last tick ends.
+    running: tokio::sync::Mutex<()>,
+    stopping: AtomicBool,
+}
+
+/// What one tick did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TickReport {
+    pub published: usize,
+    pub failed: usize,
+    /// The previous tick was still running, so this one did nothing.
+    pub skipped: bool,
+}
+
+fn event(c: Claimed) -> Event {
+    Event {
+        id: c.id,
+        topic: c.topic,
+        biz_key: c.biz_key,
+        payload: c.payload.0,
+        created_at: c.created_at.as_datetime().to_rfc3339(),
+    }
+}
+
+impl Relay {
+    pub fn new(
+        store: Store,
+        sink: Arc<dyn Sink>,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+        batch_size: u32,
+        max_attempts: u32,
+    ) -> Self {
+        let owner = format!(
+            "{}-{}-{:08x}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "paynotify".into()),
+            std::process::id(),
+            rand_u32()
+        );
+        Self {
+            store,
+            sink,
+            clock,
+            metrics,
+            owner,
+            batch_size: i64::from(batch_size),
+            max_attempts: i32::try_from(max_attempts).unwrap_or(i32::MAX),
+            running: tokio::sync::Mutex::new(()),
+            stopping: AtomicBool::new(false),
+        }
+    }
+
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Delivers due messages batch by batch until none is due (a backlog drains at full
+    /// speed, not one batch per tick) or shutdown begins.
+    pub async fn tick(&self) -> Result<TickReport, StoreError> {
+        let Ok(_running) = self.running.try_lock() else {
+            return Ok(TickReport {
+                skipped: true,
+                ..TickReport::default()
+            });
+        };
+        let mut report = TickReport::default();
+        while !self.stopping.load(Ordering::Acquire) {
+            let now = self.clock.now();
+            let claimed = self
+                .store
+                .claim_messages(
+                    &self.owner,
+                    now,
+                    now.plus_seconds(LEASE_SECS),
+                    self.batch_size,
+                )
+                .await?;
+            let full_batch = claimed.len() as i64 == self.batch_size;
+            if claimed.is_empty() {
+                break;
+            }
+            let events: Vec<Event> = claimed.into_iter().map(event).collect();
+            let results = self.sink.publish(&events).await;
+            let mut delivered = Vec::with_capacity(events.len());
+            for (e, result) in events.iter().zip(results) {
+                match result {
+                    Ok(()) => delivered.push(e.id),
+                    Err(error) => {
+                        tracing::warn!(id = e.id, topic = %e.topic, biz_key = %e.biz_key, sink = self.sink.name(), %error, "relay: delivery failed; will retry");
+                        self.store
+                            .mark_failed(
+                                &self.owner,
+                                e.id,
+                                &error,
+                                self.max_attempts,
+                                self.clock.now(),
+                            )
+                            .await?;
+                        report.failed += 1;
+                    }
+                }
+            }
+            self.store
+                .mark_sent(&self.owner, &delivered, self.clock.now())
+                .await?;
+            report.published += delivered.len();
+            self.metrics.relay_published.inc_by(delivered.len() as u64);
+            self.metrics
+                .relay_failed
+                .inc_by((events.len() - delivered.len()) as u64);
+            if !full_batch || report.failed > 0 {
+                break;
+            }
+        }
+        self.refresh_gauges().await?;
+        Ok(report)
+    }
+
+    /// Pending count, dead count and the age of the oldest pending message.
+    pub async fn refresh_gauges(&self) -> Result<(), StoreError> {
+        let stats = self.store.outbox_stats().await?;
+        self.metrics.relay_pending.set(stats.pending);
+        self.metrics.relay_dead.set(stats.dead);
+        let age = stats.oldest_pending.map_or(0, |oldest| {
+            (self.clock.now().unix_seconds() - oldest.unix_seconds()).max(0)
+        });
+        self.metrics.relay_oldest_pending_seconds.set(age);
+        Ok(())
+    }
+
+    /// Stops claiming, waits up to `drain` for the batch in flight, then gives back every
+    /// lease still held so another instance can deliver those rows at once.
+    pub async fn shutdown(&self, drain: Duration) {
+        self.stopping.store(true, Ordering::Release);
+        let finished = tokio::time::timeout(drain, self.running.lock())
+            .await
+            .is_ok();
+        if !finished {
+            tracing::warn!("relay: batch still in flight after the drain timeout");
+        }
+        match self.store.release_leases(&self.owner).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(released = n, "relay: leases released"),
+            Err(e) => {
+                tracing::warn!(error = %e, "relay: leases not released; they expire in {LEASE_SECS} s")
+            }
+        }
+    }
+}
+
+fn rand_u32() -> u32 {
+    use ring::rand::{SecureRandom, SystemRandom};
+    let mut bytes = [0u8; 4];
+    // A failed RNG only makes the owner id less unique; the process id still tells apart.
+    let _ = SystemRandom::new().fill(&mut bytes);
+    u32::from_le_bytes(bytes)
+}

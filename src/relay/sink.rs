@@ -1,0 +1,229 @@
+//! Where relayed events go. Every sink delivers the same event (interface.md, "Relay sinks");
+//! a new broker is one more implementation of [`Sink`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use ring::hmac;
+use serde::Serialize;
+
+use crate::config::{RelaySettings, Secret, SinkKind};
+
+/// One outbox row as consumers receive it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Event {
+    pub id: i64,
+    pub topic: String,
+    pub biz_key: String,
+    pub payload: serde_json::Value,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+pub type Published<'a> = Pin<Box<dyn Future<Output = Vec<Result<(), String>>> + Send + 'a>>;
+
+/// Delivers a batch; one result per event, in order. An `Err` is retried with backoff.
+pub trait Sink: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    fn publish<'a>(&'a self, events: &'a [Event]) -> Published<'a>;
+}
+
+/// One structured log line per event (the embedded default).
+#[derive(Debug, Default)]
+pub struct LogSink;
+
+impl Sink for LogSink {
+    fn name(&self) -> &'static str {
+        "log"
+    }
+
+    fn publish<'a>(&'a self, events: &'a [Event]) -> Published<'a> {
+        Box::pin(async move {
+            events
+                .iter()
+                .map(|e| {
+                    tracing::info!(
+                        target: "paynotify::events",
+                        id = e.id,
+                        topic = %e.topic,
+                        biz_key = %e.biz_key,
+                        payload = %e.payload,
+                        created_at = %e.created_at,
+                        "event"
+                    );
+                    Ok(())
+                })
+                .collect()
+        })
+    }
+}
+
+/// `XADD {stream} * id … topic … biz_key … payload … created_at …`, one pipeline per batch.
+pub struct RedisStreamSink {
+    connection: ConnectionManager,
+    stream: String,
+    timeout: Duration,
+}
+
+impl RedisStreamSink {
+    pub async fn connect(url: &str, stream: &str, timeout: Duration) -> Result<Self, String> {
+        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+        let connection =
+            tokio::time::timeout(Duration::from_secs(5), client.get_connection_manager())
+                .await
+                .map_err(|_| "Redis did not answer within 5 s".to_owned())?
+                .map_err(|e| e.to_string())?;
+        Ok(Self {
+            connection,
+            stream: stream.to_owned(),
+            timeout,
+        })
+    }
+}
+
+impl Sink for RedisStreamSink {
+    fn name(&self) -> &'static str {
+        "redis-stream"
+    }
+
+    fn publish<'a>(&'a self, events: &'a [Event]) -> Published<'a> {
+        Box::pin(async move {
+            let mut pipe = redis::pipe();
+            for e in events {
+                pipe.cmd("XADD")
+                    .arg(&self.stream)
+                    .arg("*")
+                    .arg("id")
+                    .arg(e.id)
+                    .arg("topic")
+                    .arg(&e.topic)
+                    .arg("biz_key")
+                    .arg(&e.biz_key)
+                    .arg("payload")
+                    .arg(e.payload.to_string())
+                    .arg("created_at")
+                    .arg(&e.created_at);
+            }
+            let mut connection = self.connection.clone();
+            let sent = tokio::time::timeout(
+                self.timeout,
+                pipe.query_async::<Vec<String>>(&mut connection),
+            )
+            .await;
+            let outcome = match sent {
+                Ok(Ok(ids)) if ids.len() == events.len() => Ok(()),
+                Ok(Ok(ids)) => Err(format!(
+                    "XADD answered {} ids for {} events",
+                    ids.len(),
+                    events.len()
+                )),
+                Ok(Err(e)) => Err(format!("redis: {e}")),
+                Err(_) => Err(format!(
+                    "redis: no answer within {} ms",
+                    self.timeout.as_millis()
+                )),
+            };
+            vec![outcome; events.len()]
+        })
+    }
+}
+
+/// `POST {url}` with the event as JSON, `Idempotency-Key: {topic}:{biz_key}` and
+/// `Paynotify-Signature: t={unix},v1={hex HMAC-SHA256(secret, "{t}.{body}")}`.
+pub struct HttpSink {
+    client: reqwest::Client,
+    url: String,
+    key: hmac::Key,
+}
+
+impl HttpSink {
+    /// The build has no TLS stack: the URL must be plain `http://` (put TLS in front).
+    pub fn new(url: &str, secret: &Secret) -> Result<Self, String> {
+        if !url.starts_with("http://") {
+            return Err("relay.http_url must be an http:// URL (no TLS in this build)".into());
+        }
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            client,
+            url: url.to_owned(),
+            key: hmac::Key::new(hmac::HMAC_SHA256, secret.expose().as_bytes()),
+        })
+    }
+}
+
+async fn post(
+    client: reqwest::Client,
+    url: String,
+    key: hmac::Key,
+    e: Event,
+) -> Result<(), String> {
+    let body = serde_json::to_string(&e).map_err(|err| err.to_string())?;
+    let t = chrono::Utc::now().timestamp();
+    let mac = hmac::sign(&key, format!("{t}.{body}").as_bytes());
+    let response = client
+        .post(&url)
+        .header("Content-Type", "application/json")
+        .header("Idempotency-Key", format!("{}:{}", e.topic, e.biz_key))
+        .header(
+            "Paynotify-Signature",
+            format!("t={t},v1={}", hex(mac.as_ref())),
+        )
+        .body(body)
+        .send()
+        .await
+        .map_err(|err| format!("http: {err}"))?;
+    if response.status().is_success() {
+        Ok(())
+    } else {
+        Err(format!("http: {}", response.status()))
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Sink for HttpSink {
+    fn name(&self) -> &'static str {
+        "http"
+    }
+
+    fn publish<'a>(&'a self, events: &'a [Event]) -> Published<'a> {
+        Box::pin(async move {
+            // The whole batch at once, so a batch takes at most one timeout (10 s).
+            let mut posts = tokio::task::JoinSet::new();
+            for (i, e) in events.iter().enumerate() {
+                let (client, url, key) = (self.client.clone(), self.url.clone(), self.key.clone());
+                let e = e.clone();
+                posts.spawn(async move { (i, post(client, url, key, e).await) });
+            }
+            let mut results = vec![Err("http: not sent".to_owned()); events.len()];
+            while let Some(done) = posts.join_next().await {
+                if let Ok((i, result)) = done {
+                    results[i] = result;
+                }
+            }
+            results
+        })
+    }
+}
+
+/// The sink `relay.sink` names.
+pub async fn from_settings(
+    relay: &RelaySettings,
+    redis_url: &Secret,
+    timeout: Duration,
+) -> Result<Box<dyn Sink>, String> {
+    Ok(match relay.sink {
+        SinkKind::Log => Box::new(LogSink),
+        SinkKind::RedisStream => Box::new(
+            RedisStreamSink::connect(redis_url.expose(), &relay.redis_stream, timeout).await?,
+        ),
+        SinkKind::Http => Box::new(HttpSink::new(&relay.http_url, &relay.http_secret)?),
+    })
+}

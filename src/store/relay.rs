@@ -1,0 +1,269 @@
+//! The outbox side of the relay and the other scheduled jobs: claim with a lease, mark sent,
+//! back off, park dead, redrive; close expired orders; purge what the retry windows no
+//! longer need.
+
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Integer, Text};
+use diesel_async::RunQueryDsl;
+
+use super::schema::{local_message, orders};
+use super::types::{Payload, UtcTs};
+use super::{Dialect, Store, StoreError, with_conn};
+use crate::order::OrderStatus;
+use crate::outbox::status;
+use crate::time::Timestamp;
+
+/// A claimed message, leased to one relay until it is marked or the lease runs out.
+#[derive(Debug, Clone, PartialEq, QueryableByName)]
+pub struct Claimed {
+    #[diesel(sql_type = BigInt)]
+    pub id: i64,
+    #[diesel(sql_type = Text)]
+    pub topic: String,
+    #[diesel(sql_type = Text)]
+    pub biz_key: String,
+    #[diesel(sql_type = super::types::Json)]
+    pub payload: Payload,
+    #[diesel(sql_type = Integer)]
+    pub attempts: i32,
+    #[diesel(sql_type = UtcTs)]
+    pub created_at: Timestamp,
+}
+
+/// Due pending rows without a live lease, oldest due first, leased to `owner`. The partial
+/// index `local_message_pending_due (next_attempt_at, id) WHERE status = 0` serves it, so
+/// sent rows are never re-read while a backlog drains. `SKIP LOCKED` lets several relays
+/// claim side by side; SQLite has one writer and needs none.
+const CLAIM_POSTGRES: &str = "UPDATE local_message SET locked_by = $1, locked_until = $2 \
+     WHERE id IN (SELECT id FROM local_message \
+       WHERE status = 0 AND next_attempt_at <= $3 AND (locked_until IS NULL OR locked_until < $4) \
+       ORDER BY next_attempt_at, id LIMIT $5 FOR UPDATE SKIP LOCKED) \
+     RETURNING id, topic, biz_key, payload, attempts, created_at";
+const CLAIM_SQLITE: &str = "UPDATE local_message SET locked_by = $1, locked_until = $2 \
+     WHERE id IN (SELECT id FROM local_message \
+       WHERE status = 0 AND next_attempt_at <= $3 AND (locked_until IS NULL OR locked_until < $4) \
+       ORDER BY next_attempt_at, id LIMIT $5) \
+     RETURNING id, topic, biz_key, payload, attempts, created_at";
+
+/// A failed delivery: one more attempt, the error, and the next attempt 2^attempts seconds
+/// after `now` (capped at 10 minutes) with ±25 % jitter, all computed in SQL from the row's
+/// own `attempts`; at `max_attempts` the message is parked dead (status 2) with the error.
+const FAIL_POSTGRES: &str = "UPDATE local_message SET attempts = attempts + 1, last_error = $1, \
+     status = CASE WHEN attempts + 1 >= $2 THEN 2 ELSE 0 END, \
+     next_attempt_at = $3 + make_interval(secs => LEAST(600, 1 << LEAST(attempts, 10)) * (0.75 + random() / 2)), \
+     locked_by = NULL, locked_until = NULL \
+     WHERE id = $4 AND locked_by = $5 AND status = 0";
+const FAIL_SQLITE: &str = "UPDATE local_message SET attempts = attempts + 1, last_error = $1, \
+     status = CASE WHEN attempts + 1 >= $2 THEN 2 ELSE 0 END, \
+     next_attempt_at = strftime('%Y-%m-%dT%H:%M:%f', $3, \
+       '+' || (MIN(600, 1 << MIN(attempts, 10)) * (0.75 + (abs(random()) % 1000) / 2000.0)) || ' seconds') || '000Z', \
+     locked_by = NULL, locked_until = NULL \
+     WHERE id = $4 AND locked_by = $5 AND status = 0";
+
+/// Rows the retry windows no longer need, at most `$2` per statement.
+const PURGE: [(&str, &str); 4] = [
+    (
+        "pay_callback",
+        "DELETE FROM pay_callback WHERE (out_trade_no, channel) IN (\
+           SELECT c.out_trade_no, c.channel FROM pay_callback c JOIN orders o ON o.order_no = c.out_trade_no \
+           WHERE c.created_at < $1 AND o.status <> 'WAIT_PAY' LIMIT $2)",
+    ),
+    (
+        "refund_callback",
+        "DELETE FROM refund_callback WHERE (out_refund_no, channel) IN (\
+           SELECT c.out_refund_no, c.channel FROM refund_callback c JOIN orders o ON o.order_no = c.out_trade_no \
+           WHERE c.created_at < $1 AND o.status <> 'WAIT_PAY' LIMIT $2)",
+    ),
+    (
+        "local_message",
+        "DELETE FROM local_message WHERE id IN (\
+           SELECT id FROM local_message WHERE status = 1 AND sent_at < $1 LIMIT $2)",
+    ),
+    (
+        "idempotency_key",
+        "DELETE FROM idempotency_key WHERE idem_key IN (\
+           SELECT idem_key FROM idempotency_key WHERE created_at < $1 LIMIT $2)",
+    ),
+];
+
+/// What the relay metrics report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutboxStats {
+    pub pending: i64,
+    pub dead: i64,
+    /// `created_at` of the oldest pending message (relay lag).
+    pub oldest_pending: Option<Timestamp>,
+}
+
+impl Store {
+    /// Leases up to `limit` due messages to `owner` until `lease_until`.
+    pub async fn claim_messages(
+        &self,
+        owner: &str,
+        now: Timestamp,
+        lease_until: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        with_conn!(self, conn, dialect => {
+            let sql = match dialect {
+                Dialect::Postgres => CLAIM_POSTGRES,
+                Dialect::Sqlite => CLAIM_SQLITE,
+            };
+            let mut rows: Vec<Claimed> = diesel::sql_query(sql)
+                .bind::<Text, _>(owner)
+                .bind::<UtcTs, _>(lease_until)
+                .bind::<UtcTs, _>(now)
+                .bind::<UtcTs, _>(now)
+                .bind::<BigInt, _>(limit)
+                .load(conn)
+                .await?;
+            rows.sort_by_key(|r| r.id);
+            Ok(rows)
+        })
+    }
+
+    /// Marks delivered messages sent, only while `owner` still holds their lease. Returns
+    /// how many it marked.
+    pub async fn mark_sent(
+        &self,
+        owner: &str,
+        ids: &[i64],
+        now: Timestamp,
+    ) -> Result<usize, StoreError> {
+        with_conn!(self, conn => {
+            Ok(diesel::update(
+                local_message::table
+                    .filter(local_message::id.eq_any(ids))
+                    .filter(local_message::locked_by.eq(owner))
+                    .filter(local_message::status.eq(status::PENDING)),
+            )
+            .set((
+                local_message::status.eq(status::SENT),
+                local_message::sent_at.eq(now),
+                local_message::locked_by.eq(None::<String>),
+                local_message::locked_until.eq(None::<Timestamp>),
+            ))
+            .execute(conn)
+            .await?)
+        })
+    }
+
+    /// Records a failed delivery (backoff or dead, see `FAIL_POSTGRES`).
+    pub async fn mark_failed(
+        &self,
+        owner: &str,
+        id: i64,
+        error: &str,
+        max_attempts: i32,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        with_conn!(self, conn, dialect => {
+            let sql = match dialect {
+                Dialect::Postgres => FAIL_POSTGRES,
+                Dialect::Sqlite => FAIL_SQLITE,
+            };
+            diesel::sql_query(sql)
+                .bind::<Text, _>(error)
+                .bind::<Integer, _>(max_attempts)
+                .bind::<UtcTs, _>(now)
+                .bind::<BigInt, _>(id)
+                .bind::<Text, _>(owner)
+                .execute(conn)
+                .await?;
+            Ok(())
+        })
+    }
+
+    /// Gives back every lease `owner` still holds (shutdown); those rows are claimable at once.
+    pub async fn release_leases(&self, owner: &str) -> Result<usize, StoreError> {
+        with_conn!(self, conn => {
+            Ok(diesel::update(
+                local_message::table
+                    .filter(local_message::locked_by.eq(owner))
+                    .filter(local_message::status.eq(status::PENDING)),
+            )
+            .set((
+                local_message::locked_by.eq(None::<String>),
+                local_message::locked_until.eq(None::<Timestamp>),
+            ))
+            .execute(conn)
+            .await?)
+        })
+    }
+
+    /// A dead message back to pending with `attempts = 0`; false when it is not dead.
+    pub async fn redrive(&self, id: i64, now: Timestamp) -> Result<bool, StoreError> {
+        with_conn!(self, conn => {
+            let moved = diesel::update(
+                local_message::table
+                    .filter(local_message::id.eq(id))
+                    .filter(local_message::status.eq(status::DEAD)),
+            )
+            .set((
+                local_message::status.eq(status::PENDING),
+                local_message::attempts.eq(0),
+                local_message::next_attempt_at.eq(now),
+                local_message::locked_by.eq(None::<String>),
+                local_message::locked_until.eq(None::<Timestamp>),
+            ))
+            .execute(conn)
+            .await?;
+            Ok(moved == 1)
+        })
+    }
+
+    pub async fn outbox_stats(&self) -> Result<OutboxStats, StoreError> {
+        with_conn!(self, conn => {
+            let count = |s: i16| local_message::table.filter(local_message::status.eq(s)).count();
+            let pending: i64 = count(status::PENDING).get_result(conn).await?;
+            let dead: i64 = count(status::DEAD).get_result(conn).await?;
+            let oldest_pending: Option<Timestamp> = local_message::table
+                .filter(local_message::status.eq(status::PENDING))
+                .order(local_message::created_at.asc())
+                .select(local_message::created_at)
+                .first(conn)
+                .await
+                .optional()?;
+            Ok(OutboxStats { pending, dead, oldest_pending })
+        })
+    }
+
+    /// Unpaid orders whose deadline has passed, oldest first.
+    pub async fn expired_orders(
+        &self,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        with_conn!(self, conn => {
+            Ok(orders::table
+                .filter(orders::status.eq(OrderStatus::WaitPay))
+                .filter(orders::expire_at.le(now))
+                .order(orders::expire_at.asc())
+                .select(orders::order_no)
+                .limit(limit)
+                .load(conn)
+                .await?)
+        })
+    }
+
+    /// Deletes up to `batch` rows older than `cutoff` from each table the retention job
+    /// purges; returns `(table, rows deleted)`. Pending and dead messages are never touched.
+    pub async fn purge_batch(
+        &self,
+        cutoff: Timestamp,
+        batch: i64,
+    ) -> Result<Vec<(&'static str, usize)>, StoreError> {
+        with_conn!(self, conn => {
+            let mut deleted = Vec::with_capacity(PURGE.len());
+            for (table, sql) in PURGE {
+                let n = diesel::sql_query(sql)
+                    .bind::<UtcTs, _>(cutoff)
+                    .bind::<BigInt, _>(batch)
+                    .execute(conn)
+                    .await?;
+                deleted.push((table, n));
+            }
+            Ok(deleted)
+        })
+    }
+}

@@ -1,0 +1,666 @@
+//! The outbox relay and the scheduled jobs, with the clock and the sink in the test's hands,
+//! plus the real Redis stream and HTTP webhook sinks.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use paynotify::config::Secret;
+use paynotify::jobs::{expire_orders, purge};
+use paynotify::notice::{AnomalyReason, Outcome};
+use paynotify::relay::sink::{Event, HttpSink, Published, RedisStreamSink, Sink, hex};
+use paynotify::relay::{LEASE_SECS, Relay};
+use paynotify::time::{Clock, Timestamp};
+use tokio::sync::Notify;
+
+use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
+use crate::test_channel::TestNotification;
+
+/// Records what it is given; fails the first `fail_first` deliveries; may block.
+#[derive(Default)]
+struct TestSink {
+    delivered: Mutex<Vec<Event>>,
+    fail_first: AtomicUsize,
+    gate: Option<Arc<Notify>>,
+}
+
+impl TestSink {
+    fn failing(n: usize) -> Self {
+        Self {
+            fail_first: AtomicUsize::new(n),
+            ..Self::default()
+        }
+    }
+    fn ids(&self) -> Vec<i64> {
+        self.delivered
+            .lock()
+            .expect("lock")
+            .iter()
+            .map(|e| e.id)
+            .collect()
+    }
+}
+
+impl Sink for TestSink {
+    fn name(&self) -> &'static str {
+        "test"
+    }
+    fn publish<'a>(&'a self, events: &'a [Event]) -> Published<'a> {
+        Box::pin(async move {
+            if let Some(gate) = &self.gate {
+                gate.notified().await;
+            }
+            events
+                .iter()
+                .map(|e| {
+                    let failing = self
+                        .fail_first
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok();
+                    if failing {
+                        return Err("sink down".to_owned());
+                    }
+                    self.delivered.lock().expect("lock").push(e.clone());
+                    Ok(())
+                })
+                .collect()
+        })
+    }
+}
+
+fn relay(app: &TestApp, sink: Arc<dyn Sink>, max_attempts: u32) -> Relay {
+    Relay::new(
+        app.store.clone(),
+        sink,
+        app.clock.clone(),
+        app.metrics.clone(),
+        100,
+        max_attempts,
+    )
+}
+
+fn sql_time(t: Timestamp) -> String {
+    t.as_datetime().format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+/// `n` pending messages due now, written straight into the outbox.
+async fn pending(app: &TestApp, n: usize) {
+    let now = sql_time(app.clock.now());
+    let rows: Vec<String> = (0..n)
+        .map(|i| format!("('TEST', 'k{i}', '{{\"n\":{i}}}', 0, 0, '{now}', '{now}')"))
+        .collect();
+    app.db
+        .execute(&format!(
+            "INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) VALUES {}",
+            rows.join(", ")
+        ))
+        .await;
+}
+
+async fn message(app: &TestApp, biz_key: &str) -> paynotify::store::outbox::StoredMessage {
+    app.store
+        .messages(None, 1000)
+        .await
+        .expect("messages")
+        .into_iter()
+        .find(|m| m.biz_key == biz_key)
+        .expect("message exists")
+}
+
+crate::on_both_backends!(
+    publishes_each_pending_message_once,
+    a_sink_failure_backs_off_with_growing_delays_and_recovers,
+    max_attempts_park_a_message_dead_with_the_reason,
+    redrive_makes_a_dead_message_pending_and_it_is_delivered,
+    a_crash_after_publish_before_mark_republishes_after_the_lease_expires,
+    the_job_never_overlaps_itself,
+    expiry_closes_only_unpaid_orders_past_their_deadline,
+    retention_keeps_pending_dead_and_recent_rows,
+);
+
+async fn publishes_each_pending_message_once(backend: Backend) {
+    let app = spawn_app(backend).await;
+    pending(&app, 250).await;
+    let sink = Arc::new(TestSink::default());
+    let report = relay(&app, sink.clone(), 16).tick().await.expect("tick");
+    assert_eq!(
+        report.published, 250,
+        "a backlog drains in one tick, batch after batch"
+    );
+    let ids: BTreeSet<i64> = sink.ids().into_iter().collect();
+    assert_eq!(ids.len(), 250);
+    assert_eq!(
+        app.db
+            .count("local_message WHERE status = 1 AND sent_at IS NOT NULL AND locked_by IS NULL")
+            .await,
+        250
+    );
+    // Nothing is due any more: the next tick publishes nothing.
+    assert_eq!(
+        relay(&app, sink.clone(), 16)
+            .tick()
+            .await
+            .expect("tick")
+            .published,
+        0
+    );
+    assert_eq!(sink.ids().len(), 250);
+    let e = &sink.delivered.lock().expect("lock")[0];
+    assert_eq!(
+        (e.topic.as_str(), e.payload["n"].as_i64()),
+        ("TEST", Some(0))
+    );
+    assert!(e.created_at.starts_with("2026-11-30T08:00:00"));
+}
+
+async fn a_sink_failure_backs_off_with_growing_delays_and_recovers(backend: Backend) {
+    let app = spawn_app(backend).await;
+    pending(&app, 1).await;
+    let sink = Arc::new(TestSink::failing(4));
+    let relay = relay(&app, sink.clone(), 16);
+    let mut delays = Vec::new();
+    for attempt in 1..=4 {
+        let before = app.clock.now();
+        let report = relay.tick().await.expect("tick");
+        assert_eq!(report.failed, 1, "attempt {attempt}");
+        let m = message(&app, "k0").await;
+        assert_eq!((m.status, m.attempts), (0, attempt));
+        assert_eq!(m.last_error.as_deref(), Some("sink down"));
+        let delay = (m.next_attempt_at.as_datetime() - before.as_datetime()).as_seconds_f64();
+        delays.push(delay);
+        // Not due yet: nothing happens a moment before the retry time.
+        assert_eq!(relay.tick().await.expect("tick").failed, 0);
+        app.clock.set(m.next_attempt_at.as_datetime());
+    }
+    // 2^attempts seconds, ±25 %: 1, 2, 4, 8.
+    for (i, delay) in delays.iter().enumerate() {
+        let base = f64::from(1u32 << i);
+        assert!(
+            (base * 0.74..=base * 1.26).contains(delay),
+            "delay {i}: {delay} s ({delays:?})"
+        );
+    }
+    assert_eq!(relay.tick().await.expect("tick").published, 1, "recovered");
+    assert_eq!(message(&app, "k0").await.status, 1);
+}
+
+async fn max_attempts_park_a_message_dead_with_the_reason(backend: Backend) {
+    let app = spawn_app(backend).await;
+    pending(&app, 1).await;
+    let relay = relay(&app, Arc::new(TestSink::failing(usize::MAX)), 3);
+    for _ in 0..3 {
+        relay.tick().await.expect("tick");
+        app.clock.advance(3600);
+    }
+    let m = message(&app, "k0").await;
+    assert_eq!((m.status, m.attempts), (2, 3));
+    assert_eq!(m.last_error.as_deref(), Some("sink down"));
+    app.clock.advance(3600);
+    assert_eq!(
+        relay.tick().await.expect("tick").failed,
+        0,
+        "dead messages are not retried"
+    );
+    relay.refresh_gauges().await.expect("gauges");
+    assert_eq!(app.metrics.relay_dead.get(), 1);
+}
+
+async fn redrive_makes_a_dead_message_pending_and_it_is_delivered(backend: Backend) {
+    let app = spawn_app(backend).await;
+    pending(&app, 1).await;
+    relay(&app, Arc::new(TestSink::failing(1)), 1)
+        .tick()
+        .await
+        .expect("tick");
+    let dead = message(&app, "k0").await;
+    assert_eq!(dead.status, 2);
+    let admin = |path: String| {
+        app.client
+            .post(app.url(&path))
+            .bearer_auth(&app.api_token)
+            .send()
+    };
+    let listed: serde_json::Value = app
+        .client
+        .get(app.url("/admin/messages?status=dead"))
+        .bearer_auth(&app.api_token)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(listed.as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        admin(format!("/admin/messages/{}/redrive", dead.id))
+            .await
+            .expect("redrive")
+            .status(),
+        200
+    );
+    let again = message(&app, "k0").await;
+    assert_eq!((again.status, again.attempts), (0, 0));
+    assert_eq!(
+        admin(format!("/admin/messages/{}/redrive", dead.id))
+            .await
+            .expect("redrive")
+            .status(),
+        409
+    );
+    assert_eq!(
+        admin("/admin/messages/999999/redrive".into())
+            .await
+            .expect("redrive")
+            .status(),
+        404
+    );
+    let sink = Arc::new(TestSink::default());
+    assert_eq!(
+        relay(&app, sink.clone(), 1)
+            .tick()
+            .await
+            .expect("tick")
+            .published,
+        1
+    );
+    assert_eq!(sink.ids(), [dead.id]);
+}
+
+async fn a_crash_after_publish_before_mark_republishes_after_the_lease_expires(backend: Backend) {
+    let app = spawn_app(backend).await;
+    pending(&app, 3).await;
+    // A relay that claimed and published, then died before marking.
+    let now = app.clock.now();
+    let claimed = app
+        .store
+        .claim_messages("crashed-instance", now, now.plus_seconds(LEASE_SECS), 100)
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 3);
+    let sink = Arc::new(TestSink::default());
+    let relay = relay(&app, sink.clone(), 16);
+    assert_eq!(
+        relay.tick().await.expect("tick").published,
+        0,
+        "the lease is live"
+    );
+    app.clock.advance(LEASE_SECS + 1);
+    assert_eq!(
+        relay.tick().await.expect("tick").published,
+        3,
+        "at least once, never zero"
+    );
+    // The crashed relay's late mark changes nothing: the lease is no longer its own.
+    let ids: Vec<i64> = claimed.iter().map(|c| c.id).collect();
+    assert_eq!(
+        app.store
+            .mark_sent("crashed-instance", &ids, app.clock.now())
+            .await
+            .expect("mark"),
+        0
+    );
+    assert_eq!(app.db.count("local_message WHERE status = 1").await, 3);
+}
+
+async fn the_job_never_overlaps_itself(backend: Backend) {
+    let app = spawn_app(backend).await;
+    pending(&app, 1).await;
+    let gate = Arc::new(Notify::new());
+    let sink = Arc::new(TestSink {
+        gate: Some(gate.clone()),
+        ..TestSink::default()
+    });
+    let relay = Arc::new(relay(&app, sink.clone(), 16));
+    let first = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.tick().await }
+    });
+    // Wait until the first tick is inside the sink.
+    for _ in 0..200 {
+        if app
+            .db
+            .count("local_message WHERE locked_by IS NOT NULL")
+            .await
+            == 1
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = relay.tick().await.expect("tick");
+    assert!(second.skipped, "{second:?}");
+    gate.notify_one();
+    let first = first.await.expect("task").expect("tick");
+    assert_eq!((first.published, first.skipped), (1, false));
+    assert_eq!(sink.ids().len(), 1);
+}
+
+async fn expiry_closes_only_unpaid_orders_past_their_deadline(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let create = |no: &'static str, secs: u64| {
+        let app = &app;
+        async move {
+            let r = app
+                .client
+                .post(app.url("/orders"))
+                .bearer_auth(&app.api_token)
+                .json(&serde_json::json!({ "order_no": no, "amount_fen": 100, "expire_after_secs": secs }))
+                .send()
+                .await
+                .expect("create");
+            assert_eq!(r.status(), 201);
+        }
+    };
+    create("E-DUE", 60).await;
+    create("E-PAID", 60).await;
+    create("E-LATER", 3600).await;
+    let paid = TestNotification::paid("E-PAID", "T-E", 100).to_notice();
+    assert_eq!(
+        app.store
+            .apply(&paid, app.clock.now())
+            .await
+            .expect("apply"),
+        Outcome::Applied
+    );
+    app.clock.advance(59);
+    assert_eq!(
+        expire_orders(&app.store, app.clock.as_ref())
+            .await
+            .expect("expiry"),
+        0
+    );
+    app.clock.advance(2);
+    assert_eq!(
+        expire_orders(&app.store, app.clock.as_ref())
+            .await
+            .expect("expiry"),
+        1
+    );
+    assert_eq!(app.status_of("E-DUE").await, "CLOSED");
+    assert_eq!(app.status_of("E-PAID").await, "PAID");
+    assert_eq!(app.status_of("E-LATER").await, "WAIT_PAY");
+    assert_eq!(app.messages("ORDER_CLOSED").await, 1);
+    // The payment that arrives after the close is money to act on, not a paid order.
+    let late = TestNotification::paid("E-DUE", "T-LATE", 100).to_notice();
+    assert_eq!(
+        app.store
+            .apply(&late, app.clock.now())
+            .await
+            .expect("apply"),
+        Outcome::Anomaly(AnomalyReason::PaidAfterClose)
+    );
+    assert_eq!(app.status_of("E-DUE").await, "CLOSED");
+}
+
+async fn retention_keeps_pending_dead_and_recent_rows(backend: Backend) {
+    let app = spawn_app(backend).await;
+    // Old rows: a paid order's callback, a sent, a pending and a dead message, a key.
+    app.create_order("RT-OLD", 100).await;
+    let paid = TestNotification::paid("RT-OLD", "T-OLD", 100).to_notice();
+    app.store
+        .apply(&paid, app.clock.now())
+        .await
+        .expect("apply");
+    app.create_order("RT-UNPAID", 100).await;
+    let short = TestNotification::paid("RT-UNPAID", "T-SHORT", 1).to_notice();
+    app.store
+        .apply(&short, app.clock.now())
+        .await
+        .expect("apply");
+    pending(&app, 3).await;
+    let r = relay(&app, Arc::new(TestSink::failing(1)), 1);
+    r.tick().await.expect("tick");
+    // k1: pending, retrying far in the future.
+    app.db
+        .execute(
+            "UPDATE local_message SET status = 0, sent_at = NULL, \
+             next_attempt_at = '2099-01-01T00:00:00.000000Z' WHERE biz_key = 'k1'",
+        )
+        .await;
+    app.client
+        .post(app.url("/orders"))
+        .bearer_auth(&app.api_token)
+        .header("Idempotency-Key", "old-key")
+        .json(&serde_json::json!({ "order_no": "RT-KEY", "amount_fen": 1 }))
+        .send()
+        .await
+        .expect("create");
+    let before = app.db.count("local_message").await;
+
+    // Eight days later: new rows inside the window.
+    app.clock.advance(8 * 86_400);
+    app.create_order("RT-NEW", 100).await;
+    let fresh = TestNotification::paid("RT-NEW", "T-NEW", 100).to_notice();
+    app.store
+        .apply(&fresh, app.clock.now())
+        .await
+        .expect("apply");
+    relay(&app, Arc::new(TestSink::default()), 16)
+        .tick()
+        .await
+        .expect("tick");
+
+    let deleted = purge(&app.store, app.clock.as_ref(), 7)
+        .await
+        .expect("purge");
+    assert!(deleted > 0);
+    assert_eq!(
+        app.db
+            .count("pay_callback WHERE out_trade_no = 'RT-OLD'")
+            .await,
+        0,
+        "decided and old"
+    );
+    assert_eq!(
+        app.db
+            .count("pay_callback WHERE out_trade_no = 'RT-UNPAID'")
+            .await,
+        1,
+        "order undecided"
+    );
+    assert_eq!(
+        app.db
+            .count("pay_callback WHERE out_trade_no = 'RT-NEW'")
+            .await,
+        1,
+        "inside the window"
+    );
+    assert_eq!(
+        app.db.count("local_message WHERE status = 2").await,
+        1,
+        "dead stays"
+    );
+    assert_eq!(
+        app.db.count("local_message WHERE biz_key = 'k1'").await,
+        1,
+        "pending stays"
+    );
+    assert!(
+        app.db.count("local_message WHERE biz_key = 'RT-NEW'").await == 1,
+        "recent sent stays"
+    );
+    assert_eq!(
+        app.db.count("local_message WHERE biz_key = 'k2'").await,
+        0,
+        "old sent goes"
+    );
+    assert!(app.db.count("local_message").await < before + 1);
+    assert_eq!(app.db.count("idempotency_key").await, 0);
+    assert_eq!(app.db.count("orders").await, 4, "orders are never purged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_on_postgres_deliver_every_message_none_lost() {
+    let app = spawn_app(Backend::Postgres).await;
+    app.db
+        .execute(
+            "INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) \
+             SELECT 'TEST', 'k' || g, '{}', 0, 0, '2026-11-30T08:00:00Z', '2026-11-30T08:00:00Z' \
+             FROM generate_series(1, 3000) g",
+        )
+        .await;
+    let settings = crate::helpers::test_settings(app.db.url());
+    let second_pool = paynotify::store::Store::connect(&settings.database).expect("second pool");
+    let (sink_a, sink_b) = (Arc::new(TestSink::default()), Arc::new(TestSink::default()));
+    let relay_a = Relay::new(
+        app.store.clone(),
+        sink_a.clone(),
+        app.clock.clone(),
+        app.metrics.clone(),
+        50,
+        16,
+    );
+    let relay_b = Relay::new(
+        second_pool,
+        sink_b.clone(),
+        app.clock.clone(),
+        app.metrics.clone(),
+        50,
+        16,
+    );
+    let (a, b) = tokio::join!(relay_a.tick(), relay_b.tick());
+    let (a, b) = (a.expect("tick a"), b.expect("tick b"));
+    assert_eq!(a.published + b.published, 3000, "{a:?} {b:?}");
+    assert!(
+        a.published > 0 && b.published > 0,
+        "both relays took part: {a:?} {b:?}"
+    );
+    let all: BTreeSet<i64> = sink_a.ids().into_iter().chain(sink_b.ids()).collect();
+    assert_eq!(all.len(), 3000, "every message delivered");
+    assert_eq!(app.db.count("local_message WHERE status = 1").await, 3000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_stream_sink_adds_every_event_with_its_fields() {
+    let app = spawn_app(Backend::Sqlite).await;
+    pending(&app, 5).await;
+    let stream = format!(
+        "paynotify:test:{}:{}",
+        std::process::id(),
+        app.clock.now().unix_seconds()
+    );
+    let sink = RedisStreamSink::connect("redis://127.0.0.1:6379", &stream, Duration::from_secs(2))
+        .await
+        .expect("Redis must run on 127.0.0.1:6379 (bash tests/run.sh starts it)");
+    assert_eq!(
+        relay(&app, Arc::new(sink), 16)
+            .tick()
+            .await
+            .expect("tick")
+            .published,
+        5
+    );
+    let client = redis::Client::open("redis://127.0.0.1:6379").expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("conn");
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .expect("xrange");
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut conn)
+        .await
+        .expect("del");
+    assert_eq!(entries.len(), 5);
+    let fields: Vec<&str> = entries[0].1.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(fields, ["id", "topic", "biz_key", "payload", "created_at"]);
+    let keys: Vec<&str> = entries.iter().map(|(_, f)| f[2].1.as_str()).collect();
+    assert_eq!(keys, ["k0", "k1", "k2", "k3", "k4"]);
+    assert_eq!(entries[3].1[3].1, r#"{"n":3}"#);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_sink_signs_each_event_and_retries_until_accepted() {
+    use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+
+    struct Receiver {
+        refuse_first: AtomicUsize,
+        accepted: Mutex<Vec<(String, serde_json::Value)>>,
+    }
+    async fn receive(
+        req: HttpRequest,
+        body: web::Bytes,
+        state: web::Data<Receiver>,
+    ) -> HttpResponse {
+        let header = |n: &str| {
+            req.headers()
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned()
+        };
+        let signature = header("Paynotify-Signature");
+        let (t, v1) = signature
+            .split_once(",v1=")
+            .map(|(t, v)| (t.trim_start_matches("t=").to_owned(), v.to_owned()))
+            .unwrap_or_default();
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"webhook-secret");
+        let mut signed = format!("{t}.").into_bytes();
+        signed.extend_from_slice(&body);
+        if hex(ring::hmac::sign(&key, &signed).as_ref()) != v1 {
+            return HttpResponse::Unauthorized().finish();
+        }
+        if state
+            .refuse_first
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return HttpResponse::ServiceUnavailable().finish();
+        }
+        let event: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        state
+            .accepted
+            .lock()
+            .expect("lock")
+            .push((header("Idempotency-Key"), event));
+        HttpResponse::NoContent().finish()
+    }
+
+    let receiver = web::Data::new(Receiver {
+        refuse_first: AtomicUsize::new(2),
+        accepted: Mutex::new(Vec::new()),
+    });
+    let data = receiver.clone();
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(data.clone())
+            .route("/hook", web::post().to(receive))
+    })
+    .workers(1)
+    .disable_signals()
+    .bind("127.0.0.1:0")
+    .expect("bind");
+    let port = server.addrs()[0].port();
+    let server = server.run();
+    let handle = server.handle();
+    tokio::spawn(server);
+
+    let app = spawn_app_with(Backend::Sqlite, |_| {}).await;
+    pending(&app, 1).await;
+    let sink = HttpSink::new(
+        &format!("http://127.0.0.1:{port}/hook"),
+        &Secret::new("webhook-secret"),
+    )
+    .expect("sink");
+    let relay = relay(&app, Arc::new(sink), 16);
+    let mut published = 0;
+    for _ in 0..5 {
+        published += relay.tick().await.expect("tick").published;
+        app.clock.advance(3600);
+    }
+    handle.stop(false).await;
+    assert_eq!(published, 1);
+    let accepted = receiver.accepted.lock().expect("lock").clone();
+    assert_eq!(accepted.len(), 1, "refused twice, then accepted once");
+    assert_eq!(accepted[0].0, "TEST:k0");
+    assert_eq!(accepted[0].1["biz_key"], "k0");
+    assert_eq!(accepted[0].1["payload"]["n"], 0);
+    assert_eq!(message(&app, "k0").await.attempts, 2);
+}
