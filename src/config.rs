@@ -96,6 +96,8 @@ pub struct DatabaseSettings {
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSettings {
     pub url: Secret,
+    /// Prefix of every gate key (several deployments can share one Redis).
+    pub key_prefix: String,
     pub timeout_ms: u64,
     pub result_ttl_secs: u64,
     pub marker_ttl_ms: u64,
@@ -208,6 +210,7 @@ impl Default for RedisSettings {
     fn default() -> Self {
         Self {
             url: Secret::default(),
+            key_prefix: "paynotify:".to_owned(),
             timeout_ms: 50,
             result_ttl_secs: 172_800,
             marker_ttl_ms: 5000,

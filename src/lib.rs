@@ -4,6 +4,7 @@
 pub mod channel;
 pub mod config;
 pub mod forge;
+pub mod gate;
 pub mod jobs;
 pub mod metrics;
 pub mod money;

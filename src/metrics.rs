@@ -12,6 +12,9 @@ pub struct Metrics {
     pub rejections: IntCounterVec,
     /// Anomalies by channel and reason (`AMOUNT_MISMATCH`, …).
     pub anomalies: IntCounterVec,
+    /// The Redis gate by result: `hit`, `hit_after_wait`, `busy`, `bypass_error`,
+    /// `bypass_timeout`, `bypass_breaker_open`.
+    pub gate: IntCounterVec,
     pub relay_published: IntCounter,
     pub relay_failed: IntCounter,
     pub relay_pending: IntGauge,
@@ -59,6 +62,11 @@ impl Metrics {
             "Payments recorded as PAYMENT_ANOMALY, by channel and reason",
             &["channel", "reason"],
         );
+        let gate = counter(
+            "paynotify_gate_total",
+            "Redis gate decisions and bypasses",
+            &["result"],
+        );
         let relay_published = single(
             "paynotify_relay_published_total",
             "Outbox messages delivered to the sink",
@@ -84,6 +92,7 @@ impl Metrics {
             notifications,
             rejections,
             anomalies,
+            gate,
             relay_published,
             relay_failed,
             relay_pending,

@@ -94,20 +94,23 @@ pub struct Notice {
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Digest(String);
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
+    out
+}
 
 impl Digest {
     pub fn as_str(&self) -> &str {
         &self.0
     }
     pub fn of(bytes: &[u8]) -> Self {
-        let hash = digest(&SHA256, bytes);
-        let mut hex = String::with_capacity(64);
-        for byte in hash.as_ref() {
-            hex.push(char::from(HEX[usize::from(byte >> 4)]));
-            hex.push(char::from(HEX[usize::from(byte & 0xf)]));
-        }
-        Self(hex)
+        Self(hex(digest(&SHA256, bytes).as_ref()))
     }
 }
 

@@ -10,6 +10,7 @@ use actix_web::{App, HttpServer, web};
 use crate::channel::alipay::Alipay;
 use crate::channel::wechat::WechatPay;
 use crate::config::{ConfigError, Secret, Settings};
+use crate::gate::Gate;
 use crate::jobs::Jobs;
 use crate::metrics::Metrics;
 use crate::relay::{Relay, sink};
@@ -21,6 +22,8 @@ use crate::time::{Clock, SystemClock};
 /// What every handler shares.
 pub struct AppState {
     pub store: Store,
+    /// The Redis gate, when `redis.url` is set.
+    pub gate: Option<Arc<Gate>>,
     pub metrics: Arc<Metrics>,
     pub clock: Arc<dyn Clock>,
     pub api_token: Secret,
@@ -93,8 +96,23 @@ impl Application {
             .port();
 
         let metrics = Arc::new(Metrics::new());
+        let gate = if settings.redis.url.is_empty() {
+            None
+        } else {
+            let gate = Gate::new(
+                &settings.redis,
+                &settings.redis.key_prefix,
+                Arc::clone(&metrics),
+            )
+            .map_err(|message| ConfigError::Invalid {
+                key: "redis.url".into(),
+                message,
+            })?;
+            Some(Arc::new(gate))
+        };
         let state = web::Data::new(AppState {
             store: store.clone(),
+            gate,
             metrics: Arc::clone(&metrics),
             clock: options.clock,
             api_token: settings.server.api_token.clone(),

@@ -10,6 +10,7 @@ use ring::hmac;
 use serde::Serialize;
 
 use crate::config::{RelaySettings, Secret, SinkKind};
+use crate::notice::hex;
 
 /// One outbox row as consumers receive it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -182,10 +183,6 @@ async fn post(
     } else {
         Err(format!("http: {}", response.status()))
     }
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Sink for HttpSink {

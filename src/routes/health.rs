@@ -19,10 +19,15 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
             false
         }
     };
+    let redis = match &state.gate {
+        None => "disabled",
+        Some(gate) if gate.is_up().await => "up",
+        Some(_) => "down",
+    };
     let body = json!({
         "status": if database_up { "ready" } else { "unready" },
         "database": if database_up { "up" } else { "down" },
-        "redis": "disabled",
+        "redis": redis,
     });
     if database_up {
         HttpResponse::Ok().json(body)

@@ -4,6 +4,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 
 use crate::channel::{Channel, Inbound, Rejection, Reply};
+use crate::gate::Decision;
 use crate::notice::Outcome;
 use crate::startup::AppState;
 
@@ -91,7 +92,38 @@ pub async fn notify<C: Channel>(
             });
         }
     };
-    match state.store.apply(&notice, now).await {
+    let marker = match &state.gate {
+        None => None,
+        Some(gate) => match gate.enter(&notice).await {
+            Decision::Proceed(marker) => marker,
+            Decision::Answered => {
+                // The same content was applied before: the same answer, no database.
+                state
+                    .metrics
+                    .notifications
+                    .with_label_values(&[id.as_str(), "duplicate_cached"])
+                    .inc();
+                return channel.render(Reply::Success);
+            }
+            Decision::Busy => {
+                state
+                    .metrics
+                    .notifications
+                    .with_label_values(&[id.as_str(), "in_flight"])
+                    .inc();
+                return channel.render(Reply::Failure {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    message: "the same notification is being processed; retry",
+                });
+            }
+        },
+    };
+    let result = state.store.apply(&notice, now).await;
+    if let Some(gate) = &state.gate {
+        gate.leave(&notice, marker, result.as_ref().ok().copied())
+            .await;
+    }
+    match result {
         Ok(outcome) => {
             state
                 .metrics

@@ -317,6 +317,7 @@ pub fn metric(app: &TestApp, name: &str, labels: &[&str]) -> u64 {
         "paynotify_notifications_total" => &app.metrics.notifications,
         "paynotify_notify_rejections_total" => &app.metrics.rejections,
         "paynotify_anomalies_total" => &app.metrics.anomalies,
+        "paynotify_gate_total" => &app.metrics.gate,
         other => panic!("unknown metric {other}"),
     };
     Metrics::count(vec, labels)

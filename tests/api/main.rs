@@ -2,6 +2,7 @@
 
 mod alipay;
 mod alipay_vectors;
+mod gate;
 mod health;
 mod helpers;
 mod keys;

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use paynotify::config::Secret;
 use paynotify::jobs::{expire_orders, purge};
+use paynotify::notice::hex;
 use paynotify::notice::{AnomalyReason, Outcome};
-use paynotify::relay::sink::{Event, HttpSink, Published, RedisStreamSink, Sink, hex};
+use paynotify::relay::sink::{Event, HttpSink, Published, RedisStreamSink, Sink};
 use paynotify::relay::{LEASE_SECS, Relay};
 use paynotify::time::{Clock, Timestamp};
 use tokio::sync::Notify;

@@ -1,0 +1,317 @@
+//! The Redis gate in front of the ledger: a cached final answer for repeats, and a short
+//! "processing" marker that keeps concurrent twins out of the database.
+//!
+//! Redis is an accelerator, never the guarantee: every call has a tight timeout, any error
+//! or timeout sends the notice straight to the ledger (whose unique keys decide), and a
+//! breaker stops trying for a while after repeated failures. A cached answer is only used
+//! when its digest equals the notice's, so a stale entry can never turn a conflict into a
+//! success.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::OnceCell;
+
+use crate::config::RedisSettings;
+use crate::metrics::Metrics;
+use crate::notice::{Notice, NoticeKind, Outcome};
+
+/// Failures in a row that open the breaker, and how long it then stays open.
+const BREAKER_THRESHOLD: u32 = 5;
+const BREAKER_OPEN: Duration = Duration::from_secs(5);
+/// How long a twin waits for the marker holder's answer before asking the provider to retry.
+const TWIN_WAIT: Duration = Duration::from_millis(250);
+const TWIN_POLL: Duration = Duration::from_millis(10);
+
+/// Compare-and-delete: only the holder of a marker removes it.
+const RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+
+/// What the gate decided for a notice.
+#[derive(Debug)]
+pub enum Decision {
+    /// The same business content was already applied: answer success without the database.
+    Answered,
+    /// Another request holds this key's marker and did not finish in time: 503, retry.
+    Busy,
+    /// Go to the ledger; hand the marker (if one was taken) back to [`Gate::leave`].
+    Proceed(Option<Marker>),
+}
+
+#[derive(Debug)]
+pub struct Marker {
+    key: String,
+    token: String,
+}
+
+/// Consecutive failures and, when open, until when (ms since the gate was made).
+struct Breaker {
+    failures: AtomicU32,
+    open_until_ms: AtomicI64,
+    epoch: Instant,
+}
+
+impl Breaker {
+    fn now_ms(&self) -> i64 {
+        i64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+    fn is_open(&self) -> bool {
+        self.now_ms() < self.open_until_ms.load(Ordering::Acquire)
+    }
+    fn success(&self) {
+        self.failures.store(0, Ordering::Release);
+    }
+    fn failure(&self) {
+        if self.failures.fetch_add(1, Ordering::AcqRel) + 1 >= BREAKER_THRESHOLD {
+            let until = self.now_ms() + i64::try_from(BREAKER_OPEN.as_millis()).unwrap_or(5000);
+            self.open_until_ms.store(until, Ordering::Release);
+            // Half-open after the pause: the next call probes, one failure reopens it.
+            self.failures
+                .store(BREAKER_THRESHOLD - 1, Ordering::Release);
+        }
+    }
+}
+
+pub struct Gate {
+    client: redis::Client,
+    connection: OnceCell<ConnectionManager>,
+    prefix: String,
+    timeout: Duration,
+    result_ttl_secs: u64,
+    marker_ttl_ms: u64,
+    breaker: Breaker,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+fn random_token() -> String {
+    use ring::rand::{SecureRandom, SystemRandom};
+    let mut bytes = [0u8; 16];
+    let _ = SystemRandom::new().fill(&mut bytes);
+    crate::notice::hex(&bytes)
+}
+
+impl Gate {
+    /// A gate for `redis.url`; nothing connects until the first use, and Redis being down
+    /// at start-up only means the gate is bypassed until it answers.
+    pub fn new(
+        settings: &RedisSettings,
+        prefix: &str,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, String> {
+        let client = redis::Client::open(settings.url.expose()).map_err(|e| e.to_string())?;
+        Ok(Self {
+            client,
+            connection: OnceCell::new(),
+            prefix: prefix.to_owned(),
+            timeout: Duration::from_millis(settings.timeout_ms),
+            result_ttl_secs: settings.result_ttl_secs,
+            marker_ttl_ms: settings.marker_ttl_ms,
+            breaker: Breaker {
+                failures: AtomicU32::new(0),
+                open_until_ms: AtomicI64::new(0),
+                epoch: Instant::now(),
+            },
+            metrics,
+        })
+    }
+
+    /// The result key of a notice, hash-tagged by order so a notice's keys share a Redis
+    /// Cluster slot. Only payments and refunds have one: other kinds never skip the ledger.
+    fn key(&self, n: &Notice) -> Option<String> {
+        let order = &n.out_trade_no;
+        match &n.kind {
+            NoticeKind::Paid => Some(format!("{}{{{order}}}:pay:{}", self.prefix, n.channel)),
+            NoticeKind::Refunded(r) => Some(format!(
+                "{}{{{order}}}:refund:{}:{}",
+                self.prefix, n.channel, r.out_refund_no
+            )),
+            NoticeKind::Closed | NoticeKind::Other { .. } => None,
+        }
+    }
+
+    async fn connection(&self) -> Result<ConnectionManager, String> {
+        let connect = async {
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(self.timeout))
+                .set_response_timeout(Some(self.timeout))
+                .set_number_of_retries(1);
+            self.client
+                .get_connection_manager_with_config(config)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        self.connection.get_or_try_init(|| connect).await.cloned()
+    }
+
+    /// Runs one Redis call under the timeout and the breaker; `None` means "bypass".
+    async fn call<T, F, Fut>(&self, what: &'static str, f: F) -> Option<T>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        if self.breaker.is_open() {
+            self.metrics
+                .gate
+                .with_label_values(&["bypass_breaker_open"])
+                .inc();
+            return None;
+        }
+        let result = tokio::time::timeout(self.timeout, async {
+            let conn = self.connection().await?;
+            f(conn).await.map_err(|e| e.to_string())
+        })
+        .await;
+        match result {
+            Ok(Ok(value)) => {
+                self.breaker.success();
+                Some(value)
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(what, %error, "redis gate bypassed");
+                self.metrics.gate.with_label_values(&["bypass_error"]).inc();
+                self.breaker.failure();
+                None
+            }
+            Err(_) => {
+                self.metrics
+                    .gate
+                    .with_label_values(&["bypass_timeout"])
+                    .inc();
+                self.breaker.failure();
+                None
+            }
+        }
+    }
+
+    async fn cached(&self, key: &str) -> Option<Option<String>> {
+        self.call("GET", |mut c| async move { c.get(key).await })
+            .await
+    }
+
+    /// Before the ledger: a cached answer for the same content, the marker, or a bypass.
+    pub async fn enter(&self, n: &Notice) -> Decision {
+        let Some(key) = self.key(n) else {
+            return Decision::Proceed(None);
+        };
+        let digest = n.digest();
+        match self.cached(&key).await {
+            None => return Decision::Proceed(None),
+            Some(Some(seen)) if seen == digest.as_str() => {
+                self.metrics.gate.with_label_values(&["hit"]).inc();
+                return Decision::Answered;
+            }
+            // Different content under this key: the ledger decides (a conflict).
+            Some(Some(_)) => return Decision::Proceed(None),
+            Some(None) => {}
+        }
+        let marker = format!("{key}:marker");
+        let token = random_token();
+        let ttl = self.marker_ttl_ms;
+        let taken = self
+            .call("SET NX", |mut c| {
+                let (marker, token) = (marker.clone(), token.clone());
+                async move {
+                    let reply: Option<String> = redis::cmd("SET")
+                        .arg(&marker)
+                        .arg(&token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(ttl)
+                        .query_async(&mut c)
+                        .await?;
+                    Ok(reply.is_some())
+                }
+            })
+            .await;
+        match taken {
+            None => Decision::Proceed(None),
+            Some(true) => Decision::Proceed(Some(Marker { key: marker, token })),
+            Some(false) => self.wait_for_twin(&key, digest.as_str()).await,
+        }
+    }
+
+    /// Another request is applying this key now: wait briefly for its answer.
+    async fn wait_for_twin(&self, key: &str, digest: &str) -> Decision {
+        let deadline = Instant::now() + TWIN_WAIT;
+        while Instant::now() < deadline {
+            tokio::time::sleep(TWIN_POLL).await;
+            match self.cached(key).await {
+                None => return Decision::Proceed(None),
+                Some(Some(seen)) if seen == digest => {
+                    self.metrics
+                        .gate
+                        .with_label_values(&["hit_after_wait"])
+                        .inc();
+                    return Decision::Answered;
+                }
+                Some(Some(_)) => return Decision::Proceed(None),
+                Some(None) => {}
+            }
+        }
+        self.metrics.gate.with_label_values(&["busy"]).inc();
+        Decision::Busy
+    }
+
+    /// After the ledger: cache a final answer for the providers' retry window and give the
+    /// marker back (only ours: compare-and-delete).
+    /// `outcome` is `None` when the ledger failed: nothing is cached then.
+    pub async fn leave(&self, n: &Notice, marker: Option<Marker>, outcome: Option<Outcome>) {
+        let settled = matches!(
+            outcome,
+            Some(Outcome::Applied | Outcome::Duplicate | Outcome::Anomaly(_))
+        );
+        if let (true, Some(key)) = (settled, self.key(n)) {
+            let digest = n.digest();
+            let ttl = self.result_ttl_secs;
+            self.call("SET EX", |mut c| async move {
+                c.set_ex::<_, _, ()>(&key, digest.as_str(), ttl).await
+            })
+            .await;
+        }
+        if let Some(Marker { key, token }) = marker {
+            self.call("release", |mut c| async move {
+                redis::Script::new(RELEASE)
+                    .key(&key)
+                    .arg(&token)
+                    .invoke_async::<i64>(&mut c)
+                    .await
+            })
+            .await;
+        }
+    }
+
+    /// A stored `POST /orders` answer for an `Idempotency-Key`, if Redis has it.
+    pub async fn idempotent_answer(&self, key: &str) -> Option<String> {
+        let key = format!("{}idem:{key}", self.prefix);
+        self.cached(&key).await.flatten()
+    }
+
+    pub async fn remember_answer(&self, key: &str, answer: &str) {
+        let key = format!("{}idem:{key}", self.prefix);
+        let ttl = self.result_ttl_secs;
+        self.call("SET EX", |mut c| async move {
+            c.set_ex::<_, _, ()>(&key, answer, ttl).await
+        })
+        .await;
+    }
+
+    /// Whether Redis answers a PING now.
+    pub async fn is_up(&self) -> bool {
+        self.call("PING", |mut c| async move {
+            redis::cmd("PING").query_async::<String>(&mut c).await
+        })
+        .await
+        .is_some()
+    }
+}

@@ -1,0 +1,406 @@
+//! The Redis gate against the real Redis on 127.0.0.1:6379 (a key prefix per test): faster
+//! duplicates, and exactly once whatever Redis does — down, cut mid-storm, flushed, or holding
+//! a marker whose owner died.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use actix_web::http::StatusCode;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Barrier, watch};
+
+use crate::helpers::{Backend, TestApp, metric, spawn_app_with};
+use crate::test_channel::{TestNotification, deliver};
+
+const REDIS: &str = "redis://127.0.0.1:6379";
+static PREFIX: AtomicU32 = AtomicU32::new(0);
+
+fn prefix() -> String {
+    format!(
+        "pn-test:{}:{}:",
+        std::process::id(),
+        PREFIX.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn app_with_redis(backend: Backend, url: &str, prefix: &str) -> TestApp {
+    let (url, prefix) = (url.to_owned(), prefix.to_owned());
+    spawn_app_with(backend, move |s| {
+        s.redis.url = paynotify::config::Secret::new(url);
+        s.redis.key_prefix = prefix;
+        s.redis.timeout_ms = 50;
+        s.redis.marker_ttl_ms = 2000;
+    })
+    .await
+}
+
+async fn redis() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(REDIS)
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis must run on 127.0.0.1:6379 (bash tests/run.sh starts it)")
+}
+
+/// Deletes every key of one test: what FLUSHALL does to it, without touching other tests.
+async fn flush(prefix: &str) {
+    let mut c = redis().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut c)
+        .await
+        .expect("keys");
+    for key in keys {
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut c)
+            .await
+            .expect("del");
+    }
+}
+
+fn cached(app: &TestApp) -> u64 {
+    metric(
+        app,
+        "paynotify_notifications_total",
+        &["wechat", "duplicate_cached"],
+    )
+}
+
+crate::on_both_backends!(fifty_concurrent_deliveries_one_transition_duplicates_from_the_cache);
+
+async fn fifty_concurrent_deliveries_one_transition_duplicates_from_the_cache(backend: Backend) {
+    let prefix = prefix();
+    let app = Arc::new(app_with_redis(backend, REDIS, &prefix).await);
+    app.create_order("G-50", 19900).await;
+    let n = TestNotification::paid("G-50", "T-50", 19900);
+    let barrier = Arc::new(Barrier::new(50));
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let (app, n, barrier) = (app.clone(), n.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                deliver(&app, &n).await.0
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.expect("task"));
+    }
+    let busy = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::SERVICE_UNAVAILABLE)
+        .count();
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::NO_CONTENT || *s == StatusCode::SERVICE_UNAVAILABLE),
+        "{statuses:?}"
+    );
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    assert_eq!(app.db.count("pay_callback").await, 1);
+    let from_cache = cached(&app);
+    let from_ledger = metric(
+        &app,
+        "paynotify_notifications_total",
+        &["wechat", "duplicate"],
+    );
+    assert_eq!(from_cache + from_ledger + busy as u64, 49, "{statuses:?}");
+    assert!(
+        from_cache >= 25,
+        "most duplicates answered from the cache: {from_cache} of 49"
+    );
+    // A later repeat is answered from the cache, byte for byte like the first answer.
+    assert_eq!(
+        deliver(&app, &n).await,
+        (StatusCode::NO_CONTENT, String::new())
+    );
+    assert_eq!(cached(&app), from_cache + 1);
+    flush(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_unreachable_from_the_start_changes_only_speed() {
+    let app = Arc::new(app_with_redis(Backend::Postgres, "redis://127.0.0.1:1", &prefix()).await);
+    app.create_order("G-DOWN", 100).await;
+    let n = TestNotification::paid("G-DOWN", "T", 100);
+    let barrier = Arc::new(Barrier::new(20));
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let (app, n, barrier) = (app.clone(), n.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                deliver(&app, &n).await.0
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.expect("task"), StatusCode::NO_CONTENT);
+    }
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    let bypassed = ["bypass_error", "bypass_timeout", "bypass_breaker_open"]
+        .iter()
+        .map(|r| metric(&app, "paynotify_gate_total", &[r]))
+        .sum::<u64>();
+    assert!(
+        bypassed >= 20,
+        "every delivery bypassed the gate: {bypassed}"
+    );
+    let ready = app
+        .client
+        .get(app.url("/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(
+        ready.status(),
+        200,
+        "Redis down never makes the service unready"
+    );
+    let body: serde_json::Value = ready.json().await.expect("json");
+    assert_eq!(
+        (body["database"].as_str(), body["redis"].as_str()),
+        (Some("up"), Some("down"))
+    );
+}
+
+/// A TCP proxy to Redis that the test can cut (dropping every connection and refusing new
+/// ones) and restore.
+struct Proxy {
+    port: u16,
+    cut: watch::Sender<bool>,
+}
+
+impl Proxy {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let (cut, watching) = watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if *watching.borrow() {
+                    continue;
+                }
+                let mut watching = watching.clone();
+                tokio::spawn(async move {
+                    let Ok(mut upstream) = TcpStream::connect("127.0.0.1:6379").await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut upstream) => {}
+                        _ = watching.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        Self { port, cut }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cut_mid_storm_stays_exactly_once_and_recovers() {
+    let prefix = prefix();
+    let proxy = Proxy::start().await;
+    let app = Arc::new(
+        app_with_redis(
+            Backend::Postgres,
+            &format!("redis://127.0.0.1:{}", proxy.port),
+            &prefix,
+        )
+        .await,
+    );
+    let orders: Vec<String> = (0..6).map(|i| format!("G-CUT-{i}")).collect();
+    for no in &orders {
+        app.create_order(no, 100).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let storm: Vec<_> = (0..8)
+        .map(|worker| {
+            let (app, orders, stop) = (app.clone(), orders.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                let mut i = worker;
+                while !stop.load(Ordering::Relaxed) {
+                    let no = &orders[i % orders.len()];
+                    statuses.push(
+                        deliver(&app, &TestNotification::paid(no, &format!("T-{no}"), 100))
+                            .await
+                            .0,
+                    );
+                    i += 1;
+                }
+                statuses
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    proxy.cut.send_replace(true);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    proxy.cut.send_replace(false);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut statuses = Vec::new();
+    for t in storm {
+        statuses.extend(t.await.expect("worker"));
+    }
+    assert!(statuses.len() > 50, "a storm: {}", statuses.len());
+    let unexpected: Vec<_> = statuses
+        .iter()
+        .filter(|s| **s != StatusCode::NO_CONTENT && **s != StatusCode::SERVICE_UNAVAILABLE)
+        .collect();
+    assert!(unexpected.is_empty(), "{unexpected:?}");
+    assert_eq!(
+        app.messages("ORDER_PAID").await,
+        6,
+        "one transition per order"
+    );
+    assert_eq!(app.db.count("pay_callback").await, 6);
+    let bypassed: u64 = ["bypass_error", "bypass_timeout", "bypass_breaker_open"]
+        .iter()
+        .map(|r| metric(&app, "paynotify_gate_total", &[r]))
+        .sum();
+    assert!(bypassed > 0, "the cut was felt");
+
+    // Recovery: once the breaker lets a probe through, duplicates come from the cache again.
+    let before = cached(&app);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while cached(&app) == before {
+        assert!(Instant::now() < deadline, "the gate never recovered");
+        assert_eq!(
+            deliver(&app, &TestNotification::paid("G-CUT-0", "T-G-CUT-0", 100))
+                .await
+                .0,
+            StatusCode::NO_CONTENT
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    flush(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_flush_the_next_duplicate_goes_to_the_ledger_and_is_still_a_duplicate() {
+    let prefix = prefix();
+    let app = app_with_redis(Backend::Sqlite, REDIS, &prefix).await;
+    app.create_order("G-F", 100).await;
+    let n = TestNotification::paid("G-F", "T", 100);
+    assert_eq!(deliver(&app, &n).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(deliver(&app, &n).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(cached(&app), 1);
+    flush(&prefix).await;
+    assert_eq!(
+        deliver(&app, &n).await,
+        (StatusCode::NO_CONTENT, String::new())
+    );
+    assert_eq!(
+        metric(
+            &app,
+            "paynotify_notifications_total",
+            &["wechat", "duplicate"]
+        ),
+        1
+    );
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    flush(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marker_whose_holder_died_blocks_only_until_it_expires() {
+    let prefix = prefix();
+    let app = app_with_redis(Backend::Sqlite, REDIS, &prefix).await;
+    app.create_order("G-M", 100).await;
+    let mut c = redis().await;
+    let marker = format!("{prefix}{{G-M}}:pay:wechat:marker");
+    let _: () = redis::cmd("SET")
+        .arg(&marker)
+        .arg("dead-holder")
+        .arg("PX")
+        .arg(600)
+        .query_async(&mut c)
+        .await
+        .expect("set");
+    let n = TestNotification::paid("G-M", "T", 100);
+    assert_eq!(
+        deliver(&app, &n).await.0,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "held: retry later"
+    );
+    assert_eq!(app.status_of("G-M").await, "WAIT_PAY");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(deliver(&app, &n).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(app.status_of("G-M").await, "PAID");
+    let left: Option<String> = redis::cmd("GET")
+        .arg(&marker)
+        .query_async(&mut c)
+        .await
+        .expect("get");
+    assert_eq!(left, None, "our own marker was released");
+    flush(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_answer_never_turns_a_conflict_into_a_success() {
+    let prefix = prefix();
+    let app = app_with_redis(Backend::Sqlite, REDIS, &prefix).await;
+    app.create_order("G-C", 100).await;
+    assert_eq!(
+        deliver(&app, &TestNotification::paid("G-C", "T-1", 100))
+            .await
+            .0,
+        StatusCode::NO_CONTENT
+    );
+    let (status, _) = deliver(&app, &TestNotification::paid("G-C", "T-2", 100)).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(app.get_order("G-C").await["transaction_id"], "T-1");
+    // Even with the other content's digest planted under the key, the ledger decides.
+    let mut c = redis().await;
+    let key = format!("{prefix}{{G-C}}:pay:wechat");
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("0".repeat(64))
+        .query_async(&mut c)
+        .await
+        .expect("set");
+    assert_eq!(
+        deliver(&app, &TestNotification::paid("G-C", "T-1", 100))
+            .await
+            .0,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        metric(
+            &app,
+            "paynotify_notifications_total",
+            &["wechat", "duplicate"]
+        ),
+        1
+    );
+    flush(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn order_replays_are_identical_with_the_gate() {
+    let prefix = prefix();
+    let app = app_with_redis(Backend::Sqlite, REDIS, &prefix).await;
+    let post = |amount: i64| {
+        app.client
+            .post(app.url("/orders"))
+            .bearer_auth(&app.api_token)
+            .header("Idempotency-Key", "gate-key")
+            .json(&serde_json::json!({ "order_no": "G-O", "amount_fen": amount }))
+            .send()
+    };
+    let first = post(100).await.expect("post");
+    let (status, body) = (first.status(), first.text().await.expect("body"));
+    assert_eq!(status, 201);
+    for _ in 0..2 {
+        let again = post(100).await.expect("post");
+        assert_eq!(
+            (again.status(), again.text().await.expect("body")),
+            (status, body.clone())
+        );
+    }
+    assert_eq!(post(101).await.expect("post").status(), 422);
+    flush(&prefix).await;
+}
