@@ -373,10 +373,16 @@ impl Settings {
             }
             SinkKind::Http => {}
         }
-        if self.retention.keep_days < 2 {
+        if !(2..=3650).contains(&self.retention.keep_days) {
             return Err(invalid(
                 "retention.keep_days",
-                "must be at least 2: providers retry for up to 25 hours",
+                "must be between 2 (providers retry for up to 25 hours) and 3650",
+            ));
+        }
+        if self.orders.expire_after_secs > 30 * 24 * 3600 {
+            return Err(invalid(
+                "orders.expire_after_secs",
+                "at most 2592000 (30 days)",
             ));
         }
         Ok(())

@@ -95,13 +95,14 @@ impl Form {
     /// Splits on `&`, then on the first `=` only (base64 values end in `=`).
     fn parse(body: &[u8]) -> Result<Self, Rejection> {
         let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for pair in body.split(|b| *b == b'&').filter(|p| !p.is_empty()) {
             let (key, value) = match pair.iter().position(|b| *b == b'=') {
                 Some(at) => (&pair[..at], &pair[at + 1..]),
                 None => (pair, &pair[pair.len()..]),
             };
             let key = percent_decode(key);
-            if fields.iter().any(|(k, _)| *k == key) {
+            if !seen.insert(key.clone()) {
                 return Err(Rejection::BadRequest(format!(
                     "parameter {} appears more than once",
                     String::from_utf8_lossy(&key)
@@ -138,6 +139,11 @@ impl Form {
         }
         out
     }
+}
+
+/// The bytes Alipay signs for `body` (empty values skipped, as the Java SDK does).
+pub fn string_to_sign(body: &[u8]) -> Result<Vec<u8>, Rejection> {
+    Ok(Form::parse(body)?.sign_content(false))
 }
 
 /// What verification hands to decoding: the app and the fields as text.

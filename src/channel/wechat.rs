@@ -258,7 +258,9 @@ impl Channel for WechatPay {
         }
         let timestamp = required_header(h, "Wechatpay-Timestamp")?;
         let nonce = required_header(h, "Wechatpay-Nonce")?;
-        let signature = required_header(h, "Wechatpay-Signature")?;
+        // No signature at all is a bad signature (401), like a wrong one.
+        let signature = single_header(h, "Wechatpay-Signature")?
+            .ok_or_else(|| Rejection::BadSignature("missing Wechatpay-Signature".into()))?;
         let serial = required_header(h, "Wechatpay-Serial")?;
 
         let seconds: i64 = timestamp

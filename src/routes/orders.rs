@@ -14,8 +14,10 @@ use crate::store::orders::{CreateOutcome, CreateResult, IdempotencyKey, StoredRe
 const MAX_ORDER_NO: usize = 64;
 const MAX_SUBJECT: usize = 256;
 const MAX_IDEMPOTENCY_KEY: usize = 255;
+/// Ten trillion yuan: far above any real order, far below where sums of fen could overflow.
+const MAX_AMOUNT_FEN: i64 = 1_000_000_000_000_000;
 /// Thirty days: longer than any provider keeps a trade open.
-const MAX_EXPIRE_AFTER_SECS: u64 = 30 * 24 * 3600;
+pub const MAX_EXPIRE_AFTER_SECS: u64 = 30 * 24 * 3600;
 
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -56,8 +58,8 @@ impl CreateOrderRequest {
         {
             return bad("order_no: 1 to 64 characters of A-Z a-z 0-9 _ - | *");
         }
-        if self.amount_fen <= 0 {
-            return bad("amount_fen: must be a positive integer (fen)");
+        if !(1..=MAX_AMOUNT_FEN).contains(&self.amount_fen) {
+            return bad("amount_fen: a positive integer (fen), at most 10^15");
         }
         if self.currency.len() != 3 || !self.currency.bytes().all(|b| b.is_ascii_uppercase()) {
             return bad("currency: three upper-case letters, e.g. CNY");

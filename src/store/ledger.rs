@@ -223,12 +223,16 @@ impl Store {
             digest: digest.as_str(),
             created_at: now,
         };
-        let refund_key = (&refund.out_refund_no, channel);
+        let refund_key = (&refund.out_refund_no, channel, &n.out_trade_no);
         let result = with_conn!(self, conn => {
             conn.transaction::<_, Abort, _>(async |conn| {
                 let inserted = diesel::insert_into(refund_callback::table)
                     .values(&callback)
-                    .on_conflict((refund_callback::out_refund_no, refund_callback::channel))
+                    .on_conflict((
+                        refund_callback::out_refund_no,
+                        refund_callback::channel,
+                        refund_callback::out_trade_no,
+                    ))
                     .do_nothing()
                     .execute(conn)
                     .await?;
@@ -249,31 +253,40 @@ impl Store {
                 let Some(before) = order else {
                     return Err(Abort::With(Outcome::UnknownOrder));
                 };
-                // This refund's amount. A running total is turned into it against the order
-                // as read here, and the update below only applies to that same state.
+                if before.status == OrderStatus::WaitPay && n.merchant_matches {
+                    // The refund overtook its payment notification: keep nothing, let the
+                    // provider retry once the payment is in.
+                    return Err(Abort::With(Outcome::TooEarly));
+                }
+                let ours = n.merchant_matches && before.channel.as_deref() == Some(channel);
+                // This refund's amount. A running total only means something against the
+                // refunds of the channel that was paid; the update below applies only to the
+                // state it was computed from.
                 let (fen, seen_refunded) = match refund.amount {
                     RefundAmount::This(fen) => (fen, (0, i64::MAX)),
-                    RefundAmount::RunningTotal(total) => {
+                    RefundAmount::RunningTotal(total) if ours => {
                         (total - before.refunded_fen, (before.refunded_fen, before.refunded_fen))
                     }
+                    RefundAmount::RunningTotal(total) => (total, (0, i64::MAX)),
                 };
                 if matches!(refund.amount, RefundAmount::RunningTotal(_)) {
-                    if fen <= 0 && before.status != OrderStatus::WaitPay {
-                        // A later refund's total already counted this one (out of order).
-                        diesel::update(refund_callback::table.find(refund_key))
-                            .set(refund_callback::refund_fen.eq(0))
-                            .execute(conn)
-                            .await?;
-                        return Ok(Outcome::Ignored);
-                    }
                     diesel::update(refund_callback::table.find(refund_key))
-                        .set(refund_callback::refund_fen.eq(fen))
+                        .set(refund_callback::refund_fen.eq(fen.max(0)))
                         .execute(conn)
                         .await?;
+                    if ours && fen <= 0 {
+                        // A later refund's running total already counted this one (they
+                        // arrived out of order): its event says so with refund_fen 0.
+                        let message = Message::order_refunded(n, refund, 0, &before);
+                        InsertMessage::pending(&message, now).execute(conn).await?;
+                        return Ok(Outcome::Applied);
+                    }
                 }
-                let moved = if fen > 0 && n.merchant_matches {
+                // Never more than was paid: checked here so the sums below cannot overflow.
+                let fits = fen > 0 && fen <= before.amount_fen - before.refunded_fen;
+                let moved = if fits && ours && before.status == OrderStatus::Paid {
                     // Partial refunds keep PAID and add up; the one that reaches the amount
-                    // moves PAID → REFUNDED. Never more than was paid, never another channel's.
+                    // moves PAID → REFUNDED.
                     diesel::update(
                         orders::table
                             .filter(orders::order_no.eq(&n.out_trade_no))
@@ -305,18 +318,18 @@ impl Store {
                     InsertMessage::pending(&message, now).execute(conn).await?;
                     return Ok(Outcome::Applied);
                 }
-                if order.status == OrderStatus::WaitPay && n.merchant_matches {
-                    // The refund overtook its payment notification: keep nothing, let the
-                    // provider retry once the payment is in.
-                    return Err(Abort::With(Outcome::TooEarly));
-                }
                 if order.refunded_fen != before.refunded_fen {
+                    // Another refund of this order committed in between: retry.
                     return Err(Abort::With(Outcome::Contended));
                 }
-                let reason = if n.merchant_matches {
-                    AnomalyReason::AmountMismatch
-                } else {
+                let reason = if !n.merchant_matches {
                     AnomalyReason::MerchantMismatch
+                } else if order.channel.as_deref() != Some(channel) {
+                    // A refund through the channel that did not pay the order: the refund of
+                    // a duplicate payment.
+                    AnomalyReason::DuplicatePayment
+                } else {
+                    AnomalyReason::AmountMismatch
                 };
                 let message = Message::payment_anomaly(n, &refund.refund_id, reason, &order);
                 diesel::insert_into(local_message::table)

@@ -60,7 +60,9 @@ const FAIL_SQLITE: &str = "UPDATE local_message SET attempts = attempts + 1, las
      locked_by = NULL, locked_until = NULL \
      WHERE id = $4 AND locked_by = $5 AND status = 0";
 
-/// Rows the retry windows no longer need, at most `$2` per statement.
+/// Rows the retry windows no longer need, at most `$2` per statement. Refund rows go only
+/// once the order is fully refunded: while it is `PAID`, a refund row is what keeps a late
+/// repeat of that refund from counting twice.
 const PURGE: [(&str, &str); 4] = [
     (
         "pay_callback",
@@ -70,9 +72,10 @@ const PURGE: [(&str, &str); 4] = [
     ),
     (
         "refund_callback",
-        "DELETE FROM refund_callback WHERE (out_refund_no, channel) IN (\
-           SELECT c.out_refund_no, c.channel FROM refund_callback c JOIN orders o ON o.order_no = c.out_trade_no \
-           WHERE c.created_at < $1 AND o.status <> 'WAIT_PAY' LIMIT $2)",
+        "DELETE FROM refund_callback WHERE (out_refund_no, channel, out_trade_no) IN (\
+           SELECT c.out_refund_no, c.channel, c.out_trade_no FROM refund_callback c \
+           JOIN orders o ON o.order_no = c.out_trade_no \
+           WHERE c.created_at < $1 AND o.status = 'REFUNDED' LIMIT $2)",
     ),
     (
         "local_message",

@@ -38,7 +38,7 @@ diesel::table! {
     use diesel::sql_types::*;
     use crate::store::types::UtcTs;
 
-    refund_callback (out_refund_no, channel) {
+    refund_callback (out_refund_no, channel, out_trade_no) {
         out_refund_no -> Text,
         channel -> Text,
         out_trade_no -> Text,

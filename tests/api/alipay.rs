@@ -109,7 +109,130 @@ crate::on_both_backends!(
     an_unpaid_trade_closed_by_alipay_closes_the_order,
     wechat_and_alipay_both_paying_is_a_duplicate_payment,
     wrong_seller_or_amount_are_anomalies_and_the_order_stays_unpaid,
+    partial_refunds_out_of_order_each_get_an_event_and_count_once,
+    two_orders_may_use_the_same_refund_number,
+    a_refund_through_the_channel_that_did_not_pay_is_an_anomaly,
 );
+
+async fn refund_events(app: &TestApp) -> Vec<(String, Option<i64>)> {
+    let mut events: Vec<_> = app
+        .store
+        .messages(None, 100)
+        .await
+        .expect("messages")
+        .into_iter()
+        .filter(|m| m.topic == "ORDER_REFUNDED")
+        .map(|m| (m.biz_key, m.payload.0["refund_fen"].as_i64()))
+        .collect();
+    events.sort();
+    events
+}
+
+async fn partial_refunds_out_of_order_each_get_an_event_and_count_once(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("A-OO", 10000).await;
+    send(&app, &signed(pay_fields("A-OO", 10000, "TRADE_SUCCESS"))).await;
+    let s = sandbox();
+    // Refund A (50.00, total 50.00) and then B (30.00, total 80.00); B's notice arrives first.
+    let b = signed(alipay::refund(&s, "A-OO", "2026A-OO", 10000, "RF-B", 8000));
+    let a = signed(alipay::refund(&s, "A-OO", "2026A-OO", 10000, "RF-A", 5000));
+    assert_eq!(send(&app, &b).await, ok());
+    assert_eq!(send(&app, &a).await, ok());
+    assert_eq!(send(&app, &a).await, ok(), "repeat");
+    let order = app.get_order("A-OO").await;
+    assert_eq!(
+        (order["status"].as_str(), order["refunded_fen"].as_i64()),
+        (Some("PAID"), Some(8000))
+    );
+    assert_eq!(
+        refund_events(&app).await,
+        [
+            ("A-OO:RF-A".to_owned(), Some(0)),
+            ("A-OO:RF-B".to_owned(), Some(8000))
+        ]
+    );
+}
+
+async fn two_orders_may_use_the_same_refund_number(backend: Backend) {
+    let app = app(backend).await;
+    let s = sandbox();
+    for no in ["A-N1", "A-N2"] {
+        app.create_order(no, 1000).await;
+        send(&app, &signed(pay_fields(no, 1000, "TRADE_SUCCESS"))).await;
+        // Alipay's out_request_no only has to be unique within one trade.
+        let refund = signed(alipay::refund(&s, no, &format!("2026{no}"), 1000, "1", 400));
+        assert_eq!(send(&app, &refund).await, ok(), "{no}");
+        assert_eq!(app.get_order(no).await["refunded_fen"], 400, "{no}");
+    }
+    assert_eq!(
+        refund_events(&app).await,
+        [
+            ("A-N1:1".to_owned(), Some(400)),
+            ("A-N2:1".to_owned(), Some(400))
+        ]
+    );
+}
+
+async fn a_refund_through_the_channel_that_did_not_pay_is_an_anomaly(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("A-XC", 1000).await;
+    let wechat = Notice {
+        channel: ChannelId::Wechat,
+        kind: NoticeKind::Paid,
+        out_trade_no: "A-XC".into(),
+        transaction_id: "4200000001".into(),
+        amount_fen: 1000,
+        currency: "CNY".into(),
+        merchant: MerchantIds {
+            merchant_id: "1900000001".into(),
+            app_id: Some("wx1".into()),
+        },
+        merchant_matches: true,
+        occurred_at: None,
+    };
+    assert_eq!(
+        app.store
+            .apply(&wechat, app.clock.now())
+            .await
+            .expect("apply"),
+        Outcome::Applied
+    );
+    // Alipay was paid too (an anomaly), and that second payment is refunded in full.
+    send(&app, &signed(pay_fields("A-XC", 1000, "TRADE_SUCCESS"))).await;
+    let refund = signed(alipay::refund(
+        &sandbox(),
+        "A-XC",
+        "2026A-XC",
+        1000,
+        "RF-X",
+        1000,
+    ));
+    assert_eq!(send(&app, &refund).await, ok());
+    let order = app.get_order("A-XC").await;
+    assert_eq!(
+        (order["status"].as_str(), order["refunded_fen"].as_i64()),
+        (Some("PAID"), Some(0))
+    );
+    let reasons: Vec<String> = app
+        .store
+        .messages(None, 10)
+        .await
+        .expect("messages")
+        .into_iter()
+        .filter(|m| m.topic == "PAYMENT_ANOMALY")
+        .map(|m| {
+            m.payload.0["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        ["DUPLICATE_PAYMENT", "DUPLICATE_PAYMENT"],
+        "the payment, then its refund"
+    );
+}
 
 async fn a_valid_payment_marks_the_order_paid(backend: Backend) {
     let app = app(backend).await;

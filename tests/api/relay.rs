@@ -403,6 +403,11 @@ async fn retention_keeps_pending_dead_and_recent_rows(backend: Backend) {
         .apply(&paid, app.clock.now())
         .await
         .expect("apply");
+    let mut partial = TestNotification::paid("RT-OLD", "T-OLD", 100);
+    partial.kind = "refunded".into();
+    partial.refund = Some(("R-OLD".into(), "RID-OLD".into(), 10));
+    let refunded = app.store.apply(&partial.to_notice(), app.clock.now()).await;
+    assert_eq!(refunded.expect("apply"), Outcome::Applied);
     app.create_order("RT-UNPAID", 100).await;
     let short = TestNotification::paid("RT-UNPAID", "T-SHORT", 1).to_notice();
     app.store
@@ -445,7 +450,15 @@ async fn retention_keeps_pending_dead_and_recent_rows(backend: Backend) {
     let deleted = purge(&app.store, app.clock.as_ref(), 7)
         .await
         .expect("purge");
-    assert!(deleted > 0);
+    // RT-OLD's payment row, four old sent messages, one idempotency key.
+    assert_eq!(deleted, 6);
+    assert_eq!(
+        app.db
+            .count("refund_callback WHERE out_refund_no = 'R-OLD'")
+            .await,
+        1,
+        "a refund row stays while its order can still be refunded (PAID)"
+    );
     assert_eq!(
         app.db
             .count("pay_callback WHERE out_trade_no = 'RT-OLD'")
@@ -486,7 +499,11 @@ async fn retention_keeps_pending_dead_and_recent_rows(backend: Backend) {
         0,
         "old sent goes"
     );
-    assert!(app.db.count("local_message").await < before + 1);
+    assert_eq!(
+        app.db.count("local_message").await,
+        before - 4 + 1,
+        "four old sent gone, one new"
+    );
     assert_eq!(app.db.count("idempotency_key").await, 0);
     assert_eq!(app.db.count("orders").await, 4, "orders are never purged");
 }

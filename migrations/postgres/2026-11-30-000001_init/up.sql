@@ -40,7 +40,9 @@ CREATE TABLE refund_callback (
     status         VARCHAR(16)  NOT NULL,
     digest         CHAR(64)     NOT NULL,
     created_at     TIMESTAMPTZ  NOT NULL,
-    PRIMARY KEY (out_refund_no, channel)
+    -- (out_refund_no, channel) within an order: Alipay's out_request_no is only unique
+    -- within one trade, so two orders may both have refund "1".
+    PRIMARY KEY (out_refund_no, channel, out_trade_no)
 );
 CREATE INDEX refund_callback_out_trade_no ON refund_callback (out_trade_no);
 CREATE INDEX refund_callback_created_at ON refund_callback (created_at);
