@@ -306,6 +306,11 @@ impl Gate {
         .await;
     }
 
+    /// Whether the breaker is open (Redis is being bypassed) right now.
+    pub fn breaker_open(&self) -> bool {
+        self.breaker.is_open()
+    }
+
     /// Whether Redis answers a PING now.
     pub async fn is_up(&self) -> bool {
         self.call("PING", |mut c| async move {

@@ -1,6 +1,8 @@
 //! Counters operators alert on, registered in one Prometheus registry.
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -20,6 +22,12 @@ pub struct Metrics {
     pub relay_pending: IntGauge,
     pub relay_dead: IntGauge,
     pub relay_oldest_pending_seconds: IntGauge,
+    /// Request latency by route pattern and method.
+    pub request_seconds: HistogramVec,
+    /// Pool connections by state (`in_use`, `idle`) and callers `waiting` for one.
+    pub db_pool: IntGaugeVec,
+    /// 1 while the Redis gate's breaker is open (Redis bypassed), else 0.
+    pub gate_breaker_open: IntGauge,
 }
 
 fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
@@ -87,6 +95,35 @@ impl Metrics {
             "paynotify_relay_oldest_pending_seconds",
             "Age of the oldest undelivered message (relay lag)",
         );
+        let request_seconds = register(
+            &registry,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "paynotify_http_request_duration_seconds",
+                    "HTTP request latency by route",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                ]),
+                &["route", "method"],
+            )
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+        );
+        let db_pool = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "paynotify_db_pool_connections",
+                    "Database pool connections by state",
+                ),
+                &["state"],
+            )
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+        );
+        let gate_breaker_open = gauge(
+            "paynotify_gate_breaker_open",
+            "1 while the Redis gate is bypassed after repeated failures",
+        );
         Self {
             registry,
             notifications,
@@ -98,6 +135,9 @@ impl Metrics {
             relay_pending,
             relay_dead,
             relay_oldest_pending_seconds,
+            request_seconds,
+            db_pool,
+            gate_breaker_open,
         }
     }
 
@@ -106,6 +146,19 @@ impl Metrics {
         vec.get_metric_with_label_values(labels)
             .map(|c| c.get())
             .unwrap_or(0)
+    }
+}
+
+impl Metrics {
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        use prometheus::Encoder;
+        let mut out = Vec::new();
+        let encoder = prometheus::TextEncoder::new();
+        if let Err(e) = encoder.encode(&self.registry.gather(), &mut out) {
+            tracing::warn!(error = %e, "metrics encoding failed");
+        }
+        String::from_utf8_lossy(&out).into_owned()
     }
 }
 

@@ -11,7 +11,9 @@ use crate::store::schema::orders;
 use crate::time::Timestamp;
 
 /// `WAIT_PAY → PAID → REFUNDED`, `WAIT_PAY → CLOSED`; nothing else, ever.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, AsExpression, FromSqlRow)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, AsExpression, FromSqlRow, utoipa::ToSchema,
+)]
 #[diesel(sql_type = Text)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum OrderStatus {
@@ -68,7 +70,9 @@ where
 }
 
 /// An order as stored, serialised with exactly the keys of `GET /orders/{order_no}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, diesel::Queryable, diesel::Selectable)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Serialize, diesel::Queryable, diesel::Selectable, utoipa::ToSchema,
+)]
 #[diesel(table_name = orders)]
 pub struct Order {
     pub order_no: String,
@@ -77,13 +81,18 @@ pub struct Order {
     pub refunded_fen: i64,
     pub currency: String,
     #[serde(skip)]
+    #[schema(ignore)]
     pub subject: String,
     pub channel: Option<String>,
     pub transaction_id: Option<String>,
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub paid_at: Option<Timestamp>,
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub closed_at: Option<Timestamp>,
     #[serde(skip)]
+    #[schema(ignore)]
     pub expire_at: Timestamp,
 }
 

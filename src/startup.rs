@@ -4,6 +4,7 @@ use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_web::dev::Service;
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::{App, HttpServer, web};
 
@@ -14,8 +15,8 @@ use crate::gate::Gate;
 use crate::jobs::Jobs;
 use crate::metrics::Metrics;
 use crate::relay::{Relay, sink};
-use crate::routes::notify::notify;
 use crate::routes::{ApiError, admin, health, orders};
+use crate::routes::{notify, openapi};
 use crate::store::{Store, StoreError};
 use crate::time::{Clock, SystemClock};
 
@@ -120,6 +121,7 @@ impl Application {
         });
         let max_body = settings.server.max_body_bytes;
         let extra = options.extra_routes;
+        let request_metrics = Arc::clone(&metrics);
         let server = HttpServer::new(move || {
             let json = web::JsonConfig::default()
                 .limit(max_body)
@@ -128,7 +130,24 @@ impl Application {
                 .error_handler(|err, _| ApiError::BadRequest(err.to_string()).into());
             let query = web::QueryConfig::default()
                 .error_handler(|err, _| ApiError::BadRequest(err.to_string()).into());
+            let latency = Arc::clone(&request_metrics);
             let mut app = App::new()
+                .wrap_fn(move |req, srv| {
+                    let started = std::time::Instant::now();
+                    let route = req
+                        .match_pattern()
+                        .unwrap_or_else(|| "unmatched".to_owned());
+                    let method = req.method().to_string();
+                    let histogram = latency
+                        .request_seconds
+                        .with_label_values(&[&route, &method]);
+                    let response = srv.call(req);
+                    async move {
+                        let response = response.await;
+                        histogram.observe(started.elapsed().as_secs_f64());
+                        response
+                    }
+                })
                 .wrap(tracing_actix_web::TracingLogger::default())
                 .app_data(state.clone())
                 .app_data(web::PayloadConfig::new(max_body))
@@ -137,6 +156,7 @@ impl Application {
                 .app_data(query)
                 .route("/healthz", web::get().to(health::healthz))
                 .route("/readyz", web::get().to(health::readyz))
+                .route("/metrics", web::get().to(health::metrics))
                 .route("/orders", web::post().to(orders::create))
                 .route("/orders/{order_no}", web::get().to(orders::get))
                 .route("/orders/{order_no}/close", web::post().to(orders::close))
@@ -147,10 +167,14 @@ impl Application {
                 )
                 .route("/admin/callbacks", web::get().to(admin::callbacks))
                 .app_data(wechat.clone())
-                .route("/notify/wechat/pay", web::post().to(notify::<WechatPay>))
-                .route("/notify/wechat/refund", web::post().to(notify::<WechatPay>))
+                .route("/notify/wechat/pay", web::post().to(notify::wechat_pay))
+                .route(
+                    "/notify/wechat/refund",
+                    web::post().to(notify::wechat_refund),
+                )
                 .app_data(alipay.clone())
-                .route("/notify/alipay", web::post().to(notify::<Alipay>));
+                .route("/notify/alipay", web::post().to(notify::alipay))
+                .route("/openapi.json", web::get().to(openapi::document));
             if let Some(extra) = &extra {
                 let extra = Arc::clone(extra);
                 app = app.configure(move |cfg| extra(cfg));

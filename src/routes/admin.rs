@@ -5,17 +5,27 @@ use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, Authorized};
+use super::{ApiError, Authorized, ErrorBody};
 use crate::outbox::status;
 use crate::startup::AppState;
+use crate::store::outbox::StoredMessage;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct MessagesQuery {
+    /// `pending`, `sent` or `dead`; all when absent.
     pub status: Option<String>,
+    /// 1 to 1000, default 50.
     pub limit: Option<i64>,
 }
 
+#[utoipa::path(get, path = "/admin/messages", tag = "operations", params(MessagesQuery),
+    responses(
+        (status = 200, description = "Outbox rows, newest first", body = Vec<StoredMessage>),
+        (status = 400, description = "Bad status or limit", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody)),
+    security(("bearer" = [])))]
 pub async fn messages(
     _: Authorized,
     state: web::Data<AppState>,
@@ -39,6 +49,14 @@ pub async fn messages(
     Ok(HttpResponse::Ok().json(state.store.messages(wanted, limit).await?))
 }
 
+#[utoipa::path(post, path = "/admin/messages/{id}/redrive", tag = "operations",
+    params(("id" = i64, Path)),
+    responses(
+        (status = 200, description = "Pending again with attempts = 0", body = Object),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 404, description = "No such message", body = ErrorBody),
+        (status = 409, description = "Not a dead message", body = ErrorBody)),
+    security(("bearer" = [])))]
 pub async fn redrive(
     _: Authorized,
     state: web::Data<AppState>,
@@ -57,12 +75,18 @@ pub async fn redrive(
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct CallbacksQuery {
     pub order_no: String,
 }
 
+#[utoipa::path(get, path = "/admin/callbacks", tag = "operations", params(CallbacksQuery),
+    responses(
+        (status = 200, description = "Every payment and refund callback of the order", body = Object),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody)),
+    security(("bearer" = [])))]
 pub async fn callbacks(
     _: Authorized,
     state: web::Data<AppState>,

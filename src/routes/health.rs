@@ -5,12 +5,29 @@ use serde_json::json;
 
 use crate::startup::AppState;
 
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "The process runs", body = Object, example = json!({"status": "ok"}))))]
 pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({ "status": "ok" }))
 }
 
+/// The body of `GET /readyz`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct Readiness {
+    /// `ready` or `unready`.
+    pub status: String,
+    /// `up` or `down`.
+    pub database: String,
+    /// `up`, `down` or `disabled`.
+    pub redis: String,
+}
+
 /// 200 when the database answers, 503 otherwise. Redis never makes the service unready:
 /// correctness does not depend on it.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "The database answers", body = Readiness),
+        (status = 503, description = "The database does not answer", body = Readiness)))]
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let database_up = match state.store.ping().await {
         Ok(()) => true,
@@ -34,4 +51,33 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     } else {
         HttpResponse::ServiceUnavailable().json(body)
     }
+}
+
+/// `GET /metrics`: Prometheus text. Outbox and pool gauges are read at scrape time.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
+pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let m = &state.metrics;
+    match state.store.outbox_stats().await {
+        Ok(stats) => {
+            m.relay_pending.set(stats.pending);
+            m.relay_dead.set(stats.dead);
+            let age = stats.oldest_pending.map_or(0, |oldest| {
+                (state.clock.now().unix_seconds() - oldest.unix_seconds()).max(0)
+            });
+            m.relay_oldest_pending_seconds.set(age);
+        }
+        Err(e) => tracing::warn!(error = %e, "metrics: outbox gauges not refreshed"),
+    }
+    let (in_use, idle, waiting) = state.store.pool_status();
+    for (label, value) in [("in_use", in_use), ("idle", idle), ("waiting", waiting)] {
+        m.db_pool
+            .with_label_values(&[label])
+            .set(i64::try_from(value).unwrap_or(i64::MAX));
+    }
+    let open = state.gate.as_ref().is_some_and(|g| g.breaker_open());
+    m.gate_breaker_open.set(i64::from(open));
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(m.render())
 }

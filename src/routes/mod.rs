@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod health;
 pub mod notify;
+pub mod openapi;
 pub mod orders;
 
 use std::future::{Ready, ready};
@@ -51,6 +52,12 @@ impl ResponseError for ApiError {
         }
         HttpResponse::build(self.status_code()).json(error_body(&self.to_string()))
     }
+}
+
+/// The error shape of the internal API.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: String,
 }
 
 pub fn error_body(message: &str) -> serde_json::Value {

@@ -3,6 +3,8 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 
+use crate::channel::alipay::Alipay;
+use crate::channel::wechat::WechatPay;
 use crate::channel::{Channel, Inbound, Rejection, Reply};
 use crate::gate::Decision;
 use crate::notice::Outcome;
@@ -31,6 +33,76 @@ pub fn reply_for(outcome: Outcome) -> Reply<'static> {
             message: "order busy, retry",
         },
     }
+}
+
+/// WeChat's failure body; success is `204 No Content`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct WechatFail {
+    /// Always `FAIL`.
+    pub code: String,
+    pub message: String,
+}
+
+#[utoipa::path(post, path = "/notify/wechat/pay", tag = "notify",
+    description = "WeChat Pay API v3 payment result (TRANSACTION.SUCCESS). Authenticated by the Wechatpay-* signature headers over the raw body.",
+    request_body(content = Object, content_type = "application/json"),
+    responses(
+        (status = 204, description = "Applied, duplicate, or recorded anomaly"),
+        (status = 400, description = "Missing header, malformed body or field, unsupported signature type", body = WechatFail),
+        (status = 401, description = "Bad or missing signature, unknown serial, probe, stale timestamp", body = WechatFail),
+        (status = 404, description = "Unknown order (WeChat retries)", body = WechatFail),
+        (status = 409, description = "Same key, different business content", body = WechatFail),
+        (status = 413, description = "Body larger than server.max_body_bytes", body = WechatFail),
+        (status = 500, description = "Signature valid, resource does not decrypt (our apiv3_key is wrong)", body = WechatFail),
+        (status = 503, description = "Database unavailable or the same notification in flight", body = WechatFail)))]
+pub async fn wechat_pay(
+    channel: web::Data<WechatPay>,
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    body: Result<web::Bytes, actix_web::Error>,
+) -> HttpResponse {
+    notify(channel, state, request, body).await
+}
+
+#[utoipa::path(post, path = "/notify/wechat/refund", tag = "notify",
+    description = "WeChat Pay API v3 refund result (REFUND.SUCCESS, REFUND.ABNORMAL, REFUND.CLOSED); answers as /notify/wechat/pay.",
+    request_body(content = Object, content_type = "application/json"),
+    responses(
+        (status = 204, description = "Applied, duplicate, recorded anomaly, or acknowledged without change"),
+        (status = 400, description = "Bad request", body = WechatFail),
+        (status = 401, description = "Bad signature or stale", body = WechatFail),
+        (status = 404, description = "Unknown order, or its payment not in yet", body = WechatFail),
+        (status = 409, description = "Same key, different business content", body = WechatFail),
+        (status = 413, description = "Body too large", body = WechatFail),
+        (status = 500, description = "Resource does not decrypt", body = WechatFail),
+        (status = 503, description = "Database unavailable", body = WechatFail)))]
+pub async fn wechat_refund(
+    channel: web::Data<WechatPay>,
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    body: Result<web::Bytes, actix_web::Error>,
+) -> HttpResponse {
+    notify(channel, state, request, body).await
+}
+
+#[utoipa::path(post, path = "/notify/alipay", tag = "notify",
+    description = "Alipay asynchronous notification (trade_status_sync): payments, refunds, closes. Authenticated by the RSA2 `sign` field; the body is read raw whatever its Content-Type.",
+    request_body(content = String, content_type = "application/x-www-form-urlencoded"),
+    responses(
+        (status = 200, description = "`success`: applied, duplicate, recorded anomaly", content_type = "text/plain", body = String),
+        (status = 400, description = "`fail`: malformed form, repeated field, bad amount", content_type = "text/plain", body = String),
+        (status = 401, description = "`fail`: bad or missing sign, unknown app_id", content_type = "text/plain", body = String),
+        (status = 404, description = "`fail`: unknown order", content_type = "text/plain", body = String),
+        (status = 409, description = "`fail`: same key, different business content", content_type = "text/plain", body = String),
+        (status = 413, description = "`fail`: body too large", content_type = "text/plain", body = String),
+        (status = 503, description = "`fail`: database unavailable", content_type = "text/plain", body = String)))]
+pub async fn alipay(
+    channel: web::Data<Alipay>,
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    body: Result<web::Bytes, actix_web::Error>,
+) -> HttpResponse {
+    notify(channel, state, request, body).await
 }
 
 /// Handles `POST` on a provider's notify URL. The body arrives as raw bytes, bounded by

@@ -4,9 +4,10 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 
-use super::{ApiError, Authorized, error_body};
+use super::{ApiError, Authorized, ErrorBody, error_body};
 use crate::notice::Digest;
 use crate::order::NewOrder;
+use crate::order::Order;
 use crate::startup::AppState;
 use crate::store::ledger::CloseResult;
 use crate::store::orders::{CreateOutcome, CreateResult, IdempotencyKey, StoredResponse};
@@ -19,7 +20,7 @@ const MAX_AMOUNT_FEN: i64 = 1_000_000_000_000_000;
 /// Thirty days: longer than any provider keeps a trade open.
 pub const MAX_EXPIRE_AFTER_SECS: u64 = 30 * 24 * 3600;
 
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateOrderRequest {
     pub order_no: String,
@@ -112,6 +113,16 @@ fn stored(response: StoredResponse) -> HttpResponse {
         .body(response.body)
 }
 
+#[utoipa::path(post, path = "/orders", tag = "orders", request_body = CreateOrderRequest,
+    params(("Idempotency-Key" = Option<String>, Header, description = "A repeat with the same key and body returns the first answer byte for byte")),
+    responses(
+        (status = 201, description = "Created", body = Order),
+        (status = 400, description = "Invalid order", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 409, description = "An order with this order_no exists", body = ErrorBody),
+        (status = 422, description = "The key was used with another request", body = ErrorBody),
+        (status = 503, description = "Database unavailable", body = ErrorBody)),
+    security(("bearer" = [])))]
 pub async fn create(
     _: Authorized,
     state: web::Data<AppState>,
@@ -166,6 +177,13 @@ pub async fn create(
     }
 }
 
+#[utoipa::path(get, path = "/orders/{order_no}", tag = "orders",
+    params(("order_no" = String, Path)),
+    responses(
+        (status = 200, description = "The order", body = Order),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 404, description = "No such order", body = ErrorBody)),
+    security(("bearer" = [])))]
 pub async fn get(
     _: Authorized,
     state: web::Data<AppState>,
@@ -177,6 +195,14 @@ pub async fn get(
     }
 }
 
+#[utoipa::path(post, path = "/orders/{order_no}/close", tag = "orders",
+    params(("order_no" = String, Path)),
+    responses(
+        (status = 200, description = "Closed now, or already closed", body = Order),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 404, description = "No such order", body = ErrorBody),
+        (status = 409, description = "Paid or refunded: never closed", body = ErrorBody)),
+    security(("bearer" = [])))]
 pub async fn close(
     _: Authorized,
     state: web::Data<AppState>,

@@ -231,6 +231,15 @@ impl Store {
             .map_err(|e| StoreError::Migration(e.to_string()))?
     }
 
+    /// Connections `(in use, idle, callers waiting)` of the pool.
+    pub fn pool_status(&self) -> (usize, usize, usize) {
+        let s = match &*self.pools {
+            Pools::Postgres(pool) => pool.status(),
+            Pools::Sqlite(pool) => pool.status(),
+        };
+        (s.size.saturating_sub(s.available), s.available, s.waiting)
+    }
+
     /// `SELECT 1` on a pooled connection: does the database answer?
     pub async fn ping(&self) -> Result<(), StoreError> {
         with_conn!(self, conn => {

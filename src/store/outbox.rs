@@ -10,20 +10,26 @@ use super::{Store, StoreError, with_conn};
 use crate::time::Timestamp;
 
 /// One `local_message` row.
-#[derive(Debug, Clone, PartialEq, Serialize, Queryable, Selectable)]
+#[derive(Debug, Clone, PartialEq, Serialize, Queryable, Selectable, utoipa::ToSchema)]
 #[diesel(table_name = local_message)]
 pub struct StoredMessage {
     pub id: i64,
     pub topic: String,
     pub biz_key: String,
+    #[schema(value_type = Object)]
     pub payload: Payload,
+    /// 0 pending, 1 sent, 2 dead.
     pub status: i16,
     pub attempts: i32,
+    #[schema(value_type = String, format = DateTime)]
     pub next_attempt_at: Timestamp,
     pub locked_by: Option<String>,
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub locked_until: Option<Timestamp>,
     pub last_error: Option<String>,
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub sent_at: Option<Timestamp>,
 }
 

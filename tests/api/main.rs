@@ -8,6 +8,7 @@ mod helpers;
 mod keys;
 mod ledger;
 mod notify;
+mod openapi;
 mod orders;
 mod relay;
 mod test_channel;

@@ -1,0 +1,58 @@
+//! The OpenAPI 3 document of every endpoint, generated from the handlers' annotations
+//! (served at `/openapi.json`; `docs/openapi.json` is checked against it by a test).
+
+use actix_web::HttpResponse;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use super::{ErrorBody, admin, health, notify, orders};
+
+struct BearerToken;
+
+impl Modify for BearerToken {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "paynotify", description = "WeChat Pay and Alipay notifications, applied exactly once."),
+    paths(
+        notify::wechat_pay,
+        notify::wechat_refund,
+        notify::alipay,
+        orders::create,
+        orders::get,
+        orders::close,
+        admin::messages,
+        admin::redrive,
+        admin::callbacks,
+        health::healthz,
+        health::readyz,
+        health::metrics,
+        document,
+    ),
+    components(schemas(ErrorBody, notify::WechatFail, health::Readiness)),
+    modifiers(&BearerToken)
+)]
+pub struct ApiDoc;
+
+/// The document as pretty JSON, exactly as `docs/openapi.json` holds it.
+pub fn pretty_json() -> String {
+    ApiDoc::openapi()
+        .to_pretty_json()
+        .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
+#[utoipa::path(get, path = "/openapi.json", tag = "operations",
+    responses((status = 200, description = "This document", body = Object)))]
+pub async fn document() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(pretty_json())
+}

@@ -1,0 +1,82 @@
+//! The OpenAPI document: generated from the code, committed in docs/, served at /openapi.json.
+
+use crate::helpers::{Backend, spawn_app};
+
+const COMMITTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json");
+
+/// Regenerate with `PAYNOTIFY_WRITE_OPENAPI=1 cargo test --test api openapi`.
+#[test]
+fn the_committed_openapi_document_is_the_generated_one() {
+    let generated = paynotify::routes::openapi::pretty_json();
+    if std::env::var_os("PAYNOTIFY_WRITE_OPENAPI").is_some() {
+        std::fs::write(COMMITTED, format!("{generated}\n")).expect("write docs/openapi.json");
+    }
+    let committed = std::fs::read_to_string(COMMITTED).expect("docs/openapi.json");
+    assert!(
+        committed.trim_end() == generated.trim_end(),
+        "docs/openapi.json differs from the code; regenerate it with \
+         PAYNOTIFY_WRITE_OPENAPI=1 cargo test --test api openapi"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_endpoint_is_documented_and_the_document_is_served() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let served: serde_json::Value = app
+        .client
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .expect("openapi.json")
+        .json()
+        .await
+        .expect("JSON");
+    assert!(
+        served["openapi"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("3."))
+    );
+    let mut paths: Vec<String> = served["paths"]
+        .as_object()
+        .expect("paths")
+        .keys()
+        .cloned()
+        .collect();
+    paths.sort();
+    assert_eq!(
+        paths,
+        [
+            "/admin/callbacks",
+            "/admin/messages",
+            "/admin/messages/{id}/redrive",
+            "/healthz",
+            "/metrics",
+            "/notify/alipay",
+            "/notify/wechat/pay",
+            "/notify/wechat/refund",
+            "/openapi.json",
+            "/orders",
+            "/orders/{order_no}",
+            "/orders/{order_no}/close",
+            "/readyz",
+        ]
+    );
+    let order = &served["components"]["schemas"]["Order"]["properties"];
+    let mut keys: Vec<&String> = order.as_object().expect("Order schema").keys().collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "amount_fen",
+            "channel",
+            "closed_at",
+            "created_at",
+            "currency",
+            "order_no",
+            "paid_at",
+            "refunded_fen",
+            "status",
+            "transaction_id"
+        ]
+    );
+}
