@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use paynotify::config::Settings;
+use paynotify::replay::{Breakage, Kind, Plan};
 use paynotify::startup::{Application, Options};
 use paynotify::store::Store;
 
@@ -35,6 +36,60 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// QA: forge provider-signed notifications with the sandbox keys and send them.
+    Replay(ReplayArgs),
+    /// Write a fresh sandbox key set and a matching paynotify.toml into DIR.
+    SandboxKeys {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct ReplayArgs {
+    /// Which notification to forge.
+    #[arg(value_enum)]
+    kind: Kind,
+    #[arg(long)]
+    order_no: String,
+    /// The order amount in fen (WeChat `amount.total`, Alipay `total_amount`).
+    #[arg(long)]
+    amount_fen: i64,
+    /// Refunds: the merchant's refund number (Alipay `out_biz_no`).
+    #[arg(long)]
+    out_refund_no: Option<String>,
+    /// Refunds: WeChat `amount.refund`; for Alipay the `refund_fee` running total.
+    #[arg(long)]
+    refund_fen: Option<i64>,
+    /// How many times to send the same notification.
+    #[arg(long, default_value_t = 1)]
+    times: usize,
+    /// How many requests in flight at once.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Base URL of the service (default: http://{server.listen}).
+    #[arg(long)]
+    target: Option<String>,
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Create the order first through POST /orders.
+    #[arg(long)]
+    create_order: bool,
+    /// Break the signature (expect 401).
+    #[arg(long)]
+    bad_signature: bool,
+    /// Change the amount after signing (expect 401).
+    #[arg(long)]
+    tamper_amount: bool,
+    /// WeChat: a timestamp ten minutes old (expect 401).
+    #[arg(long)]
+    stale: bool,
+    /// WeChat: an unknown Wechatpay-Serial; Alipay: an unknown app_id (expect 401).
+    #[arg(long)]
+    unknown_serial: bool,
+    /// WeChat: a WECHATPAY/SIGNTEST/ probe signature (expect 401).
+    #[arg(long)]
+    probe: bool,
 }
 
 /// How long the relay may finish its batch in flight after SIGTERM before it gives its
@@ -47,6 +102,8 @@ async fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Serve { config } => serve(config).await,
         Command::Migrate { config } => migrate(config).await,
+        Command::Replay(args) => replay(args).await,
+        Command::SandboxKeys { out } => sandbox_keys(&out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -90,6 +147,44 @@ async fn migrate(config: Option<PathBuf>) -> anyhow::Result<()> {
         applied.len(),
         store.backend()
     );
+    Ok(())
+}
+
+async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    let settings = Settings::load(args.config.as_deref())?;
+    let plan = Plan {
+        kind: args.kind,
+        order_no: args.order_no,
+        amount_fen: args.amount_fen,
+        out_refund_no: args.out_refund_no,
+        refund_fen: args.refund_fen,
+        times: args.times,
+        concurrency: args.concurrency,
+        target: args.target,
+        create_order: args.create_order,
+        breakage: Breakage {
+            bad_signature: args.bad_signature,
+            tamper_amount: args.tamper_amount,
+            stale: args.stale,
+            unknown_serial: args.unknown_serial,
+            probe: args.probe,
+        },
+    };
+    if paynotify::replay::run(&settings, &plan).await? {
+        Ok(())
+    } else {
+        anyhow::bail!("some responses were not what the contract says for this input")
+    }
+}
+
+fn sandbox_keys(out: &std::path::Path) -> anyhow::Result<()> {
+    let config = paynotify::sandbox::write(out)?;
+    println!(
+        "sandbox keys and {} written; run from {}:",
+        config.display(),
+        out.display()
+    );
+    println!("  paynotify serve --config paynotify.toml");
     Ok(())
 }
 

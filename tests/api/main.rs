@@ -10,6 +10,7 @@ mod ledger;
 mod notify;
 mod openapi;
 mod orders;
+mod qa;
 mod relay;
 mod test_channel;
 mod wechat;

@@ -1,0 +1,418 @@
+//! `paynotify replay`: forges provider-signed notifications with the sandbox keys and sends
+//! them at a running service, for QA. Each response is checked against what the contract
+//! says for that input.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use rsa::PrivateKey;
+use rsa::pkcs8::DecodePrivateKey;
+
+use crate::config::Settings;
+use crate::forge::{Delivery, alipay, wechat};
+use crate::time::{Clock, SystemClock};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    /// WeChat Pay TRANSACTION.SUCCESS to /notify/wechat/pay
+    Wechat,
+    /// Alipay TRADE_SUCCESS to /notify/alipay
+    Alipay,
+    /// WeChat Pay REFUND.SUCCESS to /notify/wechat/refund
+    WechatRefund,
+    /// Alipay refund (refund_fee, out_biz_no) to /notify/alipay
+    AlipayRefund,
+}
+
+impl Kind {
+    fn is_wechat(self) -> bool {
+        matches!(self, Self::Wechat | Self::WechatRefund)
+    }
+    fn path(self) -> &'static str {
+        match self {
+            Self::Wechat => "/notify/wechat/pay",
+            Self::WechatRefund => "/notify/wechat/refund",
+            Self::Alipay | Self::AlipayRefund => "/notify/alipay",
+        }
+    }
+}
+
+/// Ways to break a notification on purpose.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Breakage {
+    pub bad_signature: bool,
+    pub tamper_amount: bool,
+    pub stale: bool,
+    pub unknown_serial: bool,
+    pub probe: bool,
+}
+
+impl Breakage {
+    fn any(self) -> bool {
+        self.bad_signature || self.tamper_amount || self.stale || self.unknown_serial || self.probe
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub kind: Kind,
+    pub order_no: String,
+    pub amount_fen: i64,
+    pub out_refund_no: Option<String>,
+    pub refund_fen: Option<i64>,
+    pub times: usize,
+    pub concurrency: usize,
+    pub target: Option<String>,
+    pub create_order: bool,
+    pub breakage: Breakage,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("{0}")]
+    Usage(String),
+    #[error("forging failed: {0}")]
+    Forge(#[from] crate::forge::ForgeError),
+    #[error("request failed: {0}")]
+    Http(#[from] reqwest::Error),
+}
+
+fn private_key(path: Option<&std::path::Path>, key: &str) -> Result<PrivateKey, ReplayError> {
+    let path = path.ok_or_else(|| {
+        ReplayError::Config(format!("{key} is not set (run `paynotify sandbox-keys`)"))
+    })?;
+    let pem = std::fs::read_to_string(path)
+        .map_err(|e| ReplayError::Config(format!("{key}: cannot read {}: {e}", path.display())))?;
+    PrivateKey::from_pkcs8_pem(&pem)
+        .map_err(|e| ReplayError::Config(format!("{key}: {}: {e}", path.display())))
+}
+
+/// A different, still well-formed signature: its first byte changed.
+fn corrupt(signature: &str) -> String {
+    let mut bytes = BASE64.decode(signature).unwrap_or_else(|_| vec![0; 256]);
+    if let Some(first) = bytes.first_mut() {
+        *first ^= 0x01;
+    }
+    BASE64.encode(bytes)
+}
+
+fn wechat_delivery(settings: &Settings, plan: &Plan) -> Result<Delivery, ReplayError> {
+    let merchant = settings
+        .wechat
+        .merchants
+        .first()
+        .ok_or_else(|| ReplayError::Config("no [[wechat.merchants]] configured".into()))?;
+    let serial = merchant
+        .platform_keys
+        .iter()
+        .find_map(|k| k.serial.clone())
+        .ok_or_else(|| {
+            ReplayError::Config("wechat.merchants[0] has no platform key serial".into())
+        })?;
+    let sandbox = wechat::Sandbox {
+        serial,
+        private_key: private_key(
+            settings.sandbox.wechat_private_key_file.as_deref(),
+            "sandbox.wechat_private_key_file",
+        )?,
+        mchid: merchant.mchid.clone(),
+        appid: merchant.appid.clone(),
+        apiv3_key: merchant.apiv3_key.expose().to_owned(),
+    };
+    let transaction_id = format!("4200000000{}", plan.order_no);
+    let (event, plaintext) = match plan.kind {
+        Kind::WechatRefund => (
+            "REFUND.SUCCESS",
+            wechat::refund(
+                &sandbox,
+                &plan.order_no,
+                &transaction_id,
+                plan.out_refund_no.as_deref().unwrap_or("R1"),
+                plan.refund_fen.unwrap_or(plan.amount_fen),
+                plan.amount_fen,
+            ),
+        ),
+        _ => (
+            "TRANSACTION.SUCCESS",
+            wechat::transaction(&sandbox, &plan.order_no, &transaction_id, plan.amount_fen),
+        ),
+    };
+    let b = plan.breakage;
+    let now = SystemClock.now().unix_seconds();
+    let timestamp = if b.stale { now - 600 } else { now };
+    let mut d = sandbox.notification(event, &plaintext, timestamp)?;
+    if b.tamper_amount {
+        // The amount changed after WeChat signed: same headers, a body they do not cover.
+        let mut changed = plaintext.clone();
+        let field = if plan.kind == Kind::WechatRefund {
+            "/amount/refund"
+        } else {
+            "/amount/total"
+        };
+        if let Some(amount) = changed.pointer_mut(field) {
+            *amount = (amount.as_i64().unwrap_or(0) + 1).into();
+        }
+        let original_type = if plan.kind == Kind::WechatRefund {
+            "refund"
+        } else {
+            "transaction"
+        };
+        let ciphertext = wechat::encrypt(
+            sandbox.apiv3_key.as_bytes(),
+            "replayTamper",
+            original_type,
+            changed.to_string().as_bytes(),
+        )?;
+        d.body = wechat::envelope(
+            event,
+            original_type,
+            &ciphertext,
+            original_type,
+            "replayTamper",
+        )
+        .into_bytes();
+    }
+    let signature = d
+        .header("Wechatpay-Signature")
+        .unwrap_or_default()
+        .to_owned();
+    if b.bad_signature {
+        d.set_header("Wechatpay-Signature", corrupt(&signature));
+    }
+    if b.probe {
+        d.set_header(
+            "Wechatpay-Signature",
+            format!("WECHATPAY/SIGNTEST/{signature}"),
+        );
+    }
+    if b.unknown_serial {
+        d.set_header(
+            "Wechatpay-Serial",
+            "PUB_KEY_ID_0000000000000000000000000000000000",
+        );
+    }
+    Ok(d)
+}
+
+fn alipay_delivery(settings: &Settings, plan: &Plan) -> Result<Delivery, ReplayError> {
+    let b = plan.breakage;
+    if b.stale || b.probe {
+        return Err(ReplayError::Usage(
+            "--stale and --probe are WeChat Pay rules".into(),
+        ));
+    }
+    let app = settings
+        .alipay
+        .apps
+        .first()
+        .ok_or_else(|| ReplayError::Config("no [[alipay.apps]] configured".into()))?;
+    let sandbox = alipay::Sandbox {
+        app_id: if b.unknown_serial {
+            "2021999999999999".into()
+        } else {
+            app.app_id.clone()
+        },
+        seller_id: app.seller_id.clone(),
+        private_key: private_key(
+            settings.sandbox.alipay_private_key_file.as_deref(),
+            "sandbox.alipay_private_key_file",
+        )?,
+    };
+    let trade_no = format!("2026{}", plan.order_no);
+    let fields = match plan.kind {
+        Kind::AlipayRefund => alipay::refund(
+            &sandbox,
+            &plan.order_no,
+            &trade_no,
+            plan.amount_fen,
+            plan.out_refund_no.as_deref().unwrap_or("R1"),
+            plan.refund_fen.unwrap_or(plan.amount_fen),
+        ),
+        _ => alipay::payment(
+            &sandbox,
+            &plan.order_no,
+            &trade_no,
+            plan.amount_fen,
+            "TRADE_SUCCESS",
+        ),
+    };
+    let mut d = sandbox.notification(fields, false)?;
+    let mut body = String::from_utf8_lossy(&d.body).into_owned();
+    if b.tamper_amount {
+        let signed = format!("total_amount={}", alipay::yuan(plan.amount_fen));
+        body = body.replacen(
+            &signed,
+            &format!("total_amount={}", alipay::yuan(plan.amount_fen + 1)),
+            1,
+        );
+    }
+    if b.bad_signature
+        && let Some(start) = body.find("&sign=")
+    {
+        let value_start = start + "&sign=".len();
+        let end = body[value_start..]
+            .find('&')
+            .map_or(body.len(), |i| value_start + i);
+        let signature: String =
+            form_urlencoded::parse(format!("s={}", &body[value_start..end]).as_bytes())
+                .map(|(_, v)| v.into_owned())
+                .next()
+                .unwrap_or_default();
+        let corrupted: String =
+            form_urlencoded::byte_serialize(corrupt(&signature).as_bytes()).collect();
+        body.replace_range(value_start..end, &corrupted);
+    }
+    d.body = body.into_bytes();
+    Ok(d)
+}
+
+/// What the contract says this input gets.
+fn expected_status(plan: &Plan) -> u16 {
+    if plan.breakage.any() {
+        401
+    } else if plan.kind.is_wechat() {
+        204
+    } else {
+        200
+    }
+}
+
+/// One response as the tool prints it.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    pub index: usize,
+    pub status: u16,
+    pub latency: Duration,
+    pub body: String,
+}
+
+/// Sends the plan; prints a line per response and a summary; true when every response was
+/// the one the contract says.
+pub async fn run(settings: &Settings, plan: &Plan) -> Result<bool, ReplayError> {
+    if plan.times == 0 || plan.concurrency == 0 {
+        return Err(ReplayError::Usage(
+            "--times and --concurrency must be at least 1".into(),
+        ));
+    }
+    if plan.amount_fen <= 0 {
+        return Err(ReplayError::Usage("--amount-fen must be positive".into()));
+    }
+    let target = plan
+        .target
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", settings.server.listen))
+        .trim_end_matches('/')
+        .to_owned();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    if plan.create_order {
+        let response = client
+            .post(format!("{target}/orders"))
+            .bearer_auth(settings.server.api_token.expose())
+            .header("Idempotency-Key", format!("replay-{}", plan.order_no))
+            .json(&serde_json::json!({ "order_no": plan.order_no, "amount_fen": plan.amount_fen, "subject": "replay" }))
+            .send()
+            .await?;
+        let status = response.status().as_u16();
+        println!("create order {}: {status}", plan.order_no);
+        if status != 201 && status != 409 {
+            println!("{}", response.text().await.unwrap_or_default());
+            return Ok(false);
+        }
+    }
+    let delivery = Arc::new(if plan.kind.is_wechat() {
+        wechat_delivery(settings, plan)?
+    } else {
+        alipay_delivery(settings, plan)?
+    });
+    let url = format!("{target}{}", plan.kind.path());
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..plan.concurrency.min(plan.times) {
+        let (client, url, delivery, next, times) = (
+            client.clone(),
+            url.clone(),
+            delivery.clone(),
+            next.clone(),
+            plan.times,
+        );
+        workers.spawn(async move {
+            let mut sent = Vec::new();
+            loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                if index >= times {
+                    return sent;
+                }
+                let mut request = client.post(&url).body(delivery.body.clone());
+                for (k, v) in &delivery.headers {
+                    request = request.header(k.as_str(), v.as_str());
+                }
+                let started = Instant::now();
+                let (status, body) = match request.send().await {
+                    Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+                    Err(e) => (0, e.to_string()),
+                };
+                sent.push(Sent {
+                    index,
+                    status,
+                    latency: started.elapsed(),
+                    body,
+                });
+            }
+        });
+    }
+    let mut all = Vec::with_capacity(plan.times);
+    while let Some(done) = workers.join_next().await {
+        all.extend(done.unwrap_or_default());
+    }
+    all.sort_by_key(|s| s.index);
+    for s in &all {
+        println!(
+            "#{:<4} {} {:>8.2} ms {}",
+            s.index + 1,
+            s.status,
+            s.latency.as_secs_f64() * 1000.0,
+            s.body.trim()
+        );
+    }
+    let expected = expected_status(plan);
+    let ok = print_summary(&all, expected);
+    Ok(ok)
+}
+
+fn print_summary(all: &[Sent], expected: u16) -> bool {
+    let mut counts = std::collections::BTreeMap::new();
+    for s in all {
+        *counts.entry(s.status).or_insert(0usize) += 1;
+    }
+    let mut latencies: Vec<f64> = all
+        .iter()
+        .map(|s| s.latency.as_secs_f64() * 1000.0)
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        let i = ((latencies.len() as f64 - 1.0) * q).round() as usize;
+        latencies.get(i).copied().unwrap_or(0.0)
+    };
+    let by_status: Vec<String> = counts
+        .iter()
+        .map(|(status, n)| format!("{status}×{n}"))
+        .collect();
+    let ok = all.iter().all(|s| s.status == expected);
+    println!(
+        "summary: sent {} | {} | latency min {:.2} ms, median {:.2} ms, p99 {:.2} ms | expected {expected}: {}",
+        all.len(),
+        by_status.join(" "),
+        at(0.0),
+        at(0.5),
+        at(0.99),
+        if ok { "ok" } else { "MISMATCH" }
+    );
+    ok
+}

@@ -1,0 +1,362 @@
+//! The QA tools end to end, as a tester uses them: `paynotify sandbox-keys`, `paynotify serve`
+//! as a child process on that config, `paynotify replay` against it, and `/metrics`.
+
+use std::path::Path;
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_paynotify");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+struct Service {
+    child: Child,
+    base: String,
+    token: String,
+}
+
+impl Service {
+    async fn start(dir: &Path) -> Self {
+        let port = free_port();
+        let child = Command::new(BIN)
+            .args(["serve", "--config", "paynotify.toml"])
+            .current_dir(dir)
+            .env("PAYNOTIFY__SERVER__LISTEN", format!("127.0.0.1:{port}"))
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .expect("paynotify serve starts");
+        let base = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while reqwest::get(format!("{base}/healthz")).await.is_err() {
+            assert!(Instant::now() < deadline, "paynotify serve did not come up");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let config = std::fs::read_to_string(dir.join("paynotify.toml")).expect("config");
+        let token = config
+            .lines()
+            .find_map(|l| l.strip_prefix("api_token = \""))
+            .and_then(|l| l.strip_suffix('"'))
+            .expect("api_token in the sandbox config")
+            .to_owned();
+        Self { child, base, token }
+    }
+
+    fn replay(&self, dir: &Path, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .arg("replay")
+            .args(args)
+            .args(["--config", "paynotify.toml", "--target", &self.base])
+            .current_dir(dir)
+            .output()
+            .expect("paynotify replay runs")
+    }
+
+    async fn status_of(&self, order_no: &str) -> String {
+        let order: serde_json::Value = reqwest::Client::new()
+            .get(format!("{}/orders/{order_no}", self.base))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .expect("GET order")
+            .json()
+            .await
+            .expect("order JSON");
+        order["status"].as_str().unwrap_or_default().to_owned()
+    }
+
+    async fn metrics(&self) -> Vec<(String, f64)> {
+        let text = reqwest::get(format!("{}/metrics", self.base))
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("text");
+        parse_prometheus(&text)
+    }
+
+    /// SIGTERM, and the exit status.
+    fn stop(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("paynotify serve did not stop on SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Prometheus text format: `# HELP`/`# TYPE` lines, and `name{labels} value` samples.
+fn parse_prometheus(text: &str) -> Vec<(String, f64)> {
+    let mut samples = Vec::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        if let Some(comment) = line.strip_prefix("# ") {
+            assert!(
+                comment.starts_with("HELP ") || comment.starts_with("TYPE "),
+                "bad comment: {line}"
+            );
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad sample: {line}"));
+        let name_end = series.find('{').unwrap_or(series.len());
+        let name = &series[..name_end];
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name: {line}"
+        );
+        if name_end < series.len() {
+            assert!(series.ends_with('}'), "bad labels: {line}");
+        }
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("bad value: {line}")),
+        };
+        samples.push((series.to_owned(), value));
+    }
+    samples
+}
+
+fn sample(samples: &[(String, f64)], series: &str) -> f64 {
+    samples
+        .iter()
+        .find(|(s, _)| s == series)
+        .map_or(0.0, |(_, v)| *v)
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_keys_serve_and_replay_end_to_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(BIN)
+        .args(["sandbox-keys", "--out"])
+        .arg(dir.path())
+        .output()
+        .expect("sandbox-keys runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    #[cfg(unix)]
+    for private in [
+        "keys/wechat_platform_private.pem",
+        "keys/alipay_private.pem",
+        "paynotify.toml",
+    ] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join(private))
+            .expect("file")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{private}");
+    }
+    // Running it again never overwrites keys.
+    let again = Command::new(BIN)
+        .args(["sandbox-keys", "--out"])
+        .arg(dir.path())
+        .output()
+        .expect("runs");
+    assert!(!again.status.success());
+
+    let service = Service::start(dir.path()).await;
+    let d = dir.path();
+
+    let wechat = service.replay(
+        d,
+        &[
+            "wechat",
+            "--order-no",
+            "QA-W",
+            "--amount-fen",
+            "19900",
+            "--times",
+            "10",
+            "--concurrency",
+            "5",
+            "--create-order",
+        ],
+    );
+    assert!(
+        wechat.status.success(),
+        "{}{}",
+        stdout(&wechat),
+        String::from_utf8_lossy(&wechat.stderr)
+    );
+    let text = stdout(&wechat);
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with('#')).count(),
+        10,
+        "{text}"
+    );
+    assert!(
+        text.contains("summary: sent 10 | 204×10 |") && text.contains("expected 204: ok"),
+        "{text}"
+    );
+    assert_eq!(service.status_of("QA-W").await, "PAID");
+
+    let alipay = service.replay(
+        d,
+        &[
+            "alipay",
+            "--order-no",
+            "QA-A",
+            "--amount-fen",
+            "990",
+            "--times",
+            "10",
+            "--concurrency",
+            "5",
+            "--create-order",
+        ],
+    );
+    assert!(alipay.status.success(), "{}", stdout(&alipay));
+    assert!(
+        stdout(&alipay).contains("summary: sent 10 | 200×10 |"),
+        "{}",
+        stdout(&alipay)
+    );
+    assert_eq!(service.status_of("QA-A").await, "PAID");
+
+    let refund = service.replay(
+        d,
+        &[
+            "wechat-refund",
+            "--order-no",
+            "QA-W",
+            "--amount-fen",
+            "19900",
+            "--out-refund-no",
+            "R1",
+            "--refund-fen",
+            "19900",
+        ],
+    );
+    assert!(refund.status.success(), "{}", stdout(&refund));
+    assert_eq!(service.status_of("QA-W").await, "REFUNDED");
+
+    let metrics = service.metrics().await;
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"paynotify_notifications_total{channel="wechat",outcome="applied"}"#
+        ),
+        2.0
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"paynotify_notifications_total{channel="wechat",outcome="duplicate"}"#
+        ),
+        9.0
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"paynotify_notifications_total{channel="alipay",outcome="applied"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"paynotify_notifications_total{channel="alipay",outcome="duplicate"}"#
+        ),
+        9.0
+    );
+    assert!(
+        sample(
+            &metrics,
+            r#"paynotify_http_request_duration_seconds_count{method="POST",route="/notify/wechat/pay"}"#
+        ) >= 10.0
+    );
+    assert!(
+        metrics
+            .iter()
+            .any(|(s, _)| s.starts_with("paynotify_db_pool_connections{"))
+    );
+    assert!(metrics.iter().any(|(s, _)| s == "paynotify_relay_pending"));
+
+    // Each way of breaking a notification gets the contract's answer and leaves the order unpaid.
+    let cases: [(&str, &str, &str); 8] = [
+        ("wechat", "--bad-signature", "bad_signature"),
+        ("wechat", "--tamper-amount", "bad_signature"),
+        ("wechat", "--stale", "stale"),
+        ("wechat", "--unknown-serial", "bad_signature"),
+        ("wechat", "--probe", "bad_signature"),
+        ("alipay", "--bad-signature", "bad_signature"),
+        ("alipay", "--tamper-amount", "bad_signature"),
+        ("alipay", "--unknown-serial", "bad_signature"),
+    ];
+    for (i, (kind, flag, reason)) in cases.iter().enumerate() {
+        let no = format!("QA-N{i}");
+        let series =
+            format!(r#"paynotify_notify_rejections_total{{channel="{kind}",reason="{reason}"}}"#);
+        let before = sample(&service.metrics().await, &series);
+        let out = service.replay(
+            d,
+            &[
+                kind,
+                "--order-no",
+                &no,
+                "--amount-fen",
+                "100",
+                "--create-order",
+                flag,
+            ],
+        );
+        let text = stdout(&out);
+        assert!(out.status.success(), "{kind} {flag}: {text}");
+        assert!(
+            text.contains("401×1") && text.contains("expected 401: ok"),
+            "{kind} {flag}: {text}"
+        );
+        assert_eq!(service.status_of(&no).await, "WAIT_PAY", "{kind} {flag}");
+        assert_eq!(
+            sample(&service.metrics().await, &series),
+            before + 1.0,
+            "{kind} {flag}"
+        );
+    }
+
+    // Exit status is non-zero when a response is not what the contract says: an order that
+    // does not exist answers 404, not 204.
+    let missing = service.replay(
+        d,
+        &["wechat", "--order-no", "QA-NONE", "--amount-fen", "100"],
+    );
+    assert!(!missing.status.success());
+    assert!(
+        stdout(&missing).contains("MISMATCH"),
+        "{}",
+        stdout(&missing)
+    );
+
+    assert!(
+        service.stop().success(),
+        "a clean shutdown on SIGTERM exits 0"
+    );
+    assert!(
+        d.join("data/paynotify.db").exists(),
+        "the sandbox database lives in the sandbox directory"
+    );
+}
