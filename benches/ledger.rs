@@ -5,12 +5,14 @@
 //! `cargo bench --bench ledger` (PostgreSQL at $PAYNOTIFY_BENCH_PG_URL, default
 //! postgres://postgres@127.0.0.1:5432/postgres; pgbench on PATH for the raw figures).
 
+mod support;
+
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use diesel_async::SimpleAsyncConnection;
 use paynotify::config::{DatabaseSettings, Secret};
 use paynotify::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Outcome};
 use paynotify::store::Store;
@@ -85,24 +87,8 @@ fn pgbench(url: &str, script: &str) -> Option<f64> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let admin = std::env::var("PAYNOTIFY_BENCH_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let name = format!("paynotify_bench_{}", std::process::id());
-    let base = admin
-        .rsplit_once('/')
-        .map_or(admin.as_str(), |(b, _)| b)
-        .to_owned();
-    let url = format!("{base}/{name}");
-    let mut conn = AsyncPgConnection::establish(&admin)
-        .await
-        .expect("PostgreSQL");
-    conn.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
-        .await
-        .expect("drop old bench database");
-    conn.batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .expect("create bench database");
-
+    let database = support::BenchDatabase::create("paynotify_bench").await;
+    let url = database.url.clone();
     let settings = DatabaseSettings {
         url: Secret::new(url.clone()),
         pool_size: CONCURRENCY as u32,
@@ -110,7 +96,7 @@ async fn main() {
     };
     let store = Store::connect(&settings).expect("store");
     store.migrate().await.expect("migrate");
-    let mut db = AsyncPgConnection::establish(&url).await.expect("bench db");
+    let mut db = database.connect().await;
     // Orders B1..B{2N}: the first half for paynotify, the second for pgbench.
     db.batch_execute(&format!(
         "INSERT INTO orders (order_no, status, amount_fen, refunded_fen, currency, subject, \
@@ -141,7 +127,5 @@ async fn main() {
 
     drop(db);
     drop(store);
-    let _ = conn
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .await;
+    database.drop().await;
 }

@@ -4,10 +4,12 @@
 //! `cargo bench --bench relay` (PostgreSQL at $PAYNOTIFY_BENCH_PG_URL, default
 //! postgres://postgres@127.0.0.1:5432/postgres; Redis at 127.0.0.1:6379).
 
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use diesel_async::SimpleAsyncConnection;
 use paynotify::config::{DatabaseSettings, Secret};
 use paynotify::metrics::Metrics;
 use paynotify::relay::Relay;
@@ -19,20 +21,8 @@ const MESSAGES: usize = 100_000;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let admin = std::env::var("PAYNOTIFY_BENCH_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let name = format!("paynotify_relay_bench_{}", std::process::id());
-    let base = admin
-        .rsplit_once('/')
-        .map_or(admin.as_str(), |(b, _)| b)
-        .to_owned();
-    let url = format!("{base}/{name}");
-    let mut conn = AsyncPgConnection::establish(&admin)
-        .await
-        .expect("PostgreSQL");
-    conn.batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .expect("create database");
+    let database = support::BenchDatabase::create("paynotify_relay_bench").await;
+    let url = database.url.clone();
 
     let store = Store::connect(&DatabaseSettings {
         url: Secret::new(url.clone()),
@@ -43,7 +33,7 @@ async fn main() {
     store.migrate().await.expect("migrate");
     let stream = format!("paynotify:bench:{}", std::process::id());
     for batch in [100u32, 500] {
-        let mut db = AsyncPgConnection::establish(&url).await.expect("bench db");
+        let mut db = database.connect().await;
         db.batch_execute(&format!(
             "TRUNCATE local_message; \
              INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) \
@@ -92,7 +82,5 @@ async fn main() {
         .await
         .expect("del");
     drop(store);
-    let _ = conn
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .await;
+    database.drop().await;
 }

@@ -5,11 +5,13 @@
 //! `cargo bench --bench service` (PostgreSQL at $PAYNOTIFY_BENCH_PG_URL, default
 //! postgres://postgres@127.0.0.1:5432/postgres; Redis at 127.0.0.1:6379).
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use diesel_async::SimpleAsyncConnection;
 use paynotify::config::{PlatformKey, Secret, Settings, WechatMerchant};
 use paynotify::forge::Delivery;
 use paynotify::forge::wechat::{self, Sandbox};
@@ -57,20 +59,8 @@ async fn blast(url: &str, deliveries: &Arc<Vec<Delivery>>) -> f64 {
 
 #[tokio::main]
 async fn main() {
-    let admin = std::env::var("PAYNOTIFY_BENCH_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let name = format!("paynotify_service_bench_{}", std::process::id());
-    let base = admin
-        .rsplit_once('/')
-        .map_or(admin.as_str(), |(b, _)| b)
-        .to_owned();
-    let db_url = format!("{base}/{name}");
-    let mut conn = AsyncPgConnection::establish(&admin)
-        .await
-        .expect("PostgreSQL");
-    conn.batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .expect("create database");
+    let database = support::BenchDatabase::create("paynotify_service_bench").await;
+    let db_url = database.url.clone();
 
     let key = PrivateKey::try_generate().expect("key");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -107,7 +97,7 @@ async fn main() {
         }
         s
     };
-    let mut db = AsyncPgConnection::establish(&db_url).await.ok();
+    let mut db = database.connect().await;
     println!(
         "whole service, PostgreSQL, {CLIENTS} clients, {ORDERS} WeChat notifications per phase"
     );
@@ -118,13 +108,8 @@ async fn main() {
         let url = format!("http://127.0.0.1:{}/notify/wechat/pay", app.port());
         let handle = app.handle();
         tokio::spawn(app.run_until_stopped());
-        if db.is_none() {
-            db = AsyncPgConnection::establish(&db_url).await.ok();
-        }
         let tag = if redis { "R" } else { "L" };
-        db.as_mut()
-            .expect("bench db")
-            .batch_execute(&format!(
+        db.batch_execute(&format!(
                 "INSERT INTO orders (order_no, status, amount_fen, refunded_fen, currency, subject, created_at, expire_at) \
                  SELECT '{tag}' || g, 'WAIT_PAY', 19900, 0, 'CNY', 'bench', now(), now() + interval '1 day' \
                  FROM generate_series(1, {ORDERS}) g"
@@ -155,7 +140,5 @@ async fn main() {
         handle.stop(true).await;
     }
     drop(db);
-    let _ = conn
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .await;
+    database.drop().await;
 }

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use paynotify::config::{AlipayApp, AlipaySettings};
 use paynotify::forge::Delivery;
 use paynotify::forge::alipay::{self, Sandbox, encode_form, sign_content, yuan};
-use paynotify::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Outcome};
+use paynotify::notice::Outcome;
 use paynotify::time::Clock;
 use tokio::sync::Barrier;
 
-use crate::helpers::{Backend, TestApp, spawn_app_with};
+use crate::helpers::{Backend, TestApp, post_delivery, spawn_app_with, wechat_paid};
 use crate::keys::{certificate, public_key_path, rsa_key};
 
 const APP: &str = "2021000000000001";
@@ -73,20 +73,8 @@ fn pay_fields(order_no: &str, fen: i64, status: &str) -> Fields {
     )
 }
 
-async fn post(app: &TestApp, path: &str, d: &Delivery) -> (u16, String) {
-    let mut request = app.client.post(app.url(path)).body(d.body.clone());
-    for (name, value) in &d.headers {
-        request = request.header(name.as_str(), value.as_str());
-    }
-    let response = request.send().await.expect("notify request");
-    (
-        response.status().as_u16(),
-        response.text().await.expect("body"),
-    )
-}
-
 async fn send(app: &TestApp, d: &Delivery) -> (u16, String) {
-    post(app, "/notify/alipay", d).await
+    post_delivery(app, "/notify/alipay", d).await
 }
 
 fn ok() -> (u16, String) {
@@ -176,20 +164,7 @@ async fn two_orders_may_use_the_same_refund_number(backend: Backend) {
 async fn a_refund_through_the_channel_that_did_not_pay_is_an_anomaly(backend: Backend) {
     let app = app(backend).await;
     app.create_order("A-XC", 1000).await;
-    let wechat = Notice {
-        channel: ChannelId::Wechat,
-        kind: NoticeKind::Paid,
-        out_trade_no: "A-XC".into(),
-        transaction_id: "4200000001".into(),
-        amount_fen: 1000,
-        currency: "CNY".into(),
-        merchant: MerchantIds {
-            merchant_id: "1900000001".into(),
-            app_id: Some("wx1".into()),
-        },
-        merchant_matches: true,
-        occurred_at: None,
-    };
+    let wechat = wechat_paid("A-XC", "4200000001", 1000);
     assert_eq!(
         app.store
             .apply(&wechat, app.clock.now())
@@ -390,20 +365,7 @@ async fn an_unpaid_trade_closed_by_alipay_closes_the_order(backend: Backend) {
 async fn wechat_and_alipay_both_paying_is_a_duplicate_payment(backend: Backend) {
     let app = app(backend).await;
     app.create_order("A-2C", 19900).await;
-    let wechat = Notice {
-        channel: ChannelId::Wechat,
-        kind: NoticeKind::Paid,
-        out_trade_no: "A-2C".into(),
-        transaction_id: "4200000000".into(),
-        amount_fen: 19900,
-        currency: "CNY".into(),
-        merchant: MerchantIds {
-            merchant_id: "1900000001".into(),
-            app_id: Some("wx1".into()),
-        },
-        merchant_matches: true,
-        occurred_at: None,
-    };
+    let wechat = wechat_paid("A-2C", "4200000000", 19900);
     assert_eq!(
         app.store
             .apply(&wechat, app.clock.now())
@@ -468,7 +430,7 @@ async fn field_order_charset_and_content_type_do_not_matter() {
         "application/x-www-form-urlencoded; text/html; charset=utf-8",
     );
     assert_eq!(
-        post(
+        post_delivery(
             &app,
             "/notify/alipay?s=api/pay&total_amount=1.00&sign=xyz",
             &odd

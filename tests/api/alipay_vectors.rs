@@ -11,15 +11,11 @@ use paynotify::config::{AlipayApp, AlipaySettings};
 use paynotify::forge::alipay::sign_content;
 use paynotify::notice::{NoticeKind, RefundAmount};
 use paynotify::time::{Clock, SystemClock};
-use serde_json::Value;
+
+use crate::helpers::read_json;
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/alipay")
-}
-
-fn read_json(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).expect("vector JSON")
 }
 
 pub fn vector_settings() -> AlipaySettings {

@@ -322,3 +322,49 @@ pub fn metric(app: &TestApp, name: &str, labels: &[&str]) -> u64 {
     };
     Metrics::count(vec, labels)
 }
+
+/// POSTs a forged provider request (its headers and raw body); returns status and body.
+pub async fn post_delivery(
+    app: &TestApp,
+    path: &str,
+    d: &paynotify::forge::Delivery,
+) -> (u16, String) {
+    let mut request = app.client.post(app.url(path)).body(d.body.clone());
+    for (name, value) in &d.headers {
+        request = request.header(name.as_str(), value.as_str());
+    }
+    let response = request.send().await.expect("notify request");
+    (
+        response.status().as_u16(),
+        response.text().await.expect("body"),
+    )
+}
+
+/// A known-answer vector file (tests/vectors/…).
+pub fn read_json(path: &std::path::Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).expect("vector JSON")
+}
+
+/// A WeChat payment notice as the WeChat channel would decode it.
+pub fn wechat_paid(
+    order_no: &str,
+    transaction_id: &str,
+    amount_fen: i64,
+) -> paynotify::notice::Notice {
+    use paynotify::notice::{ChannelId, MerchantIds, Notice, NoticeKind};
+    Notice {
+        channel: ChannelId::Wechat,
+        kind: NoticeKind::Paid,
+        out_trade_no: order_no.into(),
+        transaction_id: transaction_id.into(),
+        amount_fen,
+        currency: "CNY".into(),
+        merchant: MerchantIds {
+            merchant_id: "1900000001".into(),
+            app_id: Some("wx1".into()),
+        },
+        merchant_matches: true,
+        occurred_at: None,
+    }
+}

@@ -10,7 +10,7 @@ use paynotify::time::Clock;
 use serde_json::Value;
 use tokio::sync::Barrier;
 
-use crate::helpers::{Backend, TestApp, spawn_app_with};
+use crate::helpers::{Backend, TestApp, post_delivery, spawn_app_with};
 use crate::keys::{certificate, public_key_path, rsa_key};
 
 const KEY_A: &str = "PUB_KEY_ID_0000000000000000000000000000000A";
@@ -104,15 +104,7 @@ fn paid(app: &TestApp, s: &Sandbox, order_no: &str, total: i64) -> Delivery {
 }
 
 async fn send(app: &TestApp, route: &str, d: &Delivery) -> (u16, String) {
-    let mut request = app.client.post(app.url(route)).body(d.body.clone());
-    for (name, value) in &d.headers {
-        request = request.header(name.as_str(), value.as_str());
-    }
-    let response = request.send().await.expect("notify request");
-    (
-        response.status().as_u16(),
-        response.text().await.expect("body"),
-    )
+    post_delivery(app, route, d).await
 }
 
 async fn pay(app: &TestApp, d: &Delivery) -> (u16, String) {

@@ -13,13 +13,10 @@ use paynotify::notice::{NoticeKind, RefundAmount};
 use paynotify::time::Timestamp;
 use serde_json::Value;
 
+use crate::helpers::read_json;
+
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/wechat")
-}
-
-fn read_json(path: &Path) -> Value {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).expect("vector JSON")
 }
 
 /// The merchants of keys/keys.json as configuration.
