@@ -94,6 +94,20 @@ impl std::fmt::Debug for Gate {
     }
 }
 
+/// A key part as it goes into a key: characters that structure keys (`{`, `}`, `:`) and
+/// anything unusual are percent-escaped, so two different parts never make one key.
+fn escape(part: &str) -> String {
+    let mut out = String::with_capacity(part.len());
+    for b in part.bytes() {
+        if b.is_ascii_alphanumeric() || b"_-|*.".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 fn random_token() -> String {
     use ring::rand::{SecureRandom, SystemRandom};
     let mut bytes = [0u8; 16];
@@ -129,14 +143,24 @@ impl Gate {
     /// The result key of a notice, hash-tagged by order so a notice's keys share a Redis
     /// Cluster slot. Only payments and refunds have one: other kinds never skip the ledger.
     fn key(&self, n: &Notice) -> Option<String> {
-        let order = &n.out_trade_no;
+        let order = escape(&n.out_trade_no);
         match &n.kind {
             NoticeKind::Paid => Some(format!("{}{{{order}}}:pay:{}", self.prefix, n.channel)),
             NoticeKind::Refunded(r) => Some(format!(
                 "{}{{{order}}}:refund:{}:{}",
-                self.prefix, n.channel, r.out_refund_no
+                self.prefix,
+                n.channel,
+                escape(&r.out_refund_no)
             )),
             NoticeKind::Closed | NoticeKind::Other { .. } => None,
+        }
+    }
+
+    /// The marker of a result key, in a namespace of its own so no result key equals it.
+    fn marker_key(result_key: &str) -> String {
+        match result_key.split_once("}:") {
+            Some((head, tail)) => format!("{head}}}:marker:{tail}"),
+            None => format!("{result_key}:marker"),
         }
     }
 
@@ -160,7 +184,9 @@ impl Gate {
         F: FnOnce(ConnectionManager) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        if self.breaker.is_open() {
+        // A marker we hold is always given back, breaker or not: it would block its key
+        // until its TTL otherwise.
+        if what != "release" && self.breaker.is_open() {
             self.metrics
                 .gate
                 .with_label_values(&["bypass_breaker_open"])
@@ -215,7 +241,7 @@ impl Gate {
             Some(Some(_)) => return Decision::Proceed(None),
             Some(None) => {}
         }
-        let marker = format!("{key}:marker");
+        let marker = Self::marker_key(&key);
         let token = random_token();
         let ttl = self.marker_ttl_ms;
         let taken = self
@@ -237,12 +263,14 @@ impl Gate {
         match taken {
             None => Decision::Proceed(None),
             Some(true) => Decision::Proceed(Some(Marker { key: marker, token })),
-            Some(false) => self.wait_for_twin(&key, digest.as_str()).await,
+            Some(false) => self.wait_for_twin(&key, &marker, digest.as_str()).await,
         }
     }
 
-    /// Another request is applying this key now: wait briefly for its answer.
-    async fn wait_for_twin(&self, key: &str, digest: &str) -> Decision {
+    /// Another request is applying this key now: wait briefly for its answer. When the
+    /// holder finishes without caching one (a conflict, an unknown order, an error), the
+    /// marker is gone and the ledger answers this request too.
+    async fn wait_for_twin(&self, key: &str, marker: &str, digest: &str) -> Decision {
         let deadline = Instant::now() + TWIN_WAIT;
         while Instant::now() < deadline {
             tokio::time::sleep(TWIN_POLL).await;
@@ -257,6 +285,14 @@ impl Gate {
                 }
                 Some(Some(_)) => return Decision::Proceed(None),
                 Some(None) => {}
+            }
+            let held = self
+                .call("EXISTS", |mut c| async move {
+                    c.exists::<_, bool>(marker).await
+                })
+                .await;
+            if held != Some(true) {
+                return Decision::Proceed(None);
             }
         }
         self.metrics.gate.with_label_values(&["busy"]).inc();

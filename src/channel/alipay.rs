@@ -291,9 +291,10 @@ impl Channel for Alipay {
         // `refund_fee` is the trade's refunded total so far; a payment notification may carry
         // `0.00`.
         let refunded_total = v.amount("refund_fee")?.filter(|fen| *fen > 0);
-        let out_biz_no = v.field("out_biz_no").unwrap_or(&trade_no).to_owned();
         let kind = match (status.as_str(), refunded_total) {
             ("TRADE_SUCCESS", Some(total_refunded)) | ("TRADE_CLOSED", Some(total_refunded)) => {
+                // The refund's key: without one there is nothing to deduplicate on.
+                let out_biz_no = v.required("out_biz_no")?.to_owned();
                 NoticeKind::Refunded(Refund {
                     refund_id: format!("{trade_no}:{out_biz_no}"),
                     out_refund_no: out_biz_no,

@@ -63,12 +63,12 @@ impl Relay {
         batch_size: u32,
         max_attempts: u32,
     ) -> Self {
-        let owner = format!(
-            "{}-{}-{:08x}",
-            std::env::var("HOSTNAME").unwrap_or_else(|_| "paynotify".into()),
-            std::process::id(),
-            rand_u32()
-        );
+        let host: String = std::env::var("HOSTNAME")
+            .unwrap_or_else(|_| "paynotify".into())
+            .chars()
+            .take(40)
+            .collect();
+        let owner = format!("{host}-{}-{:08x}", std::process::id(), rand_u32());
         Self {
             store,
             sink,

@@ -145,8 +145,10 @@ impl HttpSink {
         if !url.starts_with("http://") {
             return Err("relay.http_url must be an http:// URL (no TLS in this build)".into());
         }
+        // A redirect is not a delivery: reqwest would repeat a POST as a body-less GET.
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| e.to_string())?;
         Ok(Self {

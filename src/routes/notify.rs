@@ -75,7 +75,7 @@ pub async fn wechat_pay(
         (status = 409, description = "Same key, different business content", body = WechatFail),
         (status = 413, description = "Body too large", body = WechatFail),
         (status = 500, description = "Resource does not decrypt", body = WechatFail),
-        (status = 503, description = "Database unavailable", body = WechatFail)))]
+        (status = 503, description = "Database unavailable or the same notification in flight", body = WechatFail)))]
 pub async fn wechat_refund(
     channel: web::Data<WechatPay>,
     state: web::Data<AppState>,
@@ -95,7 +95,7 @@ pub async fn wechat_refund(
         (status = 404, description = "`fail`: unknown order", content_type = "text/plain", body = String),
         (status = 409, description = "`fail`: same key, different business content", content_type = "text/plain", body = String),
         (status = 413, description = "`fail`: body too large", content_type = "text/plain", body = String),
-        (status = 503, description = "`fail`: database unavailable", content_type = "text/plain", body = String)))]
+        (status = 503, description = "`fail`: database unavailable or the same notification in flight", content_type = "text/plain", body = String)))]
 pub async fn alipay(
     channel: web::Data<Alipay>,
     state: web::Data<AppState>,

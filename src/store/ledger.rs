@@ -254,9 +254,19 @@ impl Store {
                     return Err(Abort::With(Outcome::UnknownOrder));
                 };
                 if before.status == OrderStatus::WaitPay && n.merchant_matches {
-                    // The refund overtook its payment notification: keep nothing, let the
-                    // provider retry once the payment is in.
-                    return Err(Abort::With(Outcome::TooEarly));
+                    // A payment through this channel that did not pay the order (recorded as
+                    // an anomaly) is being refunded: record that too. Otherwise the refund
+                    // overtook its payment notification: keep nothing, let the provider retry
+                    // once the payment is in.
+                    let paid_here: i64 = pay_callback::table
+                        .filter(pay_callback::out_trade_no.eq(&n.out_trade_no))
+                        .filter(pay_callback::channel.eq(channel))
+                        .count()
+                        .get_result(conn)
+                        .await?;
+                    if paid_here == 0 {
+                        return Err(Abort::With(Outcome::TooEarly));
+                    }
                 }
                 let ours = n.merchant_matches && before.channel.as_deref() == Some(channel);
                 // This refund's amount. A running total only means something against the
@@ -324,7 +334,7 @@ impl Store {
                 }
                 let reason = if !n.merchant_matches {
                     AnomalyReason::MerchantMismatch
-                } else if order.channel.as_deref() != Some(channel) {
+                } else if order.channel.as_deref().is_some_and(|paid| paid != channel) {
                     // A refund through the channel that did not pay the order: the refund of
                     // a duplicate payment.
                     AnomalyReason::DuplicatePayment

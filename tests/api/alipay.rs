@@ -577,6 +577,10 @@ async fn malformed_forms_and_bad_amounts_are_400() {
     let mut missing = pay_fields("A-B", 19900, "TRADE_SUCCESS");
     missing.retain(|(k, _)| k != "out_trade_no");
     assert_refused(&app, &signed(missing), 400).await;
+    // A refund without out_biz_no has no key to deduplicate on.
+    let mut keyless = alipay::refund(&sandbox(), "A-B", "2026A-B", 19900, "RF", 100);
+    keyless.retain(|(k, _)| k != "out_biz_no");
+    assert_refused(&app, &signed(keyless), 400).await;
     assert_eq!(app.status_of("A-B").await, "WAIT_PAY");
     assert_eq!(yuan(19900), "199.00");
 }

@@ -311,7 +311,7 @@ async fn a_marker_whose_holder_died_blocks_only_until_it_expires() {
     let app = app_with_redis(Backend::Sqlite, REDIS, &prefix).await;
     app.create_order("G-M", 100).await;
     let mut c = redis().await;
-    let marker = format!("{prefix}{{G-M}}:pay:wechat:marker");
+    let marker = format!("{prefix}{{G-M}}:marker:pay:wechat");
     let _: () = redis::cmd("SET")
         .arg(&marker)
         .arg("dead-holder")
@@ -402,5 +402,73 @@ async fn order_replays_are_identical_with_the_gate() {
         );
     }
     assert_eq!(post(101).await.expect("post").status(), 422);
+    // The answer now comes from Redis: even with the database rows gone, the same bytes.
+    app.db.execute("DELETE FROM idempotency_key").await;
+    app.db.execute("DELETE FROM orders").await;
+    let cached = post(100).await.expect("post");
+    assert_eq!(
+        (cached.status(), cached.text().await.expect("body")),
+        (status, body)
+    );
+    flush(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_that_are_not_final_are_never_cached() {
+    let prefix = prefix();
+    let app = app_with_redis(Backend::Sqlite, REDIS, &prefix).await;
+    let n = TestNotification::paid("G-LATE", "T", 100);
+    // Unknown order: 404, and the order created afterwards is then really paid.
+    assert_eq!(deliver(&app, &n).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(deliver(&app, &n).await.0, StatusCode::NOT_FOUND);
+    app.create_order("G-LATE", 100).await;
+    assert_eq!(deliver(&app, &n).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(app.status_of("G-LATE").await, "PAID");
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    flush(&prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_go_through_the_gate_by_their_own_key() {
+    let prefix = prefix();
+    let app = app_with_redis(Backend::Sqlite, REDIS, &prefix).await;
+    app.create_order("G-R", 1000).await;
+    assert_eq!(
+        deliver(&app, &TestNotification::paid("G-R", "T", 1000))
+            .await
+            .0,
+        StatusCode::NO_CONTENT
+    );
+    let refund = |no: &str, fen: i64| {
+        let mut n = TestNotification::paid("G-R", "T", 1000);
+        n.kind = "refunded".into();
+        // A refund number with the characters that structure keys.
+        n.refund = Some((no.to_owned(), format!("RID-{no}"), fen));
+        n
+    };
+    let before = cached(&app);
+    assert_eq!(
+        deliver(&app, &refund("R:1}", 300)).await.0,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        deliver(&app, &refund("R:1}", 300)).await.0,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(cached(&app), before + 1, "the repeat came from the cache");
+    assert_eq!(
+        deliver(&app, &refund("R:1}:marker", 700)).await.0,
+        StatusCode::NO_CONTENT
+    );
+    let order = app.get_order("G-R").await;
+    assert_eq!(
+        (order["status"].as_str(), order["refunded_fen"].as_i64()),
+        (Some("REFUNDED"), Some(1000))
+    );
+    // Same refund key, other content: the ledger's 409, never the cached success.
+    assert_eq!(
+        deliver(&app, &refund("R:1}", 301)).await.0,
+        StatusCode::CONFLICT
+    );
     flush(&prefix).await;
 }

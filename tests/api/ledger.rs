@@ -27,6 +27,7 @@ crate::on_both_backends!(
     refund_with_different_content_is_a_conflict,
     refund_before_payment_writes_nothing,
     closing_twice_writes_one_message,
+    a_refund_of_a_payment_recorded_as_an_anomaly_is_recorded_too,
     state_never_moves_backwards,
 );
 
@@ -359,6 +360,24 @@ async fn refund_before_payment_writes_nothing(backend: Backend) {
         apply(&app, &refund("O-E", "R1", 3000)).await,
         Outcome::Applied
     );
+}
+
+async fn a_refund_of_a_payment_recorded_as_an_anomaly_is_recorded_too(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-AR", 10000).await;
+    // Paid the wrong amount: recorded, order unpaid. Then that money is refunded.
+    assert_eq!(
+        apply(&app, &paid("O-AR", "T-O-AR", 500)).await,
+        Outcome::Anomaly(AnomalyReason::AmountMismatch)
+    );
+    assert_eq!(
+        apply(&app, &refund("O-AR", "R1", 500)).await,
+        Outcome::Anomaly(AnomalyReason::AmountMismatch),
+        "recorded, not 404 until the order expires"
+    );
+    assert_eq!(app.status_of("O-AR").await, "WAIT_PAY");
+    assert_eq!(app.db.count("refund_callback").await, 1);
+    assert_eq!(app.messages("PAYMENT_ANOMALY").await, 2);
 }
 
 async fn closing_twice_writes_one_message(backend: Backend) {

@@ -254,6 +254,23 @@ async fn sandbox_keys_serve_and_replay_end_to_end() {
     assert!(refund.status.success(), "{}", stdout(&refund));
     assert_eq!(service.status_of("QA-W").await, "REFUNDED");
 
+    let alipay_refund = service.replay(
+        d,
+        &[
+            "alipay-refund",
+            "--order-no",
+            "QA-A",
+            "--amount-fen",
+            "990",
+            "--out-refund-no",
+            "R1",
+            "--refund-fen",
+            "990",
+        ],
+    );
+    assert!(alipay_refund.status.success(), "{}", stdout(&alipay_refund));
+    assert_eq!(service.status_of("QA-A").await, "REFUNDED");
+
     let metrics = service.metrics().await;
     assert_eq!(
         sample(
@@ -274,7 +291,7 @@ async fn sandbox_keys_serve_and_replay_end_to_end() {
             &metrics,
             r#"paynotify_notifications_total{channel="alipay",outcome="applied"}"#
         ),
-        1.0
+        2.0
     );
     assert_eq!(
         sample(

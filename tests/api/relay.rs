@@ -116,6 +116,8 @@ crate::on_both_backends!(
     redrive_makes_a_dead_message_pending_and_it_is_delivered,
     a_crash_after_publish_before_mark_republishes_after_the_lease_expires,
     the_job_never_overlaps_itself,
+    a_late_mark_by_a_relay_whose_lease_expired_changes_nothing,
+    shutdown_gives_back_the_leases_it_holds,
     expiry_closes_only_unpaid_orders_past_their_deadline,
     retention_keeps_pending_dead_and_recent_rows,
 );
@@ -292,16 +294,95 @@ async fn a_crash_after_publish_before_mark_republishes_after_the_lease_expires(b
         3,
         "at least once, never zero"
     );
-    // The crashed relay's late mark changes nothing: the lease is no longer its own.
-    let ids: Vec<i64> = claimed.iter().map(|c| c.id).collect();
+    assert_eq!(app.db.count("local_message WHERE status = 1").await, 3);
+}
+
+async fn a_late_mark_by_a_relay_whose_lease_expired_changes_nothing(backend: Backend) {
+    let app = spawn_app(backend).await;
+    pending(&app, 2).await;
+    let now = app.clock.now();
+    let slow = app
+        .store
+        .claim_messages("slow", now, now.plus_seconds(LEASE_SECS), 100)
+        .await
+        .expect("claim");
+    let ids: Vec<i64> = slow.iter().map(|c| c.id).collect();
+    app.clock.advance(LEASE_SECS + 1);
+    let later = app.clock.now();
+    let next = app
+        .store
+        .claim_messages("next", later, later.plus_seconds(LEASE_SECS), 100)
+        .await
+        .expect("claim");
+    assert_eq!(next.len(), 2, "the expired lease made the rows claimable");
+    // The slow relay finishes its publish and marks: the rows are no longer its own.
     assert_eq!(
         app.store
-            .mark_sent("crashed-instance", &ids, app.clock.now())
+            .mark_sent("slow", &ids, later)
             .await
             .expect("mark"),
         0
     );
-    assert_eq!(app.db.count("local_message WHERE status = 1").await, 3);
+    app.store
+        .mark_failed("slow", ids[0], "late failure", 16, later)
+        .await
+        .expect("mark failed");
+    assert_eq!(
+        app.db
+            .count("local_message WHERE status = 0 AND attempts = 0 AND locked_by = 'next'")
+            .await,
+        2
+    );
+    assert_eq!(
+        app.store
+            .mark_sent("next", &ids, later)
+            .await
+            .expect("mark"),
+        2
+    );
+}
+
+async fn shutdown_gives_back_the_leases_it_holds(backend: Backend) {
+    let app = spawn_app(backend).await;
+    pending(&app, 2).await;
+    let gate = Arc::new(Notify::new());
+    let sink = Arc::new(TestSink {
+        gate: Some(gate.clone()),
+        ..TestSink::default()
+    });
+    let relay = Arc::new(relay(&app, sink.clone(), 16));
+    let tick = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.tick().await }
+    });
+    for _ in 0..200 {
+        if app
+            .db
+            .count("local_message WHERE locked_by IS NOT NULL")
+            .await
+            == 2
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        app.db
+            .count("local_message WHERE locked_by IS NOT NULL")
+            .await,
+        2
+    );
+    // The sink hangs past the drain timeout: the leases are released for other instances.
+    relay.shutdown(Duration::from_millis(200)).await;
+    assert_eq!(
+        app.db
+            .count("local_message WHERE locked_by IS NULL AND status = 0")
+            .await,
+        2
+    );
+    assert!(relay.tick().await.expect("tick").skipped || sink.ids().is_empty());
+    gate.notify_one();
+    let _ = tick.await;
 }
 
 async fn the_job_never_overlaps_itself(backend: Backend) {

@@ -56,7 +56,7 @@ CREATE TABLE local_message (
     status          SMALLINT     NOT NULL DEFAULT 0 CHECK (status IN (0, 1, 2)),
     attempts        INTEGER      NOT NULL DEFAULT 0,
     next_attempt_at TIMESTAMPTZ  NOT NULL,
-    locked_by       VARCHAR(64),
+    locked_by       TEXT,
     locked_until    TIMESTAMPTZ,
     last_error      TEXT,
     created_at      TIMESTAMPTZ  NOT NULL,
