@@ -27,8 +27,22 @@ const BREAKER_OPEN: Duration = Duration::from_secs(5);
 const TWIN_WAIT: Duration = Duration::from_millis(250);
 const TWIN_POLL: Duration = Duration::from_millis(10);
 
-/// Compare-and-delete: only the holder of a marker removes it.
-const RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+/// KEYS: result, marker. ARGV: token, marker TTL (ms). The cached answer (`R{digest}`),
+/// else the marker taken (`A`) or held by someone else (`H`).
+const ENTER: &str = r#"
+local cached = redis.call('GET', KEYS[1])
+if cached then return 'R' .. cached end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 'A' end
+return 'H'
+"#;
+
+/// KEYS: result, marker. ARGV: answer (empty: cache nothing), TTL (s), token. Caches the
+/// answer, then compare-and-deletes the marker: only its holder removes it.
+const LEAVE: &str = r#"
+if ARGV[1] ~= '' then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) end
+if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
+return 1
+"#;
 
 /// What the gate decided for a notice.
 #[derive(Debug)]
@@ -77,6 +91,8 @@ impl Breaker {
 
 pub struct Gate {
     client: redis::Client,
+    enter: redis::Script,
+    leave: redis::Script,
     connection: OnceCell<ConnectionManager>,
     prefix: String,
     timeout: Duration,
@@ -126,6 +142,8 @@ impl Gate {
         let client = redis::Client::open(settings.url.expose()).map_err(|e| e.to_string())?;
         Ok(Self {
             client,
+            enter: redis::Script::new(ENTER),
+            leave: redis::Script::new(LEAVE),
             connection: OnceCell::new(),
             prefix: prefix.to_owned(),
             timeout: Duration::from_millis(settings.timeout_ms),
@@ -231,39 +249,27 @@ impl Gate {
             return Decision::Proceed(None);
         };
         let digest = n.digest();
-        match self.cached(&key).await {
-            None => return Decision::Proceed(None),
-            Some(Some(seen)) if seen == digest.as_str() => {
-                self.metrics.gate.with_label_values(&["hit"]).inc();
-                return Decision::Answered;
-            }
-            // Different content under this key: the ledger decides (a conflict).
-            Some(Some(_)) => return Decision::Proceed(None),
-            Some(None) => {}
-        }
         let marker = Self::marker_key(&key);
         let token = random_token();
         let ttl = self.marker_ttl_ms;
-        let taken = self
-            .call("SET NX", |mut c| {
-                let (marker, token) = (marker.clone(), token.clone());
-                async move {
-                    let reply: Option<String> = redis::cmd("SET")
-                        .arg(&marker)
-                        .arg(&token)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(ttl)
-                        .query_async(&mut c)
-                        .await?;
-                    Ok(reply.is_some())
-                }
+        // One round trip: the cached answer, else the marker.
+        let reply = self
+            .call("enter", |mut c| {
+                let mut invocation = self.enter.key(&key);
+                invocation.key(&marker).arg(&token).arg(ttl);
+                async move { invocation.invoke_async::<String>(&mut c).await }
             })
             .await;
-        match taken {
+        match reply.as_deref() {
             None => Decision::Proceed(None),
-            Some(true) => Decision::Proceed(Some(Marker { key: marker, token })),
-            Some(false) => self.wait_for_twin(&key, &marker, digest.as_str()).await,
+            Some("A") => Decision::Proceed(Some(Marker { key: marker, token })),
+            Some("H") => self.wait_for_twin(&key, &marker, digest.as_str()).await,
+            Some(cached) if cached.strip_prefix('R') == Some(digest.as_str()) => {
+                self.metrics.gate.with_label_values(&["hit"]).inc();
+                Decision::Answered
+            }
+            // Different content under this key: the ledger decides (a conflict).
+            Some(_) => Decision::Proceed(None),
         }
     }
 
@@ -303,28 +309,33 @@ impl Gate {
     /// marker back (only ours: compare-and-delete).
     /// `outcome` is `None` when the ledger failed: nothing is cached then.
     pub async fn leave(&self, n: &Notice, marker: Option<Marker>, outcome: Option<Outcome>) {
+        let Some(key) = self.key(n) else { return };
         let settled = matches!(
             outcome,
             Some(Outcome::Applied | Outcome::Duplicate | Outcome::Anomaly(_))
         );
-        if let (true, Some(key)) = (settled, self.key(n)) {
-            let digest = n.digest();
-            let ttl = self.result_ttl_secs;
-            self.call("SET EX", |mut c| async move {
-                c.set_ex::<_, _, ()>(&key, digest.as_str(), ttl).await
-            })
-            .await;
+        if !settled && marker.is_none() {
+            return;
         }
-        if let Some(Marker { key, token }) = marker {
-            self.call("release", |mut c| async move {
-                redis::Script::new(RELEASE)
-                    .key(&key)
-                    .arg(&token)
-                    .invoke_async::<i64>(&mut c)
-                    .await
-            })
-            .await;
-        }
+        let answer = if settled {
+            n.digest().as_str().to_owned()
+        } else {
+            String::new()
+        };
+        let (marker, token) = match marker {
+            Some(Marker { key, token }) => (key, token),
+            None => (Self::marker_key(&key), String::new()),
+        };
+        let ttl = self.result_ttl_secs;
+        // One round trip: cache the answer and give our marker back.
+        // Giving a held marker back is tried even while the breaker is open.
+        let what = if token.is_empty() { "cache" } else { "release" };
+        self.call(what, |mut c| {
+            let mut invocation = self.leave.key(&key);
+            invocation.key(&marker).arg(&answer).arg(ttl).arg(&token);
+            async move { invocation.invoke_async::<i64>(&mut c).await }
+        })
+        .await;
     }
 
     /// A stored `POST /orders` answer for an `Idempotency-Key`, if Redis has it.
