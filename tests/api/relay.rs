@@ -342,15 +342,23 @@ async fn a_late_mark_by_a_relay_whose_lease_expired_changes_nothing(backend: Bac
     );
 }
 
-async fn shutdown_gives_back_the_leases_it_holds(backend: Backend) {
-    let app = spawn_app(backend).await;
-    pending(&app, 2).await;
+/// A relay whose sink blocks until `gate` is notified, with a tick already inside the sink
+/// holding the leases of all `n` pending messages.
+struct BlockedTick {
+    relay: Arc<Relay>,
+    sink: Arc<TestSink>,
+    gate: Arc<Notify>,
+    tick:
+        tokio::task::JoinHandle<Result<paynotify::relay::TickReport, paynotify::store::StoreError>>,
+}
+
+async fn blocked_tick(app: &TestApp, n: i64) -> BlockedTick {
     let gate = Arc::new(Notify::new());
     let sink = Arc::new(TestSink {
         gate: Some(gate.clone()),
         ..TestSink::default()
     });
-    let relay = Arc::new(relay(&app, sink.clone(), 16));
+    let relay = Arc::new(relay(app, sink.clone(), 16));
     let tick = tokio::spawn({
         let relay = relay.clone();
         async move { relay.tick().await }
@@ -360,7 +368,7 @@ async fn shutdown_gives_back_the_leases_it_holds(backend: Backend) {
             .db
             .count("local_message WHERE locked_by IS NOT NULL")
             .await
-            == 2
+            == n
         {
             break;
         }
@@ -370,52 +378,50 @@ async fn shutdown_gives_back_the_leases_it_holds(backend: Backend) {
         app.db
             .count("local_message WHERE locked_by IS NOT NULL")
             .await,
-        2
+        n,
+        "the tick is inside the sink"
     );
+    BlockedTick {
+        relay,
+        sink,
+        gate,
+        tick,
+    }
+}
+
+async fn shutdown_gives_back_the_leases_it_holds(backend: Backend) {
+    let app = spawn_app(backend).await;
+    pending(&app, 2).await;
+    let blocked = blocked_tick(&app, 2).await;
     // The sink hangs past the drain timeout: the leases are released for other instances.
-    relay.shutdown(Duration::from_millis(200)).await;
+    blocked.relay.shutdown(Duration::from_millis(200)).await;
     assert_eq!(
         app.db
             .count("local_message WHERE locked_by IS NULL AND status = 0")
             .await,
         2
     );
-    assert!(relay.tick().await.expect("tick").skipped || sink.ids().is_empty());
-    gate.notify_one();
-    let _ = tick.await;
+    blocked.gate.notify_one();
+    let _ = blocked.tick.await;
+    // Its late mark changed nothing: both are still pending for the next relay.
+    assert_eq!(app.db.count("local_message WHERE status = 0").await, 2);
+    assert_eq!(
+        blocked.sink.ids().len(),
+        2,
+        "published once already: at least once"
+    );
 }
 
 async fn the_job_never_overlaps_itself(backend: Backend) {
     let app = spawn_app(backend).await;
     pending(&app, 1).await;
-    let gate = Arc::new(Notify::new());
-    let sink = Arc::new(TestSink {
-        gate: Some(gate.clone()),
-        ..TestSink::default()
-    });
-    let relay = Arc::new(relay(&app, sink.clone(), 16));
-    let first = tokio::spawn({
-        let relay = relay.clone();
-        async move { relay.tick().await }
-    });
-    // Wait until the first tick is inside the sink.
-    for _ in 0..200 {
-        if app
-            .db
-            .count("local_message WHERE locked_by IS NOT NULL")
-            .await
-            == 1
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let second = relay.tick().await.expect("tick");
+    let blocked = blocked_tick(&app, 1).await;
+    let second = blocked.relay.tick().await.expect("tick");
     assert!(second.skipped, "{second:?}");
-    gate.notify_one();
-    let first = first.await.expect("task").expect("tick");
+    blocked.gate.notify_one();
+    let first = blocked.tick.await.expect("task").expect("tick");
     assert_eq!((first.published, first.skipped), (1, false));
-    assert_eq!(sink.ids().len(), 1);
+    assert_eq!(blocked.sink.ids().len(), 1);
 }
 
 async fn expiry_closes_only_unpaid_orders_past_their_deadline(backend: Backend) {
