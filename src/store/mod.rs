@@ -167,10 +167,12 @@ impl Store {
                 config.custom_setup = Box::new(|path| {
                     Box::pin(async move {
                         let mut conn = SqliteAsync::establish(path).await?;
-                        // WAL lets readers run beside the one writer; synchronous stays FULL
-                        // so an acknowledged notification survives a power cut.
+                        // The busy timeout first: the journal-mode pragma itself takes a lock,
+                        // and a connection opened while another one writes must wait for it,
+                        // not fail. WAL lets readers run beside the one writer; synchronous
+                        // stays FULL so an acknowledged notification survives a power cut.
                         conn.batch_execute(&format!(
-                            "PRAGMA journal_mode = WAL; PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}; \
+                            "PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}; PRAGMA journal_mode = WAL; \
                              PRAGMA foreign_keys = ON;"
                         ))
                         .await
