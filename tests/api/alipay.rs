@@ -104,12 +104,9 @@ crate::on_both_backends!(
 
 async fn refund_events(app: &TestApp) -> Vec<(String, Option<i64>)> {
     let mut events: Vec<_> = app
-        .store
-        .messages(None, 100)
+        .outbox("ORDER_REFUNDED")
         .await
-        .expect("messages")
         .into_iter()
-        .filter(|m| m.topic == "ORDER_REFUNDED")
         .map(|m| (m.biz_key, m.payload.0["refund_fen"].as_i64()))
         .collect();
     events.sort();
@@ -127,11 +124,7 @@ async fn partial_refunds_out_of_order_each_get_an_event_and_count_once(backend: 
     assert_eq!(send(&app, &b).await, ok());
     assert_eq!(send(&app, &a).await, ok());
     assert_eq!(send(&app, &a).await, ok(), "repeat");
-    let order = app.get_order("A-OO").await;
-    assert_eq!(
-        (order["status"].as_str(), order["refunded_fen"].as_i64()),
-        (Some("PAID"), Some(8000))
-    );
+    assert_eq!(app.refund_state("A-OO").await, ("PAID".into(), 8000));
     assert_eq!(
         refund_events(&app).await,
         [
@@ -183,18 +176,11 @@ async fn a_refund_through_the_channel_that_did_not_pay_is_an_anomaly(backend: Ba
         1000,
     ));
     assert_eq!(send(&app, &refund).await, ok());
-    let order = app.get_order("A-XC").await;
-    assert_eq!(
-        (order["status"].as_str(), order["refunded_fen"].as_i64()),
-        (Some("PAID"), Some(0))
-    );
+    assert_eq!(app.refund_state("A-XC").await, ("PAID".into(), 0));
     let reasons: Vec<String> = app
-        .store
-        .messages(None, 10)
+        .outbox("PAYMENT_ANOMALY")
         .await
-        .expect("messages")
         .into_iter()
-        .filter(|m| m.topic == "PAYMENT_ANOMALY")
         .map(|m| {
             m.payload.0["reason"]
                 .as_str()
@@ -284,26 +270,15 @@ async fn partial_refund_twice_then_the_rest(backend: Backend) {
     let first = signed(alipay::refund(&s, "A-R", "2026A-R", 19900, "RF-1", 5000));
     assert_eq!(send(&app, &first).await, ok());
     assert_eq!(send(&app, &first).await, ok(), "the same refund again");
-    let order = app.get_order("A-R").await;
-    assert_eq!(
-        (order["status"].as_str(), order["refunded_fen"].as_i64()),
-        (Some("PAID"), Some(5000))
-    );
+    assert_eq!(app.refund_state("A-R").await, ("PAID".into(), 5000));
     // refund_fee is Alipay's running total: 19900 after the second refund of 14900.
     let rest = signed(alipay::refund(&s, "A-R", "2026A-R", 19900, "RF-2", 19900));
     assert_eq!(send(&app, &rest).await, ok());
-    let order = app.get_order("A-R").await;
-    assert_eq!(
-        (order["status"].as_str(), order["refunded_fen"].as_i64()),
-        (Some("REFUNDED"), Some(19900))
-    );
+    assert_eq!(app.refund_state("A-R").await, ("REFUNDED".into(), 19900));
     let refunds: Vec<_> = app
-        .store
-        .messages(None, 10)
+        .outbox("ORDER_REFUNDED")
         .await
-        .expect("messages")
         .into_iter()
-        .filter(|m| m.topic == "ORDER_REFUNDED")
         .map(|m| (m.biz_key, m.payload.0["refund_fen"].as_i64()))
         .collect();
     assert_eq!(
@@ -336,11 +311,7 @@ async fn a_full_refund_comes_as_trade_closed(backend: Backend) {
     ));
     assert!(String::from_utf8_lossy(&full.body).contains("trade_status=TRADE_CLOSED"));
     assert_eq!(send(&app, &full).await, ok());
-    let order = app.get_order("A-FR").await;
-    assert_eq!(
-        (order["status"].as_str(), order["refunded_fen"].as_i64()),
-        (Some("REFUNDED"), Some(12800))
-    );
+    assert_eq!(app.refund_state("A-FR").await, ("REFUNDED".into(), 12800));
 }
 
 async fn an_unpaid_trade_closed_by_alipay_closes_the_order(backend: Backend) {
@@ -379,11 +350,8 @@ async fn wechat_and_alipay_both_paying_is_a_duplicate_payment(backend: Backend) 
     );
     let order = app.get_order("A-2C").await;
     assert_eq!(order["channel"], "wechat");
-    let anomaly = app.store.messages(None, 10).await.expect("messages");
-    let anomaly = anomaly
-        .iter()
-        .find(|m| m.topic == "PAYMENT_ANOMALY")
-        .expect("an anomaly");
+    let anomaly = app.outbox("PAYMENT_ANOMALY").await;
+    let anomaly = anomaly.first().expect("an anomaly");
     assert_eq!(anomaly.payload.0["reason"], "DUPLICATE_PAYMENT");
     assert_eq!(anomaly.biz_key, "A-2C:alipay:2026A-2C");
 }

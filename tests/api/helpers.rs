@@ -189,6 +189,20 @@ impl Drop for TestApp {
 
 pub const API_TOKEN: &str = "test-token";
 
+/// Every key of an order in `GET /orders/{order_no}` (interface.md), sorted.
+pub const ORDER_KEYS: [&str; 10] = [
+    "amount_fen",
+    "channel",
+    "closed_at",
+    "created_at",
+    "currency",
+    "order_no",
+    "paid_at",
+    "refunded_fen",
+    "status",
+    "transaction_id",
+];
+
 /// Settings for a test: the given database, port 0, a token, small timeouts.
 pub fn test_settings(db_url: &str) -> Settings {
     let mut settings = Settings::default();
@@ -278,6 +292,22 @@ impl TestApp {
             .as_str()
             .expect("status")
             .to_owned()
+    }
+
+    /// The status and refunded total of an order.
+    pub async fn refund_state(&self, order_no: &str) -> (String, i64) {
+        let order = self.get_order(order_no).await;
+        let status = order["status"].as_str().expect("status").to_owned();
+        (
+            status,
+            order["refunded_fen"].as_i64().expect("refunded_fen"),
+        )
+    }
+
+    /// The outbox rows of one topic, newest first.
+    pub async fn outbox(&self, topic: &str) -> Vec<paynotify::store::outbox::StoredMessage> {
+        let all = self.store.messages(None, 1000).await.expect("messages");
+        all.into_iter().filter(|m| m.topic == topic).collect()
     }
 
     /// Outbox rows of a topic.

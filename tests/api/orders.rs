@@ -149,21 +149,7 @@ async fn an_order_has_every_key_and_404_when_missing(backend: Backend) {
     let order = app.get_order("P-K").await;
     let mut keys: Vec<_> = order.as_object().expect("object").keys().cloned().collect();
     keys.sort();
-    assert_eq!(
-        keys,
-        [
-            "amount_fen",
-            "channel",
-            "closed_at",
-            "created_at",
-            "currency",
-            "order_no",
-            "paid_at",
-            "refunded_fen",
-            "status",
-            "transaction_id"
-        ]
-    );
+    assert_eq!(keys, crate::helpers::ORDER_KEYS);
     assert_eq!(order["created_at"], "2026-11-30T08:00:00Z");
     assert!(order["paid_at"].is_null());
     let missing = app

@@ -184,22 +184,14 @@ async fn partial_refunds_add_up_to_a_full_refund(backend: Backend) {
             .0,
         204
     );
-    let order = app.get_order("W-R").await;
-    assert_eq!(
-        (order["status"].as_str(), order["refunded_fen"].as_i64()),
-        (Some("PAID"), Some(4000))
-    );
+    assert_eq!(app.refund_state("W-R").await, ("PAID".into(), 4000));
     assert_eq!(
         send(&app, "/notify/wechat/refund", &refund("R-2", 6000))
             .await
             .0,
         204
     );
-    let order = app.get_order("W-R").await;
-    assert_eq!(
-        (order["status"].as_str(), order["refunded_fen"].as_i64()),
-        (Some("REFUNDED"), Some(10000))
-    );
+    assert_eq!(app.refund_state("W-R").await, ("REFUNDED".into(), 10000));
     assert_eq!(app.messages("ORDER_REFUNDED").await, 2);
 }
 
@@ -218,11 +210,7 @@ async fn abnormal_and_closed_refunds_change_nothing(backend: Backend) {
             "{event}"
         );
     }
-    let order = app.get_order("W-AB").await;
-    assert_eq!(
-        (order["status"].as_str(), order["refunded_fen"].as_i64()),
-        (Some("PAID"), Some(0))
-    );
+    assert_eq!(app.refund_state("W-AB").await, ("PAID".into(), 0));
     assert_eq!(app.db.count("refund_callback").await, 0);
     // The refund can still succeed later under the same out_refund_no.
     let ok = s
