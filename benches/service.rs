@@ -83,7 +83,8 @@ async fn main() {
         s.database.pool_size = 16;
         s.wechat.merchants = vec![WechatMerchant {
             mchid: sandbox.mchid.clone(),
-            appid: sandbox.appid.clone(),
+            appid: Some(sandbox.appid.clone()),
+            appids: Vec::new(),
             apiv3_key: Secret::new(sandbox.apiv3_key.clone()),
             platform_keys: vec![PlatformKey {
                 serial: Some(SERIAL.into()),

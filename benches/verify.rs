@@ -32,7 +32,8 @@ fn wechat(c: &mut Criterion) {
     let settings = WechatSettings {
         merchants: vec![WechatMerchant {
             mchid: "1900000001".into(),
-            appid: "wx0000000000000001".into(),
+            appid: Some("wx0000000000000001".into()),
+            appids: Vec::new(),
             apiv3_key: Secret::new(apiv3),
             platform_keys: vec![PlatformKey {
                 serial: Some(serial.into()),

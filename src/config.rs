@@ -113,10 +113,28 @@ pub struct WechatSettings {
 #[serde(deny_unknown_fields)]
 pub struct WechatMerchant {
     pub mchid: String,
-    pub appid: String,
+    /// One app bound to this mchid; `appids` lists several (a mini-program and an official
+    /// account, say). Either or both; together they are every app whose payment is ours.
+    #[serde(default)]
+    pub appid: Option<String>,
+    #[serde(default)]
+    pub appids: Vec<String>,
     pub apiv3_key: Secret,
     #[serde(default)]
     pub platform_keys: Vec<PlatformKey>,
+}
+
+impl WechatMerchant {
+    /// Every appid configured for this merchant, `appid` first.
+    pub fn all_appids(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.appid.iter().cloned().collect();
+        for id in &self.appids {
+            if !all.contains(id) {
+                all.push(id.clone());
+            }
+        }
+        all
+    }
 }
 
 #[derive(Debug, Deserialize)]

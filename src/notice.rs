@@ -39,7 +39,8 @@ pub enum NoticeKind {
     Paid,
     /// One refund succeeded; keyed by the merchant's `out_refund_no` (Alipay: `out_biz_no`).
     Refunded(Refund),
-    /// The provider closed the unpaid trade (Alipay `TRADE_CLOSED` without a refund).
+    /// The provider's trade can no longer be paid (Alipay `TRADE_CLOSED` without a refund).
+    /// Recorded, never a state change: the buyer may still pay the order another way.
     Closed,
     /// Recorded and acknowledged, no state change (`WAIT_BUYER_PAY`, `REFUND.ABNORMAL`, …).
     Other { status: String },
@@ -120,7 +121,49 @@ impl fmt::Debug for Digest {
     }
 }
 
+/// The widest provider ids the tables hold, from the providers' documented maxima: order and
+/// refund numbers and transaction ids are at most 64 characters (Alipay `out_trade_no`,
+/// `trade_no`, `out_biz_no`; WeChat's are 32 or 64), an Alipay refund id is
+/// `trade_no:out_biz_no` (129). The migrations size the columns from these.
+pub mod max_len {
+    pub const ORDER_NO: usize = 64;
+    pub const TRANSACTION_ID: usize = 64;
+    pub const OUT_REFUND_NO: usize = 64;
+    pub const REFUND_ID: usize = 2 * 64 + 1;
+}
+
 impl Notice {
+    /// Refuses ids longer than the providers document (and the columns hold), so a verified
+    /// but oversized value is a 400 the moment it arrives, never a database error the
+    /// provider retries for a day.
+    pub fn check_lengths(&self) -> Result<(), String> {
+        let mut fields = vec![
+            (
+                "out_trade_no",
+                self.out_trade_no.as_str(),
+                max_len::ORDER_NO,
+            ),
+            (
+                "transaction id",
+                self.transaction_id.as_str(),
+                max_len::TRANSACTION_ID,
+            ),
+        ];
+        if let NoticeKind::Refunded(r) = &self.kind {
+            fields.push(("out_refund_no", &r.out_refund_no, max_len::OUT_REFUND_NO));
+            fields.push(("refund id", &r.refund_id, max_len::REFUND_ID));
+        }
+        for (name, value, max) in fields {
+            let chars = value.chars().count();
+            if chars > max {
+                return Err(format!(
+                    "{name} is {chars} characters, at most {max} allowed"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The business content as interface.md defines it. Timestamps, nonces, `notify_id`,
     /// field order, re-encryption and `TRADE_SUCCESS` → `TRADE_FINISHED` are not part of it.
     /// Fields are hashed as a JSON array so no separator can be smuggled inside a value.
@@ -141,6 +184,12 @@ impl Notice {
                     fen,
                 ])
             }
+            NoticeKind::Closed => serde_json::json!([
+                "closed",
+                self.channel,
+                self.out_trade_no,
+                self.transaction_id,
+            ]),
             _ => serde_json::json!([
                 "payment",
                 self.channel,
@@ -166,6 +215,9 @@ pub enum AnomalyReason {
     PaidAfterClose,
     /// The order was already paid through another channel or transaction.
     DuplicatePayment,
+    /// A refund of a payment that is not the order's recorded one (a duplicate payment, a
+    /// payment after close, another merchant's payment of the same `out_trade_no`).
+    OtherPaymentRefunded,
 }
 
 impl AnomalyReason {
@@ -175,6 +227,7 @@ impl AnomalyReason {
             Self::MerchantMismatch => "MERCHANT_MISMATCH",
             Self::PaidAfterClose => "PAID_AFTER_CLOSE",
             Self::DuplicatePayment => "DUPLICATE_PAYMENT",
+            Self::OtherPaymentRefunded => "OTHER_PAYMENT_REFUNDED",
         }
     }
 }
@@ -285,6 +338,45 @@ mod tests {
         assert_ne!(refund("X", 100).digest(), refund("Y", 100).digest());
         assert_ne!(refund("X", 100).digest(), refund("X", 101).digest());
         assert_ne!(refund("X", 100).digest(), paid().digest());
+    }
+
+    #[test]
+    fn ids_longer_than_the_providers_document_are_refused() {
+        let mut n = paid();
+        n.out_trade_no = "O".repeat(max_len::ORDER_NO);
+        n.transaction_id = "T".repeat(max_len::TRANSACTION_ID);
+        n.kind = NoticeKind::Refunded(Refund {
+            out_refund_no: "R".repeat(max_len::OUT_REFUND_NO),
+            refund_id: "I".repeat(max_len::REFUND_ID),
+            amount: RefundAmount::This(1),
+        });
+        assert_eq!(n.check_lengths(), Ok(()));
+        let longer: Vec<fn(&mut Notice)> = vec![
+            |n| n.out_trade_no.push('x'),
+            |n| n.transaction_id.push('x'),
+            |n| {
+                if let NoticeKind::Refunded(r) = &mut n.kind {
+                    r.out_refund_no.push('x');
+                }
+            },
+            |n| {
+                if let NoticeKind::Refunded(r) = &mut n.kind {
+                    r.refund_id.push('x');
+                }
+            },
+        ];
+        for grow in longer {
+            let mut m = n.clone();
+            grow(&mut m);
+            assert!(m.check_lengths().is_err(), "{m:?}");
+        }
+    }
+
+    #[test]
+    fn a_provider_close_is_not_the_same_content_as_a_payment() {
+        let mut closed = paid();
+        closed.kind = NoticeKind::Closed;
+        assert_ne!(closed.digest(), paid().digest());
     }
 
     #[test]

@@ -121,7 +121,11 @@ fn wechat_delivery(settings: &Settings, plan: &Plan) -> Result<Delivery, ReplayE
             "sandbox.wechat_private_key_file",
         )?,
         mchid: merchant.mchid.clone(),
-        appid: merchant.appid.clone(),
+        appid: merchant
+            .all_appids()
+            .into_iter()
+            .next()
+            .ok_or_else(|| ReplayError::Config("wechat.merchants[0] has no appid".into()))?,
         apiv3_key: merchant.apiv3_key.expose().to_owned(),
     };
     let transaction_id = format!("4200000000{}", plan.order_no);

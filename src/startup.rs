@@ -29,6 +29,9 @@ pub struct AppState {
     pub clock: Arc<dyn Clock>,
     pub api_token: Secret,
     pub expire_after_secs: u64,
+    /// The runtime that database work runs on, detached from the request (see
+    /// `routes::detach`); the runtime `Application::build` was called on.
+    pub runtime: tokio::runtime::Handle,
 }
 
 /// Extra routes mounted beside the built-in ones (tests mount a double channel this way).
@@ -118,6 +121,7 @@ impl Application {
             clock: options.clock,
             api_token: settings.server.api_token.clone(),
             expire_after_secs: settings.orders.expire_after_secs,
+            runtime: tokio::runtime::Handle::current(),
         });
         let max_body = settings.server.max_body_bytes;
         let extra = options.extra_routes;

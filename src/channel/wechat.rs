@@ -32,7 +32,8 @@ const PROBE_PREFIX: &str = "WECHATPAY/SIGNTEST/";
 /// A configured merchant: its ids and its APIv3 decryption key.
 pub struct Merchant {
     pub mchid: String,
-    pub appid: String,
+    /// Every app bound to this mchid; a payment from any of them is ours.
+    pub appids: Vec<String>,
     apiv3_key: LessSafeKey,
 }
 
@@ -40,7 +41,7 @@ impl std::fmt::Debug for Merchant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Merchant")
             .field("mchid", &self.mchid)
-            .field("appid", &self.appid)
+            .field("appids", &self.appids)
             .finish_non_exhaustive()
     }
 }
@@ -91,9 +92,16 @@ impl WechatPay {
                 .map_err(|_| {
                     config_error(format!("{prefix}.apiv3_key"), "must be exactly 32 bytes")
                 })?;
+            let appids = m.all_appids();
+            if appids.iter().all(|id| id.is_empty()) {
+                return Err(config_error(
+                    format!("{prefix}.appid"),
+                    "set appid or appids: the apps bound to this mchid",
+                ));
+            }
             let merchant = Arc::new(Merchant {
                 mchid: m.mchid.clone(),
-                appid: m.appid.clone(),
+                appids,
                 apiv3_key: LessSafeKey::new(apiv3_key),
             });
             if m.platform_keys.is_empty() {
@@ -353,7 +361,7 @@ impl Channel for WechatPay {
                 Ok(Notice {
                     channel: ChannelId::Wechat,
                     kind,
-                    merchant_matches: t.mchid == m.mchid && t.appid == m.appid,
+                    merchant_matches: t.mchid == m.mchid && m.appids.contains(&t.appid),
                     merchant: MerchantIds {
                         merchant_id: t.mchid,
                         app_id: Some(t.appid),
@@ -414,7 +422,7 @@ impl Channel for WechatPay {
                 currency: String::new(),
                 merchant: MerchantIds {
                     merchant_id: m.mchid.clone(),
-                    app_id: Some(m.appid.clone()),
+                    app_id: m.appids.first().cloned(),
                 },
                 merchant_matches: true,
                 occurred_at: None,

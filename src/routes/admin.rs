@@ -5,7 +5,7 @@ use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, Authorized, ErrorBody};
+use super::{ApiError, Authorized, ErrorBody, detach};
 use crate::outbox::status;
 use crate::startup::AppState;
 use crate::store::outbox::StoredMessage;
@@ -46,7 +46,9 @@ pub async fn messages(
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::BadRequest("limit: between 1 and 1000".to_owned()));
     }
-    Ok(HttpResponse::Ok().json(state.store.messages(wanted, limit).await?))
+    let store = state.store.clone();
+    let messages = detach(&state, async move { store.messages(wanted, limit).await }).await?;
+    Ok(HttpResponse::Ok().json(messages))
 }
 
 #[utoipa::path(post, path = "/admin/messages/{id}/redrive", tag = "operations",
@@ -63,11 +65,13 @@ pub async fn redrive(
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
-    if state.store.redrive(id, state.clock.now()).await? {
+    let (store, now) = (state.store.clone(), state.clock.now());
+    if detach(&state, async move { store.redrive(id, now).await }).await? {
         tracing::info!(id, "dead message redriven");
         return Ok(HttpResponse::Ok().json(json!({ "id": id, "status": status::PENDING })));
     }
-    match state.store.message_status(id).await? {
+    let store = state.store.clone();
+    match detach(&state, async move { store.message_status(id).await }).await? {
         None => Err(ApiError::NotFound("no such message".to_owned())),
         Some(_) => Err(ApiError::Conflict(
             "only a dead message can be redriven".to_owned(),
@@ -84,7 +88,7 @@ pub struct CallbacksQuery {
 
 #[utoipa::path(get, path = "/admin/callbacks", tag = "operations", params(CallbacksQuery),
     responses(
-        (status = 200, description = "Every payment and refund callback of the order", body = Object),
+        (status = 200, description = "Every payment, refund and status callback of the order (`statuses`: recorded without a state change, e.g. Alipay TRADE_CLOSED)", body = Object),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn callbacks(
@@ -92,10 +96,12 @@ pub async fn callbacks(
     state: web::Data<AppState>,
     query: web::Query<CallbacksQuery>,
 ) -> Result<HttpResponse, ApiError> {
-    let (payments, refunds) = state.store.callbacks_of(&query.order_no).await?;
+    let (store, order_no) = (state.store.clone(), query.order_no.clone());
+    let callbacks = detach(&state, async move { store.callbacks_of(&order_no).await }).await?;
     Ok(HttpResponse::Ok().json(json!({
         "order_no": query.order_no,
-        "payments": payments,
-        "refunds": refunds,
+        "payments": callbacks.payments,
+        "refunds": callbacks.refunds,
+        "statuses": callbacks.statuses,
     })))
 }

@@ -3,6 +3,7 @@
 use actix_web::{HttpResponse, web};
 use serde_json::json;
 
+use super::detach;
 use crate::startup::AppState;
 
 #[utoipa::path(get, path = "/healthz", tag = "operations",
@@ -29,7 +30,8 @@ pub struct Readiness {
         (status = 200, description = "The database answers", body = Readiness),
         (status = 503, description = "The database does not answer", body = Readiness)))]
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    let database_up = match state.store.ping().await {
+    let store = state.store.clone();
+    let database_up = match detach(&state, async move { store.ping().await }).await {
         Ok(()) => true,
         Err(e) => {
             tracing::warn!(error = %e, "readiness: database down");
@@ -58,7 +60,8 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let m = &state.metrics;
-    match state.store.outbox_stats().await {
+    let store = state.store.clone();
+    match detach(&state, async move { store.outbox_stats().await }).await {
         Ok(stats) => {
             m.relay_pending.set(stats.pending);
             m.relay_dead.set(stats.dead);

@@ -54,6 +54,24 @@ impl ResponseError for ApiError {
     }
 }
 
+/// Runs database work to its end on the service's runtime, whether or not the caller is still
+/// connected. A client that hangs up drops its request future; work dropped mid-transaction
+/// would leave a half-used connection behind (on SQLite, diesel-async's blocking wrapper even
+/// panics the worker, and the next checkout of that connection panics too). Spawned, a
+/// verified notice's transaction commits or rolls back, and its connection goes back to the
+/// pool idle.
+pub async fn detach<T, F>(state: &AppState, work: F) -> Result<T, StoreError>
+where
+    F: Future<Output = Result<T, StoreError>> + Send + 'static,
+    T: Send + 'static,
+{
+    state
+        .runtime
+        .spawn(work)
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("database task ended early: {e}")))?
+}
+
 /// The error shape of the internal API.
 #[derive(serde::Serialize, utoipa::ToSchema)]
 pub struct ErrorBody {

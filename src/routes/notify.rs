@@ -7,8 +7,10 @@ use crate::channel::alipay::Alipay;
 use crate::channel::wechat::WechatPay;
 use crate::channel::{Channel, Inbound, Rejection, Reply};
 use crate::gate::Decision;
-use crate::notice::Outcome;
+use crate::notice::{Notice, Outcome};
 use crate::startup::AppState;
+use crate::store::StoreError;
+use crate::time::Timestamp;
 
 /// The reply the provider gets for what the ledger did.
 pub fn reply_for(outcome: Outcome) -> Reply<'static> {
@@ -33,6 +35,33 @@ pub fn reply_for(outcome: Outcome) -> Reply<'static> {
             message: "order busy, retry",
         },
     }
+}
+
+/// What the gate and the ledger made of a verified notice.
+enum Settled {
+    /// The gate holds this content's final answer.
+    Cached,
+    /// The same notification is being applied elsewhere right now.
+    Busy,
+    Applied(Result<Outcome, StoreError>),
+}
+
+/// Gate, ledger, gate: everything a verified notice needs, as one task that runs to its end.
+async fn settle(state: std::sync::Arc<AppState>, notice: Notice, now: Timestamp) -> Settled {
+    let marker = match &state.gate {
+        None => None,
+        Some(gate) => match gate.enter(&notice).await {
+            Decision::Proceed(marker) => marker,
+            Decision::Answered => return Settled::Cached,
+            Decision::Busy => return Settled::Busy,
+        },
+    };
+    let result = state.store.apply(&notice, now).await;
+    if let Some(gate) = &state.gate {
+        gate.leave(&notice, marker, result.as_ref().ok().copied())
+            .await;
+    }
+    Settled::Applied(result)
 }
 
 /// WeChat's failure body; success is `204 No Content`.
@@ -143,7 +172,10 @@ pub async fn notify<C: Channel>(
         body: &body,
         now,
     };
-    let notice = match channel.verify(&inbound).and_then(|v| channel.decode(v)) {
+    let decoded = channel.verify(&inbound).and_then(|v| channel.decode(v));
+    let notice = match decoded
+        .and_then(|n| n.check_lengths().map_err(Rejection::BadRequest).map(|()| n))
+    {
         Ok(notice) => notice,
         Err(rejection) => {
             if let Rejection::Undecryptable(_) = rejection {
@@ -164,37 +196,42 @@ pub async fn notify<C: Channel>(
             });
         }
     };
-    let marker = match &state.gate {
-        None => None,
-        Some(gate) => match gate.enter(&notice).await {
-            Decision::Proceed(marker) => marker,
-            Decision::Answered => {
-                // The same content was applied before: the same answer, no database.
-                state
-                    .metrics
-                    .notifications
-                    .with_label_values(&[id.as_str(), "duplicate_cached"])
-                    .inc();
-                return channel.render(Reply::Success);
-            }
-            Decision::Busy => {
-                state
-                    .metrics
-                    .notifications
-                    .with_label_values(&[id.as_str(), "in_flight"])
-                    .inc();
-                return channel.render(Reply::Failure {
-                    status: StatusCode::SERVICE_UNAVAILABLE,
-                    message: "the same notification is being processed; retry",
-                });
-            }
-        },
+    // From here the notice is the provider's word: settle it to the end even if the provider
+    // hangs up (WeChat does after 5 s), so no transaction or connection is left half done.
+    let settled = {
+        let (state, notice) = (state.clone().into_inner(), notice.clone());
+        state
+            .runtime
+            .clone()
+            .spawn(settle(state, notice, now))
+            .await
     };
-    let result = state.store.apply(&notice, now).await;
-    if let Some(gate) = &state.gate {
-        gate.leave(&notice, marker, result.as_ref().ok().copied())
-            .await;
-    }
+    let result = match settled {
+        Ok(Settled::Cached) => {
+            // The same content was applied before: the same answer, no database.
+            state
+                .metrics
+                .notifications
+                .with_label_values(&[id.as_str(), "duplicate_cached"])
+                .inc();
+            return channel.render(Reply::Success);
+        }
+        Ok(Settled::Busy) => {
+            state
+                .metrics
+                .notifications
+                .with_label_values(&[id.as_str(), "in_flight"])
+                .inc();
+            return channel.render(Reply::Failure {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                message: "the same notification is being processed; retry",
+            });
+        }
+        Ok(Settled::Applied(result)) => result,
+        Err(e) => Err(StoreError::Unavailable(format!(
+            "ledger task ended early: {e}"
+        ))),
+    };
     match result {
         Ok(outcome) => {
             state

@@ -4,7 +4,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 
-use super::{ApiError, Authorized, ErrorBody, error_body};
+use super::{ApiError, Authorized, ErrorBody, detach, error_body};
 use crate::notice::Digest;
 use crate::order::NewOrder;
 use crate::order::Order;
@@ -12,7 +12,7 @@ use crate::startup::AppState;
 use crate::store::ledger::CloseResult;
 use crate::store::orders::{CreateOutcome, CreateResult, IdempotencyKey, StoredResponse};
 
-const MAX_ORDER_NO: usize = 64;
+const MAX_ORDER_NO: usize = crate::notice::max_len::ORDER_NO;
 const MAX_SUBJECT: usize = 256;
 const MAX_IDEMPOTENCY_KEY: usize = 255;
 /// Ten trillion yuan: far above any real order, far below where sums of fen could overflow.
@@ -143,10 +143,6 @@ pub async fn create(
         created_at: now,
         expire_at: now.plus_seconds(i64::try_from(expire_after).unwrap_or(i64::MAX / 2)),
     };
-    let idem = key.map(|key| IdempotencyKey {
-        key,
-        request: &request_digest,
-    });
     if let (Some(gate), Some(key)) = (&state.gate, key)
         && let Some(cached) = gate.idempotent_answer(key).await
         && let Ok(cached) = serde_json::from_str::<CachedAnswer>(&cached)
@@ -157,7 +153,18 @@ pub async fn create(
             body: cached.body,
         }));
     }
-    match state.store.create_order(&new, idem, render_create).await? {
+    let store = state.store.clone();
+    let owned_key = key.map(str::to_owned);
+    let digest = request_digest.clone();
+    let created = detach(&state, async move {
+        let idem = owned_key.as_deref().map(|key| IdempotencyKey {
+            key,
+            request: &digest,
+        });
+        store.create_order(&new, idem, render_create).await
+    })
+    .await?;
+    match created {
         CreateResult::Fresh(response) | CreateResult::Replayed(response) => {
             if let (Some(gate), Some(key)) = (&state.gate, key) {
                 let cached = CachedAnswer {
@@ -189,7 +196,8 @@ pub async fn get(
     state: web::Data<AppState>,
     order_no: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    match state.store.order(&order_no).await? {
+    let store = state.store.clone();
+    match detach(&state, async move { store.order(&order_no).await }).await? {
         Some(order) => Ok(HttpResponse::Ok().json(order)),
         None => Err(ApiError::NotFound("no such order".to_owned())),
     }
@@ -208,10 +216,11 @@ pub async fn close(
     state: web::Data<AppState>,
     order_no: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    match state
-        .store
-        .close_order(&order_no, "api", state.clock.now())
-        .await?
+    let (store, now) = (state.store.clone(), state.clock.now());
+    match detach(&state, async move {
+        store.close_order(&order_no, "api", now).await
+    })
+    .await?
     {
         CloseResult::Closed(order) | CloseResult::AlreadyClosed(order) => {
             Ok(HttpResponse::Ok().json(order))

@@ -10,7 +10,7 @@
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::schema::{local_message, orders, pay_callback, refund_callback};
+use super::schema::{local_message, orders, pay_callback, refund_callback, status_callback};
 use super::statements::{InsertMessage, InsertPayCallback, MarkPaid};
 use super::types::Payload;
 use super::{Store, StoreError, with_conn};
@@ -78,6 +78,28 @@ pub(crate) fn settle(result: Result<Outcome, Abort>) -> Result<Outcome, StoreErr
     }
 }
 
+/// Writes a `PAYMENT_ANOMALY` message once: `Outcome::Anomaly` when it is new; when the
+/// message exists already, the notice is a repeat of a recorded anomaly, and the
+/// transaction is rolled back as a duplicate. (A macro: the body is compiled once per
+/// backend inside `with_conn!`.)
+macro_rules! record_anomaly {
+    ($conn:expr, $n:expr, $provider_id:expr, $reason:expr, $order:expr, $now:expr) => {{
+        let reason = $reason;
+        let message = Message::payment_anomaly($n, $provider_id, reason, $order);
+        let inserted = diesel::insert_into(local_message::table)
+            .values(&NewMessage::pending(&message, $now))
+            .on_conflict((local_message::topic, local_message::biz_key))
+            .do_nothing()
+            .execute($conn)
+            .await?;
+        if inserted == 0 {
+            Err(Abort::With(Outcome::Duplicate))
+        } else {
+            Ok(Outcome::Anomaly(reason))
+        }
+    }};
+}
+
 /// Why a payment that did not move the order is an anomaly; `None` when it is the payment
 /// the order already records (a repeat that outlived its callback row).
 pub fn payment_anomaly(order: &Order, n: &Notice) -> Option<AnomalyReason> {
@@ -94,6 +116,9 @@ pub fn payment_anomaly(order: &Order, n: &Notice) -> Option<AnomalyReason> {
         OrderStatus::WaitPay => Some(AnomalyReason::AmountMismatch),
     }
 }
+
+/// `status_callback.status` of a provider's close of its unpaid trade.
+pub const STATUS_CLOSED: &str = "CLOSED";
 
 /// What closing an order found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,18 +141,8 @@ impl Store {
                 self.apply_refund(notice, refund, &notice.digest(), now)
                     .await
             }
-            NoticeKind::Closed if notice.merchant_matches => Ok(
-                match self
-                    .close_order(&notice.out_trade_no, notice.channel.as_str(), now)
-                    .await?
-                {
-                    CloseResult::Closed(_) => Outcome::Applied,
-                    CloseResult::AlreadyClosed(_) => Outcome::Duplicate,
-                    CloseResult::NotClosable(_) => Outcome::Ignored,
-                    CloseResult::NotFound => Outcome::UnknownOrder,
-                },
-            ),
-            NoticeKind::Closed | NoticeKind::Other { .. } => Ok(Outcome::Ignored),
+            NoticeKind::Closed => self.record_status(notice, now).await,
+            NoticeKind::Other { .. } => Ok(Outcome::Ignored),
         }
     }
 
@@ -152,12 +167,27 @@ impl Store {
                 .await?;
                 if inserted == 0 {
                     // Under READ COMMITTED this statement sees the winner's committed row.
-                    let seen: String = pay_callback::table
+                    let (seen_txn, seen_digest): (String, String) = pay_callback::table
                         .find((&n.out_trade_no, channel))
-                        .select(pay_callback::digest)
+                        .select((pay_callback::transaction_id, pay_callback::digest))
                         .first(conn)
                         .await?;
-                    return Ok(if seen == digest.as_str() { Outcome::Duplicate } else { Outcome::Conflict });
+                    if seen_digest == digest.as_str() {
+                        return Ok(Outcome::Duplicate);
+                    }
+                    if seen_txn == n.transaction_id {
+                        // The same payment with other content: the provider contradicts itself.
+                        return Ok(Outcome::Conflict);
+                    }
+                    // Another real payment under the same key (a second merchant or app of
+                    // this channel): money arrived, so it is recorded, once. Its anomaly
+                    // message, which retention keeps, is what makes its retries duplicates.
+                    let order: Order = orders::table
+                        .find(&n.out_trade_no)
+                        .select(Order::as_select())
+                        .first(conn)
+                        .await?;
+                    return record_anomaly!(conn, n, &n.transaction_id, AnomalyReason::DuplicatePayment, &order, now);
                 }
                 if n.merchant_matches {
                     let moved = MarkPaid {
@@ -188,14 +218,7 @@ impl Store {
                 let Some(reason) = payment_anomaly(&order, n) else {
                     return Err(Abort::With(Outcome::Duplicate));
                 };
-                let message = Message::payment_anomaly(n, &n.transaction_id, reason, &order);
-                diesel::insert_into(local_message::table)
-                    .values(&NewMessage::pending(&message, now))
-                    .on_conflict((local_message::topic, local_message::biz_key))
-                    .do_nothing()
-                    .execute(conn)
-                    .await?;
-                Ok(Outcome::Anomaly(reason))
+                record_anomaly!(conn, n, &n.transaction_id, reason, &order, now)
             })
             .await
         });
@@ -268,7 +291,12 @@ impl Store {
                         return Err(Abort::With(Outcome::TooEarly));
                     }
                 }
-                let ours = n.merchant_matches && before.channel.as_deref() == Some(channel);
+                // Only a refund of the order's own recorded payment moves it: same channel,
+                // same provider transaction (ids the provider issues once, so the same
+                // merchant too), and the merchant the signing key belongs to.
+                let ours = n.merchant_matches
+                    && before.channel.as_deref() == Some(channel)
+                    && before.transaction_id.as_deref() == Some(n.transaction_id.as_str());
                 // This refund's amount. A running total only means something against the
                 // refunds of the channel that was paid; the update below applies only to the
                 // state it was computed from.
@@ -332,31 +360,62 @@ impl Store {
                     // Another refund of this order committed in between: retry.
                     return Err(Abort::With(Outcome::Contended));
                 }
-                let reason = if !n.merchant_matches {
-                    AnomalyReason::MerchantMismatch
-                } else if order.channel.as_deref().is_some_and(|paid| paid != channel) {
-                    // A refund through the channel that did not pay the order: the refund of
-                    // a duplicate payment.
-                    AnomalyReason::DuplicatePayment
-                } else {
-                    AnomalyReason::AmountMismatch
-                };
-                let message = Message::payment_anomaly(n, &refund.refund_id, reason, &order);
-                diesel::insert_into(local_message::table)
-                    .values(&NewMessage::pending(&message, now))
-                    .on_conflict((local_message::topic, local_message::biz_key))
-                    .do_nothing()
-                    .execute(conn)
-                    .await?;
-                Ok(Outcome::Anomaly(reason))
+                if !n.merchant_matches {
+                    let reason = AnomalyReason::MerchantMismatch;
+                    return record_anomaly!(conn, n, &refund.refund_id, reason, &order, now);
+                }
+                if !ours {
+                    // The refund of another payment (a second payment, one after close, a
+                    // payment through the other channel): the order's own payment stands.
+                    let reason = AnomalyReason::OtherPaymentRefunded;
+                    return record_anomaly!(conn, n, &refund.out_refund_no, reason, &order, now);
+                }
+                record_anomaly!(conn, n, &refund.refund_id, AnomalyReason::AmountMismatch, &order, now)
             })
             .await
         });
         settle(result)
     }
 
+    /// Records a notice that changes nothing but must be seen (Alipay `TRADE_CLOSED` without
+    /// a refund: that trade can no longer be paid, yet the buyer may still pay the order
+    /// through another channel). One `status_callback` row per order, channel, trade and
+    /// status; a repeat is a duplicate.
+    async fn record_status(&self, n: &Notice, now: Timestamp) -> Result<Outcome, StoreError> {
+        let channel = n.channel.as_str();
+        with_conn!(self, conn => {
+            let known: i64 = orders::table
+                .filter(orders::order_no.eq(&n.out_trade_no))
+                .count()
+                .get_result(conn)
+                .await?;
+            if known == 0 {
+                return Ok(Outcome::UnknownOrder);
+            }
+            let inserted = diesel::insert_into(status_callback::table)
+                .values((
+                    status_callback::out_trade_no.eq(&n.out_trade_no),
+                    status_callback::channel.eq(channel),
+                    status_callback::transaction_id.eq(&n.transaction_id),
+                    status_callback::status.eq(STATUS_CLOSED),
+                    status_callback::amount_fen.eq(n.amount_fen),
+                    status_callback::created_at.eq(now),
+                ))
+                .on_conflict((
+                    status_callback::out_trade_no,
+                    status_callback::channel,
+                    status_callback::transaction_id,
+                    status_callback::status,
+                ))
+                .do_nothing()
+                .execute(conn)
+                .await?;
+            Ok(if inserted == 1 { Outcome::Ignored } else { Outcome::Duplicate })
+        })
+    }
+
     /// Closes an unpaid order (`WAIT_PAY → CLOSED`) with its `ORDER_CLOSED` message, in one
-    /// transaction. `by` is recorded in the message: `api`, `expiry`, or a channel name.
+    /// transaction. `by` is recorded in the message: `api` or `expiry`.
     pub async fn close_order(
         &self,
         order_no: &str,

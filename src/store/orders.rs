@@ -4,7 +4,7 @@ use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use serde::Serialize;
 
-use super::schema::{idempotency_key, orders, pay_callback, refund_callback};
+use super::schema::{idempotency_key, orders, pay_callback, refund_callback, status_callback};
 use super::{Store, StoreError, with_conn};
 use crate::notice::Digest;
 use crate::order::{NewOrder, Order};
@@ -74,6 +74,27 @@ pub struct RefundCallback {
     pub status: String,
     pub digest: String,
     pub created_at: Timestamp,
+}
+
+/// A notification recorded without changing the order (Alipay `TRADE_CLOSED`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Queryable, Selectable)]
+#[diesel(table_name = status_callback)]
+pub struct StatusCallback {
+    pub out_trade_no: String,
+    pub channel: String,
+    pub transaction_id: String,
+    pub status: String,
+    pub amount_fen: i64,
+    pub created_at: Timestamp,
+}
+
+/// Every callback recorded for one order, oldest first in each list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Callbacks {
+    pub payments: Vec<PayCallback>,
+    pub refunds: Vec<RefundCallback>,
+    /// Recorded and acknowledged, no state change.
+    pub statuses: Vec<StatusCallback>,
 }
 
 impl Store {
@@ -166,13 +187,10 @@ impl Store {
         })
     }
 
-    /// Every payment and refund callback recorded for an order.
-    pub async fn callbacks_of(
-        &self,
-        order_no: &str,
-    ) -> Result<(Vec<PayCallback>, Vec<RefundCallback>), StoreError> {
+    /// Every payment, refund and status callback recorded for an order.
+    pub async fn callbacks_of(&self, order_no: &str) -> Result<Callbacks, StoreError> {
         with_conn!(self, conn => {
-            let pays = pay_callback::table
+            let payments = pay_callback::table
                 .filter(pay_callback::out_trade_no.eq(order_no))
                 .order(pay_callback::created_at.asc())
                 .select(PayCallback::as_select())
@@ -184,7 +202,13 @@ impl Store {
                 .select(RefundCallback::as_select())
                 .load(conn)
                 .await?;
-            Ok((pays, refunds))
+            let statuses = status_callback::table
+                .filter(status_callback::out_trade_no.eq(order_no))
+                .order(status_callback::created_at.asc())
+                .select(StatusCallback::as_select())
+                .load(conn)
+                .await?;
+            Ok(Callbacks { payments, refunds, statuses })
         })
     }
 }

@@ -60,27 +60,17 @@ const FAIL_SQLITE: &str = "UPDATE local_message SET attempts = attempts + 1, las
      locked_by = NULL, locked_until = NULL \
      WHERE id = $4 AND locked_by = $5 AND status = 0";
 
-/// Rows the retry windows no longer need, at most `$2` per statement. Refund rows go only
-/// once the order is fully refunded: while it is `PAID`, a refund row is what keeps a late
-/// repeat of that refund from counting twice.
-const PURGE: [(&str, &str); 4] = [
-    (
-        "pay_callback",
-        "DELETE FROM pay_callback WHERE (out_trade_no, channel) IN (\
-           SELECT c.out_trade_no, c.channel FROM pay_callback c JOIN orders o ON o.order_no = c.out_trade_no \
-           WHERE c.created_at < $1 AND o.status <> 'WAIT_PAY' LIMIT $2)",
-    ),
-    (
-        "refund_callback",
-        "DELETE FROM refund_callback WHERE (out_refund_no, channel, out_trade_no) IN (\
-           SELECT c.out_refund_no, c.channel, c.out_trade_no FROM refund_callback c \
-           JOIN orders o ON o.order_no = c.out_trade_no \
-           WHERE c.created_at < $1 AND o.status = 'REFUNDED' LIMIT $2)",
-    ),
+/// Rows the retry windows no longer need, at most `$2` per statement. Callback rows are not
+/// among them: they are what makes a late repeat of a payment or refund a duplicate, so they
+/// live as long as their order. Nor are `PAYMENT_ANOMALY` messages: a second payment under a
+/// recorded key has no callback row, and its anomaly message is what makes its repeats
+/// duplicates. Each is emitted once for the life of its order.
+const PURGE: [(&str, &str); 2] = [
     (
         "local_message",
         "DELETE FROM local_message WHERE id IN (\
-           SELECT id FROM local_message WHERE status = 1 AND sent_at < $1 LIMIT $2)",
+           SELECT id FROM local_message WHERE status = 1 AND sent_at < $1 \
+           AND topic <> 'PAYMENT_ANOMALY' LIMIT $2)",
     ),
     (
         "idempotency_key",

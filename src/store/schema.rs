@@ -52,6 +52,20 @@ diesel::table! {
 
 diesel::table! {
     use diesel::sql_types::*;
+    use crate::store::types::UtcTs;
+
+    status_callback (out_trade_no, channel, transaction_id, status) {
+        out_trade_no -> Text,
+        channel -> Text,
+        transaction_id -> Text,
+        status -> Text,
+        amount_fen -> BigInt,
+        created_at -> UtcTs,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
     use crate::store::types::{Json, UtcTs};
 
     local_message (id) {
@@ -87,6 +101,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     orders,
     pay_callback,
     refund_callback,
+    status_callback,
     local_message,
     idempotency_key,
 );

@@ -94,7 +94,7 @@ crate::on_both_backends!(
     trade_finished_after_trade_success_is_the_same_payment,
     partial_refund_twice_then_the_rest,
     a_full_refund_comes_as_trade_closed,
-    an_unpaid_trade_closed_by_alipay_closes_the_order,
+    an_unpaid_trade_closed_by_alipay_is_recorded_and_the_order_stays_payable,
     wechat_and_alipay_both_paying_is_a_duplicate_payment,
     wrong_seller_or_amount_are_anomalies_and_the_order_stays_unpaid,
     partial_refunds_out_of_order_each_get_an_event_and_count_once,
@@ -190,8 +190,8 @@ async fn a_refund_through_the_channel_that_did_not_pay_is_an_anomaly(backend: Ba
         .collect();
     assert_eq!(
         reasons,
-        ["DUPLICATE_PAYMENT", "DUPLICATE_PAYMENT"],
-        "the payment, then its refund"
+        ["OTHER_PAYMENT_REFUNDED", "DUPLICATE_PAYMENT"],
+        "newest first: the refund of the second payment, then that payment"
     );
 }
 
@@ -288,8 +288,9 @@ async fn partial_refund_twice_then_the_rest(backend: Backend) {
             ("A-R:RF-1".to_owned(), Some(5000))
         ]
     );
-    let (_, recorded) = app.store.callbacks_of("A-R").await.expect("callbacks");
+    let recorded = app.store.callbacks_of("A-R").await.expect("callbacks");
     let mut amounts: Vec<_> = recorded
+        .refunds
         .iter()
         .map(|r| (r.out_refund_no.as_str(), r.refund_fen))
         .collect();
@@ -314,16 +315,43 @@ async fn a_full_refund_comes_as_trade_closed(backend: Backend) {
     assert_eq!(app.refund_state("A-FR").await, ("REFUNDED".into(), 12800));
 }
 
-async fn an_unpaid_trade_closed_by_alipay_closes_the_order(backend: Backend) {
+async fn an_unpaid_trade_closed_by_alipay_is_recorded_and_the_order_stays_payable(
+    backend: Backend,
+) {
     let app = app(backend).await;
     app.create_order("A-C", 6660).await;
     let mut closed = pay_fields("A-C", 6660, "TRADE_CLOSED");
     closed.retain(|(k, _)| k != "gmt_payment");
     set(&mut closed, "gmt_close", "2026-11-30 10:30:00");
     assert_eq!(send(&app, &signed(closed.clone())).await, ok());
-    assert_eq!(app.status_of("A-C").await, "CLOSED");
     assert_eq!(send(&app, &signed(closed)).await, ok(), "repeat");
-    assert_eq!(app.messages("ORDER_CLOSED").await, 1);
+    assert_eq!(app.status_of("A-C").await, "WAIT_PAY");
+    assert_eq!(app.messages("ORDER_CLOSED").await, 0);
+    // Recorded once, and visible to operators.
+    let callbacks: serde_json::Value = app
+        .client
+        .get(app.url("/admin/callbacks?order_no=A-C"))
+        .bearer_auth(&app.api_token)
+        .send()
+        .await
+        .expect("callbacks")
+        .json()
+        .await
+        .expect("json");
+    let statuses = callbacks["statuses"].as_array().expect("statuses");
+    assert_eq!(statuses.len(), 1, "{callbacks}");
+    assert_eq!(statuses[0]["status"], "CLOSED");
+    assert_eq!(statuses[0]["channel"], "alipay");
+    // The buyer pays the same order by WeChat.
+    let wechat = wechat_paid("A-C", "4200000009", 6660);
+    assert_eq!(
+        app.store
+            .apply(&wechat, app.clock.now())
+            .await
+            .expect("apply"),
+        Outcome::Applied
+    );
+    assert_eq!(app.status_of("A-C").await, "PAID");
     // WAIT_BUYER_PAY is acknowledged and changes nothing.
     app.create_order("A-W", 100).await;
     assert_eq!(

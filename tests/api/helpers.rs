@@ -100,6 +100,65 @@ impl TestDb {
         }
     }
 
+    /// Holds a write lock for `hold` on a connection of its own: SQLite's one writer
+    /// (`BEGIN IMMEDIATE`), or on PostgreSQL the row of `order_no` (`FOR UPDATE`). Resolves
+    /// once the lock is taken; the returned task commits when the time is up.
+    pub async fn hold_write_lock(
+        &self,
+        order_no: &str,
+        hold: std::time::Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let (taken_tx, taken) = tokio::sync::oneshot::channel();
+        let task = match self {
+            TestDb::Postgres { url, .. } => {
+                let mut c = AsyncPgConnection::establish(url).await.expect("connect");
+                let lock = format!(
+                    "BEGIN; SELECT order_no FROM orders WHERE order_no = '{order_no}' FOR UPDATE"
+                );
+                tokio::spawn(async move {
+                    c.batch_execute(&lock).await.expect("lock");
+                    let _ = taken_tx.send(());
+                    tokio::time::sleep(hold).await;
+                    c.batch_execute("COMMIT").await.expect("commit");
+                })
+            }
+            TestDb::Sqlite { url, .. } => {
+                let path = url.trim_start_matches("sqlite://").to_owned();
+                let mut c = SqliteAsync::establish(&path).await.expect("connect");
+                tokio::spawn(async move {
+                    c.batch_execute("BEGIN IMMEDIATE").await.expect("lock");
+                    let _ = taken_tx.send(());
+                    tokio::time::sleep(hold).await;
+                    c.batch_execute("COMMIT").await.expect("commit");
+                })
+            }
+        };
+        taken.await.expect("lock taken");
+        task
+    }
+
+    /// PostgreSQL only: holds an exclusive lock on `table` for `hold` (see `hold_write_lock`).
+    pub async fn hold_table_lock(
+        &self,
+        table: &str,
+        hold: std::time::Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let TestDb::Postgres { url, .. } = self else {
+            panic!("hold_table_lock is for PostgreSQL");
+        };
+        let (taken_tx, taken) = tokio::sync::oneshot::channel();
+        let mut c = AsyncPgConnection::establish(url).await.expect("connect");
+        let lock = format!("BEGIN; LOCK TABLE {table} IN EXCLUSIVE MODE");
+        let task = tokio::spawn(async move {
+            c.batch_execute(&lock).await.expect("lock");
+            let _ = taken_tx.send(());
+            tokio::time::sleep(hold).await;
+            c.batch_execute("COMMIT").await.expect("commit");
+        });
+        taken.await.expect("lock taken");
+        task
+    }
+
     /// `SELECT COUNT(*) AS n FROM …` on the test database.
     pub async fn count(&self, from_where: &str) -> i64 {
         #[derive(QueryableByName)]

@@ -15,7 +15,12 @@ use crate::test_channel::TestNotification;
 
 crate::on_both_backends!(
     fifty_concurrent_deliveries_make_exactly_one_transition,
-    same_key_with_different_content_is_a_conflict_and_changes_nothing,
+    same_payment_with_different_content_is_a_conflict_and_changes_nothing,
+    a_second_payment_under_the_same_key_is_recorded_once,
+    a_refund_of_another_payment_leaves_the_order_alone,
+    a_provider_close_is_recorded_and_changes_nothing,
+    late_repeats_after_retention_are_duplicates,
+    the_longest_provider_ids_fit,
     amount_or_currency_mismatch_is_an_anomaly_and_the_order_stays_unpaid,
     merchant_mismatch_is_an_anomaly_and_the_order_stays_unpaid,
     payment_after_close_is_an_anomaly,
@@ -35,14 +40,45 @@ fn paid(order_no: &str, transaction_id: &str, amount_fen: i64) -> Notice {
     TestNotification::paid(order_no, transaction_id, amount_fen).to_notice()
 }
 
+/// A refund of the payment `T-{order_no}`.
 fn refund(order_no: &str, out_refund_no: &str, refund_fen: i64) -> Notice {
-    let mut n = paid(order_no, &format!("T-{order_no}"), 0);
+    refund_of(
+        order_no,
+        &format!("T-{order_no}"),
+        out_refund_no,
+        refund_fen,
+    )
+}
+
+/// A refund of the payment `transaction_id`.
+fn refund_of(order_no: &str, transaction_id: &str, out_refund_no: &str, refund_fen: i64) -> Notice {
+    let mut n = paid(order_no, transaction_id, 0);
     n.kind = NoticeKind::Refunded(Refund {
         out_refund_no: out_refund_no.into(),
         refund_id: format!("RID-{out_refund_no}"),
         amount: RefundAmount::This(refund_fen),
     });
     n
+}
+
+/// `(reason, biz_key)` of every anomaly message of an order, in id order.
+async fn anomalies(app: &TestApp, order_no: &str) -> Vec<(String, String)> {
+    let mut messages = app.outbox("PAYMENT_ANOMALY").await;
+    messages.sort_by_key(|m| m.id);
+    messages
+        .into_iter()
+        .filter(|m| m.payload.0["order_no"] == order_no)
+        .map(|m| {
+            (
+                m.payload.0["reason"].as_str().unwrap_or("").to_owned(),
+                m.biz_key,
+            )
+        })
+        .collect()
+}
+
+fn pair(reason: &str, biz_key: &str) -> (String, String) {
+    (reason.to_owned(), biz_key.to_owned())
 }
 
 async fn apply(app: &TestApp, notice: &Notice) -> Outcome {
@@ -105,7 +141,7 @@ async fn fifty_concurrent_deliveries_make_exactly_one_transition(backend: Backen
     assert_eq!(app.db.count("local_message").await, 1);
 }
 
-async fn same_key_with_different_content_is_a_conflict_and_changes_nothing(backend: Backend) {
+async fn same_payment_with_different_content_is_a_conflict_and_changes_nothing(backend: Backend) {
     let app = spawn_app(backend).await;
     app.create_order("O-C", 19900).await;
     assert_eq!(
@@ -114,18 +150,242 @@ async fn same_key_with_different_content_is_a_conflict_and_changes_nothing(backe
     );
     let before = app.get_order("O-C").await;
 
+    // The same transaction id with another amount, currency or merchant: the provider
+    // contradicts itself.
     assert_eq!(
-        apply(&app, &paid("O-C", "T-2", 19900)).await,
+        apply(&app, &paid("O-C", "T-1", 100)).await,
         Outcome::Conflict
     );
-    let mut other_amount = paid("O-C", "T-1", 100);
-    other_amount.currency = "CNY".into();
-    assert_eq!(apply(&app, &other_amount).await, Outcome::Conflict);
+    let mut usd = paid("O-C", "T-1", 19900);
+    usd.currency = "USD".into();
+    assert_eq!(apply(&app, &usd).await, Outcome::Conflict);
+    let mut other_app = paid("O-C", "T-1", 19900);
+    other_app.merchant.app_id = Some("wx-other".into());
+    assert_eq!(apply(&app, &other_app).await, Outcome::Conflict);
 
     assert_eq!(app.get_order("O-C").await, before);
     assert_eq!(before["transaction_id"], "T-1");
     assert_eq!(app.db.count("pay_callback").await, 1);
     assert_eq!(app.db.count("local_message").await, 1);
+}
+
+async fn a_second_payment_under_the_same_key_is_recorded_once(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-2P", 19900).await;
+    assert_eq!(
+        apply(&app, &paid("O-2P", "T-1", 19900)).await,
+        Outcome::Applied
+    );
+    let before = app.get_order("O-2P").await;
+
+    // Another merchant of the channel took a second, real payment for the same order.
+    let second = paid("O-2P", "T-2", 19900);
+    assert_eq!(
+        apply(&app, &second).await,
+        Outcome::Anomaly(AnomalyReason::DuplicatePayment)
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            apply(&app, &second).await,
+            Outcome::Duplicate,
+            "its retries"
+        );
+    }
+    assert_eq!(app.get_order("O-2P").await, before, "the order untouched");
+    assert_eq!(
+        anomalies(&app, "O-2P").await,
+        [pair("DUPLICATE_PAYMENT", "O-2P:wechat:T-2")]
+    );
+    // The first payment's repeat is still a plain duplicate.
+    assert_eq!(
+        apply(&app, &paid("O-2P", "T-1", 19900)).await,
+        Outcome::Duplicate
+    );
+    assert_eq!(app.db.count("pay_callback").await, 1);
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+}
+
+async fn a_refund_of_another_payment_leaves_the_order_alone(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-OR", 10000).await;
+    apply(&app, &paid("O-OR", "T-A", 10000)).await;
+    assert_eq!(
+        apply(&app, &paid("O-OR", "T-B", 10000)).await,
+        Outcome::Anomaly(AnomalyReason::DuplicatePayment)
+    );
+
+    // Payment B is refunded in full: payment A still stands.
+    let refund_b = refund_of("O-OR", "T-B", "R-B", 10000);
+    assert_eq!(
+        apply(&app, &refund_b).await,
+        Outcome::Anomaly(AnomalyReason::OtherPaymentRefunded)
+    );
+    assert_eq!(apply(&app, &refund_b).await, Outcome::Duplicate);
+    assert_eq!(app.refund_state("O-OR").await, ("PAID".into(), 0));
+    assert_eq!(
+        anomalies(&app, "O-OR").await,
+        [
+            pair("DUPLICATE_PAYMENT", "O-OR:wechat:T-B"),
+            pair("OTHER_PAYMENT_REFUNDED", "O-OR:wechat:R-B"),
+        ]
+    );
+    assert_eq!(app.messages("ORDER_REFUNDED").await, 0);
+
+    // A refund through the channel that did not pay the order is another payment's too.
+    let mut alipay = refund_of("O-OR", "T-A", "R-ALI", 10000);
+    alipay.channel = ChannelId::Alipay;
+    assert_eq!(
+        apply(&app, &alipay).await,
+        Outcome::Anomaly(AnomalyReason::OtherPaymentRefunded)
+    );
+    assert_eq!(app.refund_state("O-OR").await, ("PAID".into(), 0));
+
+    // The order's own payment refunded: that one moves it.
+    assert_eq!(
+        apply(&app, &refund_of("O-OR", "T-A", "R-A", 10000)).await,
+        Outcome::Applied
+    );
+    assert_eq!(app.refund_state("O-OR").await, ("REFUNDED".into(), 10000));
+    assert_eq!(app.messages("ORDER_REFUNDED").await, 1);
+}
+
+async fn a_provider_close_is_recorded_and_changes_nothing(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("O-PCL", 19900).await;
+    let mut closed = paid("O-PCL", "ALI-T", 19900);
+    closed.channel = ChannelId::Alipay;
+    closed.kind = NoticeKind::Closed;
+    assert_eq!(apply(&app, &closed).await, Outcome::Ignored);
+    assert_eq!(apply(&app, &closed).await, Outcome::Duplicate);
+    assert_eq!(app.status_of("O-PCL").await, "WAIT_PAY");
+    assert_eq!(app.messages("ORDER_CLOSED").await, 0);
+    let recorded = app.store.callbacks_of("O-PCL").await.expect("callbacks");
+    assert_eq!(recorded.statuses.len(), 1);
+    assert_eq!(recorded.statuses[0].status, "CLOSED");
+    assert_eq!(recorded.statuses[0].transaction_id, "ALI-T");
+
+    // The buyer pays the same order through the other channel.
+    assert_eq!(
+        apply(&app, &paid("O-PCL", "WX-T", 19900)).await,
+        Outcome::Applied
+    );
+    assert_eq!(app.status_of("O-PCL").await, "PAID");
+
+    closed.out_trade_no = "NOPE".into();
+    assert_eq!(apply(&app, &closed).await, Outcome::UnknownOrder);
+    assert_eq!(app.db.count("status_callback").await, 1);
+}
+
+/// Every event is emitted once for the life of its order: after retention ran over old
+/// rows, a provider's late repeat is still a duplicate.
+async fn late_repeats_after_retention_are_duplicates(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let now = app.clock.now();
+    // A payment after close.
+    app.create_order("L-PAC", 1000).await;
+    app.store
+        .close_order("L-PAC", "api", now)
+        .await
+        .expect("close");
+    let after_close = paid("L-PAC", "T-PAC", 1000);
+    // A payment through a second channel, and a second payment of the same channel.
+    app.create_order("L-DUP", 1000).await;
+    let first = paid("L-DUP", "T-DUP", 1000);
+    let mut by_alipay = paid("L-DUP", "ALI-DUP", 1000);
+    by_alipay.channel = ChannelId::Alipay;
+    let second = paid("L-DUP", "T-DUP-2", 1000);
+    // A fully refunded order.
+    app.create_order("L-REF", 1000).await;
+    let pay_ref = paid("L-REF", "T-L-REF", 1000);
+    let full_refund = refund("L-REF", "R-1", 1000);
+    let notices = [
+        &after_close,
+        &first,
+        &by_alipay,
+        &second,
+        &pay_ref,
+        &full_refund,
+    ];
+    for n in notices {
+        let outcome = apply(&app, n).await;
+        assert!(
+            matches!(outcome, Outcome::Applied | Outcome::Anomaly(_)),
+            "{outcome:?}"
+        );
+    }
+    let events = app.db.count("local_message").await;
+    assert_eq!(
+        events, 7,
+        "three anomalies, two paid, one refunded, one closed"
+    );
+
+    // Everything delivered long ago, then retention.
+    app.db
+        .execute("UPDATE local_message SET status = 1, sent_at = created_at")
+        .await;
+    app.clock.advance(90 * 86_400);
+    paynotify::jobs::purge(&app.store, app.clock.as_ref(), 7)
+        .await
+        .expect("purge");
+
+    let now = app.clock.now();
+    for n in notices {
+        let outcome = app.store.apply(n, now).await.expect("no database error");
+        assert_eq!(outcome, Outcome::Duplicate, "{n:?}");
+    }
+    assert_eq!(
+        app.db.count("local_message WHERE status = 0").await,
+        0,
+        "no event emitted twice"
+    );
+}
+
+/// Provider ids at their documented maxima fit every column they land in, on every backend
+/// (on PostgreSQL a value wider than its column is an error the provider retries forever).
+async fn the_longest_provider_ids_fit(backend: Backend) {
+    use paynotify::notice::max_len;
+    let app = spawn_app(backend).await;
+    let order_no = "O".repeat(max_len::ORDER_NO);
+    let txn = "T".repeat(max_len::TRANSACTION_ID);
+    let out_refund_no = |c: &str| c.repeat(max_len::OUT_REFUND_NO);
+    app.create_order(&order_no, 1000).await;
+    assert_eq!(
+        apply(&app, &paid(&order_no, &txn, 1000)).await,
+        Outcome::Applied
+    );
+    let long_refund = |out_refund_no: String, txn: &str, fen| {
+        let mut n = refund_of(&order_no, txn, &out_refund_no, fen);
+        if let NoticeKind::Refunded(r) = &mut n.kind {
+            // Alipay's refund id: trade_no:out_biz_no.
+            r.refund_id = format!("{}:{}", "9".repeat(max_len::TRANSACTION_ID), out_refund_no);
+            assert_eq!(r.refund_id.len(), max_len::REFUND_ID);
+        }
+        n.channel = ChannelId::Alipay;
+        n
+    };
+    // A refund anomaly's key is the longest: order, channel and the refund id.
+    let mut alipay = paid(&order_no, &txn, 1000);
+    alipay.channel = ChannelId::Alipay;
+    assert_eq!(
+        apply(&app, &alipay).await,
+        Outcome::Anomaly(AnomalyReason::DuplicatePayment)
+    );
+    assert_eq!(
+        apply(&app, &long_refund(out_refund_no("A"), &txn, 1000)).await,
+        Outcome::Anomaly(AnomalyReason::OtherPaymentRefunded)
+    );
+    let mut foreign = long_refund(out_refund_no("B"), &txn, 1000);
+    foreign.merchant_matches = false;
+    assert_eq!(
+        apply(&app, &foreign).await,
+        Outcome::Anomaly(AnomalyReason::MerchantMismatch)
+    );
+    // ORDER_REFUNDED: order and refund number.
+    let mut own = long_refund(out_refund_no("C"), &txn, 1000);
+    own.channel = ChannelId::Wechat;
+    assert_eq!(apply(&app, &own).await, Outcome::Applied);
+    assert_eq!(app.refund_state(&order_no).await, ("REFUNDED".into(), 1000));
+    assert_eq!(app.db.count("refund_callback").await, 3);
 }
 
 async fn amount_or_currency_mismatch_is_an_anomaly_and_the_order_stays_unpaid(backend: Backend) {
@@ -362,7 +622,7 @@ async fn a_refund_of_a_payment_recorded_as_an_anomaly_is_recorded_too(backend: B
     );
     assert_eq!(
         apply(&app, &refund("O-AR", "R1", 500)).await,
-        Outcome::Anomaly(AnomalyReason::AmountMismatch),
+        Outcome::Anomaly(AnomalyReason::OtherPaymentRefunded),
         "recorded, not 404 until the order expires"
     );
     assert_eq!(app.status_of("O-AR").await, "WAIT_PAY");
@@ -414,7 +674,8 @@ async fn state_never_moves_backwards(backend: Backend) {
     ];
     // The expected status after each op, in the order of `ops`.
     let table: [(OrderStatus, [OrderStatus; 6]); 4] = [
-        (WaitPay, [Paid, Paid, WaitPay, WaitPay, Closed, Closed]),
+        // A provider's close of its trade never closes the order (the buyer may still pay).
+        (WaitPay, [Paid, Paid, WaitPay, WaitPay, Closed, WaitPay]),
         (Paid, [Paid, Paid, Refunded, Paid, Paid, Paid]),
         (
             Refunded,
@@ -438,7 +699,7 @@ async fn state_never_moves_backwards(backend: Backend) {
             }
             if *start == Refunded {
                 assert_eq!(
-                    apply(&app, &refund(&no, &format!("{no}-R0"), 1000)).await,
+                    apply(&app, &refund_of(&no, "T-START", &format!("{no}-R0"), 1000)).await,
                     Outcome::Applied
                 );
             }
@@ -457,10 +718,10 @@ async fn state_never_moves_backwards(backend: Backend) {
                     apply(&app, &n).await;
                 }
                 RefundFull => {
-                    apply(&app, &refund(&no, &format!("{no}-RF"), 1000)).await;
+                    apply(&app, &refund_of(&no, "T-START", &format!("{no}-RF"), 1000)).await;
                 }
                 RefundPartial => {
-                    apply(&app, &refund(&no, &format!("{no}-RP"), 1)).await;
+                    apply(&app, &refund_of(&no, "T-START", &format!("{no}-RP"), 1)).await;
                 }
                 CloseApi => {
                     app.store.close_order(&no, "api", now).await.expect("close");

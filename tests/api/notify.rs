@@ -17,6 +17,8 @@ crate::on_both_backends!(
     an_anomaly_is_acknowledged_so_the_provider_stops,
     an_oversize_body_is_413_in_the_providers_shape,
     twenty_concurrent_http_deliveries_make_one_transition,
+    a_notification_whose_caller_hangs_up_is_still_applied_once,
+    an_order_whose_caller_hangs_up_is_still_created,
 );
 
 async fn first_and_repeated_deliveries_are_acknowledged_alike(backend: Backend) {
@@ -35,7 +37,8 @@ async fn a_conflict_is_409_in_the_providers_shape(backend: Backend) {
     let app = spawn_app(backend).await;
     app.create_order("N-2", 19900).await;
     deliver(&app, &TestNotification::paid("N-2", "T-1", 19900)).await;
-    let (status, body) = deliver(&app, &TestNotification::paid("N-2", "T-2", 19900)).await;
+    // The same payment (transaction id) with another amount.
+    let (status, body) = deliver(&app, &TestNotification::paid("N-2", "T-1", 100)).await;
     assert_eq!(status, StatusCode::CONFLICT);
     let body: serde_json::Value = serde_json::from_str(&body).expect("json");
     assert_eq!(body["code"], "FAIL");
@@ -124,4 +127,116 @@ async fn database_down_is_503_so_the_provider_retries() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert!(body.contains("FAIL"));
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
+}
+
+/// Sends `request` on a socket of its own, waits `after`, then resets the connection (linger
+/// 0), as a provider that gives up does.
+async fn hang_up(app: &crate::helpers::TestApp, request: String, after: std::time::Duration) {
+    use tokio::io::AsyncWriteExt;
+    let address = app.address.trim_start_matches("http://");
+    let mut socket = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    socket
+        .write_all(request.as_bytes())
+        .await
+        .expect("send request");
+    tokio::time::sleep(after).await;
+    socket.set_zero_linger().expect("linger");
+    drop(socket);
+}
+
+/// After a hang-up: the service still answers every request, on every pooled connection.
+async fn service_still_works(app: &crate::helpers::TestApp, prefix: &str) {
+    for i in 0..6 {
+        let no = format!("{prefix}-{i}");
+        app.create_order(&no, 100).await;
+        let (status, _) = deliver(app, &TestNotification::paid(&no, &format!("T-{no}"), 100)).await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "{no}");
+    }
+}
+
+/// The provider hangs up while the ledger waits for the database (WeChat gives up after
+/// 5 s): the verified notice is still applied, exactly once, and no worker or pooled
+/// connection is left broken.
+async fn a_notification_whose_caller_hangs_up_is_still_applied_once(backend: Backend) {
+    let app = spawn_app_with(backend, |s| s.database.pool_size = 2).await;
+    app.create_order("N-HANG", 19900).await;
+    let (body, signature) = TestNotification::paid("N-HANG", "T-HANG", 19900).signed();
+    let request = format!(
+        "POST {} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Test-Signature: {signature}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        crate::test_channel::PATH,
+        body.len()
+    );
+    let lock = app
+        .db
+        .hold_write_lock("N-HANG", std::time::Duration::from_millis(1500))
+        .await;
+    hang_up(&app, request, std::time::Duration::from_millis(700)).await;
+    lock.await.expect("lock released");
+    for _ in 0..100 {
+        if app.status_of("N-HANG").await == "PAID" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(app.status_of("N-HANG").await, "PAID", "applied to its end");
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    // The provider's retry is a duplicate.
+    let retry = deliver(&app, &TestNotification::paid("N-HANG", "T-HANG", 19900)).await;
+    assert_eq!(retry.0, StatusCode::NO_CONTENT);
+    service_still_works(&app, "N-AFTER").await;
+    assert_eq!(app.messages("ORDER_PAID").await, 7);
+}
+
+async fn an_order_whose_caller_hangs_up_is_still_created(backend: Backend) {
+    let app = spawn_app_with(backend, |s| s.database.pool_size = 2).await;
+    app.create_order("N-LOCKED", 100).await;
+    let body = r#"{"order_no":"N-HUNG","amount_fen":100,"currency":"CNY","subject":"s"}"#;
+    let request = format!(
+        "POST /orders HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        app.api_token,
+        body.len()
+    );
+    // PostgreSQL: a row lock does not block an insert of another order, so lock the table.
+    let lock = match &app.db {
+        crate::helpers::TestDb::Postgres { .. } => {
+            app.db
+                .hold_table_lock("orders", std::time::Duration::from_millis(1500))
+                .await
+        }
+        crate::helpers::TestDb::Sqlite { .. } => {
+            app.db
+                .hold_write_lock("N-LOCKED", std::time::Duration::from_millis(1500))
+                .await
+        }
+    };
+    hang_up(&app, request, std::time::Duration::from_millis(700)).await;
+    lock.await.expect("lock released");
+    let mut found = false;
+    for _ in 0..100 {
+        if app.db.count("orders WHERE order_no = 'N-HUNG'").await == 1 {
+            found = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(found, "the order was created although its caller left");
+    service_still_works(&app, "N-AFTER").await;
+}
+
+/// A verified id longer than the providers document is refused at once, never a database
+/// error that the provider would retry for a day.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_longer_than_documented_is_400_and_writes_nothing() {
+    let app = spawn_app(Backend::Postgres).await;
+    let no = "O".repeat(paynotify::notice::max_len::ORDER_NO + 1);
+    let (status, body) = deliver(&app, &TestNotification::paid(&no, "T-1", 100)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("out_trade_no"), "{body}");
+    let (status, body) = deliver(&app, &TestNotification::paid("N-L", &"T".repeat(65), 100)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(app.db.count("pay_callback").await, 0);
 }

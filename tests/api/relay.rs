@@ -119,7 +119,7 @@ crate::on_both_backends!(
     a_late_mark_by_a_relay_whose_lease_expired_changes_nothing,
     shutdown_gives_back_the_leases_it_holds,
     expiry_closes_only_unpaid_orders_past_their_deadline,
-    retention_keeps_pending_dead_and_recent_rows,
+    retention_keeps_callbacks_anomalies_pending_dead_and_recent_rows,
 );
 
 async fn publishes_each_pending_message_once(backend: Backend) {
@@ -481,7 +481,7 @@ async fn expiry_closes_only_unpaid_orders_past_their_deadline(backend: Backend) 
     assert_eq!(app.status_of("E-DUE").await, "CLOSED");
 }
 
-async fn retention_keeps_pending_dead_and_recent_rows(backend: Backend) {
+async fn retention_keeps_callbacks_anomalies_pending_dead_and_recent_rows(backend: Backend) {
     let app = spawn_app(backend).await;
     // Old rows: a paid order's callback, a sent, a pending and a dead message, a key.
     app.create_order("RT-OLD", 100).await;
@@ -537,21 +537,28 @@ async fn retention_keeps_pending_dead_and_recent_rows(backend: Backend) {
     let deleted = purge(&app.store, app.clock.as_ref(), 7)
         .await
         .expect("purge");
-    // RT-OLD's payment row, four old sent messages, one idempotency key.
-    assert_eq!(deleted, 6);
+    // Three old sent messages (not the anomaly), one idempotency key.
+    assert_eq!(deleted, 4);
     assert_eq!(
         app.db
             .count("refund_callback WHERE out_refund_no = 'R-OLD'")
             .await,
         1,
-        "a refund row stays while its order can still be refunded (PAID)"
+        "refund rows live as long as their order"
     );
     assert_eq!(
         app.db
             .count("pay_callback WHERE out_trade_no = 'RT-OLD'")
             .await,
-        0,
-        "decided and old"
+        1,
+        "payment rows live as long as their order, however old"
+    );
+    assert_eq!(
+        app.db
+            .count("local_message WHERE topic = 'PAYMENT_ANOMALY' AND status = 1")
+            .await,
+        1,
+        "a sent anomaly stays: it is what makes a second payment's repeats duplicates"
     );
     assert_eq!(
         app.db
@@ -588,8 +595,8 @@ async fn retention_keeps_pending_dead_and_recent_rows(backend: Backend) {
     );
     assert_eq!(
         app.db.count("local_message").await,
-        before - 4 + 1,
-        "four old sent gone, one new"
+        before - 3 + 1,
+        "three old sent gone, one new"
     );
     assert_eq!(app.db.count("idempotency_key").await, 0);
     assert_eq!(app.db.count("orders").await, 4, "orders are never purged");

@@ -27,7 +27,9 @@ fn settings() -> WechatSettings {
         merchants: vec![
             WechatMerchant {
                 mchid: "1900000001".into(),
-                appid: "wx0000000000000001".into(),
+                // A mini-program and an official account bound to one mchid.
+                appid: Some("wx0000000000000001".into()),
+                appids: vec!["wx0000000000000003".into()],
                 apiv3_key: Secret::new(APIV3_A),
                 platform_keys: vec![
                     PlatformKey {
@@ -44,7 +46,8 @@ fn settings() -> WechatSettings {
             },
             WechatMerchant {
                 mchid: "1900000002".into(),
-                appid: "wx0000000000000002".into(),
+                appid: None,
+                appids: vec!["wx0000000000000002".into()],
                 apiv3_key: Secret::new(APIV3_B),
                 platform_keys: vec![PlatformKey {
                     serial: Some(KEY_B.into()),
@@ -130,6 +133,8 @@ crate::on_both_backends!(
     twenty_concurrent_identical_deliveries_make_one_transition,
     wrong_merchant_ids_or_amount_are_anomalies_and_the_order_stays_unpaid,
     two_merchants_and_both_key_kinds_at_once,
+    a_payment_from_any_appid_of_the_merchant_is_ours,
+    a_second_merchants_payment_and_its_refund_leave_the_order_paid,
 );
 
 async fn a_valid_payment_marks_the_order_paid(backend: Backend) {
@@ -296,6 +301,110 @@ async fn two_merchants_and_both_key_kinds_at_once(backend: Backend) {
     b_as_a.appid = "wx0000000000000001".into();
     assert_eq!(pay(&app, &paid(&app, &b_as_a, "W-KX", 500)).await.0, 204);
     assert_eq!(app.status_of("W-KX").await, "WAIT_PAY");
+}
+
+async fn a_payment_from_any_appid_of_the_merchant_is_ours(backend: Backend) {
+    let app = app(backend).await;
+    for (no, appid) in [
+        ("W-APP1", "wx0000000000000001"),
+        ("W-APP3", "wx0000000000000003"),
+    ] {
+        app.create_order(no, 500).await;
+        let mut s = sandbox('A');
+        s.appid = appid.into();
+        assert_eq!(pay(&app, &paid(&app, &s, no, 500)).await.0, 204, "{appid}");
+        assert_eq!(app.status_of(no).await, "PAID", "{appid}");
+    }
+    // An appid of another merchant is still a mismatch.
+    app.create_order("W-APP2", 500).await;
+    let mut s = sandbox('A');
+    s.appid = "wx0000000000000002".into();
+    assert_eq!(pay(&app, &paid(&app, &s, "W-APP2", 500)).await.0, 204);
+    assert_eq!(app.status_of("W-APP2").await, "WAIT_PAY");
+    assert_eq!(app.messages("PAYMENT_ANOMALY").await, 1);
+}
+
+/// The anomaly messages of an order: `(reason, biz_key)`, in id order.
+async fn anomalies(app: &TestApp, order_no: &str) -> Vec<(String, String)> {
+    let mut messages = app.outbox("PAYMENT_ANOMALY").await;
+    messages.sort_by_key(|m| m.id);
+    messages
+        .into_iter()
+        .filter(|m| m.payload.0["order_no"] == order_no)
+        .map(|m| {
+            (
+                m.payload.0["reason"].as_str().unwrap_or("").to_owned(),
+                m.biz_key,
+            )
+        })
+        .collect()
+}
+
+/// Merchant A is paid; merchant B takes a second payment for the same `out_trade_no`, and
+/// refunds it. The order stays paid by A, and each of B's notices is recorded exactly once.
+async fn a_second_merchants_payment_and_its_refund_leave_the_order_paid(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("W-2M", 10000).await;
+    let (a, b) = (sandbox('A'), sandbox('B'));
+    assert_eq!(pay(&app, &paid(&app, &a, "W-2M", 10000)).await.0, 204);
+
+    let second = |at: i64| {
+        let plaintext = wechat::transaction(&b, "W-2M", "43W-2M", 10000);
+        b.notification("TRANSACTION.SUCCESS", &plaintext, at)
+            .expect("forge")
+    };
+    assert_eq!(pay(&app, &second(now(&app))).await.0, 204, "acknowledged");
+    // WeChat's retry: re-encrypted and re-signed, the same payment.
+    assert_eq!(pay(&app, &second(now(&app) - 10)).await.0, 204, "retry");
+    let order = app.get_order("W-2M").await;
+    assert_eq!(
+        (order["status"].as_str(), order["transaction_id"].as_str()),
+        (Some("PAID"), Some("42W-2M"))
+    );
+    assert_eq!(
+        anomalies(&app, "W-2M").await,
+        [(
+            "DUPLICATE_PAYMENT".to_owned(),
+            "W-2M:wechat:43W-2M".to_owned()
+        )]
+    );
+
+    // B refunds its own payment: A's payment still stands.
+    let refund_b = || {
+        let plaintext = wechat::refund(&b, "W-2M", "43W-2M", "RB-1", 10000, 10000);
+        b.notification("REFUND.SUCCESS", &plaintext, now(&app))
+            .expect("forge")
+    };
+    for _ in 0..2 {
+        assert_eq!(
+            send(&app, "/notify/wechat/refund", &refund_b()).await.0,
+            204
+        );
+    }
+    assert_eq!(app.refund_state("W-2M").await, ("PAID".into(), 0));
+    assert_eq!(
+        anomalies(&app, "W-2M").await,
+        [
+            (
+                "DUPLICATE_PAYMENT".to_owned(),
+                "W-2M:wechat:43W-2M".to_owned()
+            ),
+            (
+                "OTHER_PAYMENT_REFUNDED".to_owned(),
+                "W-2M:wechat:RB-1".to_owned()
+            ),
+        ]
+    );
+    assert_eq!(app.messages("ORDER_REFUNDED").await, 0);
+
+    // The refund of the order's own payment moves it.
+    let plaintext = wechat::refund(&a, "W-2M", "42W-2M", "RA-1", 10000, 10000);
+    let refund_a = a
+        .notification("REFUND.SUCCESS", &plaintext, now(&app))
+        .expect("forge");
+    assert_eq!(send(&app, "/notify/wechat/refund", &refund_a).await.0, 204);
+    assert_eq!(app.refund_state("W-2M").await, ("REFUNDED".into(), 10000));
+    assert_eq!(app.messages("ORDER_REFUNDED").await, 1);
 }
 
 // The refusals below never reach the ledger, so one backend is enough.

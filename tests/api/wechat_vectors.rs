@@ -29,7 +29,8 @@ pub fn vector_settings() -> WechatSettings {
         .iter()
         .map(|m| WechatMerchant {
             mchid: m["mchid"].as_str().expect("mchid").into(),
-            appid: m["appid"].as_str().expect("appid").into(),
+            appid: Some(m["appid"].as_str().expect("appid").into()),
+            appids: Vec::new(),
             apiv3_key: Secret::new(m["apiv3_key"].as_str().expect("key")),
             platform_keys: m["platform_keys"]
                 .as_array()
