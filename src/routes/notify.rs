@@ -76,11 +76,11 @@ pub struct WechatFail {
     description = "WeChat Pay API v3 payment result (TRANSACTION.SUCCESS). Authenticated by the Wechatpay-* signature headers over the raw body.",
     request_body(content = Object, content_type = "application/json"),
     responses(
-        (status = 204, description = "Applied, duplicate, or recorded anomaly"),
+        (status = 204, description = "Applied, duplicate, or recorded anomaly (including a second payment under the same key)"),
         (status = 400, description = "Missing header, malformed body or field, unsupported signature type", body = WechatFail),
         (status = 401, description = "Bad or missing signature, unknown serial, probe, stale timestamp", body = WechatFail),
         (status = 404, description = "Unknown order (WeChat retries)", body = WechatFail),
-        (status = 409, description = "Same key, different business content", body = WechatFail),
+        (status = 409, description = "The same payment or refund as before (same transaction id or refund key) with other amount, currency or merchant", body = WechatFail),
         (status = 413, description = "Body larger than server.max_body_bytes", body = WechatFail),
         (status = 500, description = "Signature valid, resource does not decrypt (our apiv3_key is wrong)", body = WechatFail),
         (status = 503, description = "Database unavailable or the same notification in flight", body = WechatFail)))]
@@ -101,7 +101,7 @@ pub async fn wechat_pay(
         (status = 400, description = "Bad request", body = WechatFail),
         (status = 401, description = "Bad signature or stale", body = WechatFail),
         (status = 404, description = "Unknown order, or its payment not in yet", body = WechatFail),
-        (status = 409, description = "Same key, different business content", body = WechatFail),
+        (status = 409, description = "The same payment or refund as before (same transaction id or refund key) with other amount, currency or merchant", body = WechatFail),
         (status = 413, description = "Body too large", body = WechatFail),
         (status = 500, description = "Resource does not decrypt", body = WechatFail),
         (status = 503, description = "Database unavailable or the same notification in flight", body = WechatFail)))]
@@ -122,7 +122,7 @@ pub async fn wechat_refund(
         (status = 400, description = "`fail`: malformed form, repeated field, bad amount", content_type = "text/plain", body = String),
         (status = 401, description = "`fail`: bad or missing sign, unknown app_id", content_type = "text/plain", body = String),
         (status = 404, description = "`fail`: unknown order", content_type = "text/plain", body = String),
-        (status = 409, description = "`fail`: same key, different business content", content_type = "text/plain", body = String),
+        (status = 409, description = "`fail`: the same payment or refund as before with other amount or merchant", content_type = "text/plain", body = String),
         (status = 413, description = "`fail`: body too large", content_type = "text/plain", body = String),
         (status = 503, description = "`fail`: database unavailable or the same notification in flight", content_type = "text/plain", body = String)))]
 pub async fn alipay(

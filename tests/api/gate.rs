@@ -350,7 +350,8 @@ async fn a_cached_answer_never_turns_a_conflict_into_a_success() {
             .0,
         StatusCode::NO_CONTENT
     );
-    let (status, _) = deliver(&app, &TestNotification::paid("G-C", "T-2", 100)).await;
+    // The same payment with another amount: the ledger's 409.
+    let (status, _) = deliver(&app, &TestNotification::paid("G-C", "T-1", 99)).await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(app.get_order("G-C").await["transaction_id"], "T-1");
     // Even with the other content's digest planted under the key, the ledger decides.
