@@ -13,7 +13,7 @@ use crate::channel::wechat::WechatPay;
 use crate::config::{ConfigError, Secret, Settings};
 use crate::gate::Gate;
 use crate::jobs::Jobs;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ROUTE_UNMATCHED, method_label};
 use crate::relay::{Relay, sink};
 use crate::routes::{ApiError, admin, health, orders};
 use crate::routes::{notify, openapi};
@@ -134,13 +134,15 @@ impl Application {
             let mut app = App::new()
                 .wrap_fn(move |req, srv| {
                     let started = std::time::Instant::now();
+                    // Both labels come from fixed sets: a registered route pattern or
+                    // `unmatched`, a standard method or `other`. Never the raw request.
                     let route = req
                         .match_pattern()
-                        .unwrap_or_else(|| "unmatched".to_owned());
-                    let method = req.method().to_string();
+                        .unwrap_or_else(|| ROUTE_UNMATCHED.to_owned());
+                    let method = method_label(req.method());
                     let histogram = latency
                         .request_seconds
-                        .with_label_values(&[&route, &method]);
+                        .with_label_values(&[route.as_str(), method]);
                     let response = srv.call(req);
                     async move {
                         let response = response.await;
