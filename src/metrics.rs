@@ -22,6 +22,9 @@ pub struct Metrics {
     pub relay_pending: IntGauge,
     pub relay_dead: IntGauge,
     pub relay_oldest_pending_seconds: IntGauge,
+    /// Unix time (seconds) of the relay's last tick that reached the database without error;
+    /// `time() - this` growing means the relay has stalled.
+    pub relay_last_success_timestamp_seconds: IntGauge,
     /// Request latency by route pattern (or `unmatched`) and method (a standard one, else
     /// `other`): see [`method_label`].
     pub request_seconds: HistogramVec,
@@ -117,6 +120,10 @@ impl Metrics {
             "paynotify_relay_oldest_pending_seconds",
             "Age of the oldest undelivered message (relay lag)",
         );
+        let relay_last_success_timestamp_seconds = gauge(
+            "paynotify_relay_last_success_timestamp_seconds",
+            "Unix time of the relay's last tick that completed without error",
+        );
         let request_seconds = register(
             &registry,
             HistogramVec::new(
@@ -157,6 +164,7 @@ impl Metrics {
             relay_pending,
             relay_dead,
             relay_oldest_pending_seconds,
+            relay_last_success_timestamp_seconds,
             request_seconds,
             db_pool,
             gate_breaker_open,

@@ -4,8 +4,12 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use crate::helpers::{Backend, TestApp, spawn_app};
+use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with_jobs};
+use crate::test_channel::{TestNotification, deliver};
+
+crate::on_both_backends!(a_relay_interval_under_one_second_delivers_every_message);
 
 /// A small xorshift generator: reproducible "random" methods and paths without a crate.
 struct Noise(AtomicU64);
@@ -107,5 +111,78 @@ async fn made_up_methods_and_paths_do_not_add_metric_series() {
     assert!(
         after.contains(r#"route="unmatched""#) && after.contains(r#"method="other""#),
         "the catch-all label values are used"
+    );
+}
+
+/// Creates `order_no` and pays it through the notify path.
+async fn paid_order(app: &TestApp, order_no: &str) {
+    app.create_order(order_no, 100).await;
+    let (status, body) = deliver(
+        app,
+        &TestNotification::paid(order_no, &format!("T-{order_no}"), 100),
+    )
+    .await;
+    assert_eq!(status, 204, "{order_no}: {body}");
+}
+
+/// Polls `check` every 50 ms for at most `limit`; true once it held.
+async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    check().await
+}
+
+fn wall_clock_seconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+async fn a_relay_interval_under_one_second_delivers_every_message(backend: Backend) {
+    let app = spawn_app_with_jobs(backend, |s| s.relay.interval_ms = 200).await;
+    let started = wall_clock_seconds();
+    // The first ticks run with nothing to send: every message arrives after them, in two
+    // waves with a pause between.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    for wave in 0..2 {
+        for i in 0..30 {
+            paid_order(&app, &format!("IV-{wave}-{i}")).await;
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    let all_sent = eventually(Duration::from_secs(15), || async {
+        app.db
+            .count("local_message WHERE topic = 'ORDER_PAID' AND status = 1")
+            .await
+            == 60
+    })
+    .await;
+    assert!(
+        all_sent,
+        "sent {} of 60 within 15 s at relay.interval_ms = 200",
+        app.db
+            .count("local_message WHERE topic = 'ORDER_PAID' AND status = 1")
+            .await
+    );
+    assert_eq!(app.db.count("local_message WHERE status <> 1").await, 0);
+    let heartbeat = app.metrics.relay_last_success_timestamp_seconds.get();
+    assert!(
+        heartbeat >= started,
+        "the last successful tick ({heartbeat}) is after the start ({started})"
+    );
+    assert!(
+        metrics_text(&app)
+            .await
+            .contains("paynotify_relay_last_success_timestamp_seconds "),
+        "the heartbeat is exported"
     );
 }
