@@ -14,7 +14,7 @@ use crate::config::{ConfigError, Secret, Settings};
 use crate::gate::Gate;
 use crate::jobs::Jobs;
 use crate::metrics::{Metrics, ROUTE_UNMATCHED, method_label};
-use crate::relay::{Relay, sink};
+use crate::relay::{Relay, Sink, sink};
 use crate::routes::{ApiError, admin, health, orders};
 use crate::routes::{notify, openapi};
 use crate::store::{Store, StoreError};
@@ -29,6 +29,8 @@ pub struct AppState {
     pub clock: Arc<dyn Clock>,
     pub api_token: Secret,
     pub expire_after_secs: u64,
+    /// Where the relay delivers (`relay.sink`); `/readyz` reports whether it is up.
+    pub sink: Arc<dyn Sink>,
 }
 
 /// Extra routes mounted beside the built-in ones (tests mount a double channel this way).
@@ -69,6 +71,7 @@ pub struct Application {
     port: u16,
     store: Store,
     metrics: Arc<Metrics>,
+    sink: Arc<dyn Sink>,
 }
 
 impl Application {
@@ -96,6 +99,17 @@ impl Application {
             .map_err(|source| StartupError::Listen { addr, source })?
             .port();
 
+        // Built, not connected: a sink that is down at start-up only delays delivery.
+        let sink_timeout = Duration::from_millis(settings.redis.timeout_ms.max(1000));
+        let sink: Arc<dyn Sink> = Arc::from(
+            sink::from_settings(&settings.relay, &settings.redis.url, sink_timeout).map_err(
+                |message| ConfigError::Invalid {
+                    key: "relay.sink".into(),
+                    message,
+                },
+            )?,
+        );
+
         let metrics = Arc::new(Metrics::new());
         let gate = if settings.redis.url.is_empty() {
             None
@@ -118,6 +132,7 @@ impl Application {
             clock: options.clock,
             api_token: settings.server.api_token.clone(),
             expire_after_secs: settings.orders.expire_after_secs,
+            sink: Arc::clone(&sink),
         });
         let max_body = settings.server.max_body_bytes;
         let extra = options.extra_routes;
@@ -194,6 +209,7 @@ impl Application {
             port,
             store,
             metrics,
+            sink,
         })
     }
 
@@ -210,21 +226,15 @@ impl Application {
     }
 
     /// Starts the relay, order-expiry and retention jobs with the sink `relay.sink` names.
+    /// A sink that is down does not stop them: the relay keeps its rows and retries.
     pub async fn start_jobs(
         &self,
         settings: &Settings,
         clock: Arc<dyn Clock>,
     ) -> Result<Jobs, StartupError> {
-        let timeout = Duration::from_millis(settings.redis.timeout_ms.max(1000));
-        let sink = sink::from_settings(&settings.relay, &settings.redis.url, timeout)
-            .await
-            .map_err(|message| ConfigError::Invalid {
-                key: "relay.sink".into(),
-                message,
-            })?;
         let relay = Arc::new(Relay::new(
             self.store.clone(),
-            Arc::from(sink),
+            Arc::clone(&self.sink),
             Arc::clone(&clock),
             Arc::clone(&self.metrics),
             settings.relay.batch_size,

@@ -6,10 +6,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use paynotify::config::{Secret, SinkKind};
+use paynotify::store::outbox::StoredMessage;
+
 use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with_jobs};
 use crate::test_channel::{TestNotification, deliver};
 
-crate::on_both_backends!(a_relay_interval_under_one_second_delivers_every_message);
+crate::on_both_backends!(
+    a_relay_interval_under_one_second_delivers_every_message,
+    redis_down_at_start_up_keeps_the_outbox_and_delivers_once_it_answers,
+);
 
 /// A small xorshift generator: reproducible "random" methods and paths without a crate.
 struct Noise(AtomicU64);
@@ -185,4 +191,143 @@ async fn a_relay_interval_under_one_second_delivers_every_message(backend: Backe
             .contains("paynotify_relay_last_success_timestamp_seconds "),
         "the heartbeat is exported"
     );
+}
+
+/// A port on 127.0.0.1 where nothing listens (until the test starts its own Redis there).
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+/// A `redis-server` of the test's own on `port`, stopped when dropped.
+struct OwnRedis(std::process::Child);
+
+impl OwnRedis {
+    async fn start(port: u16) -> Self {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (bash tests/run.sh uses it too)");
+        let own = Self(child);
+        let url = format!("redis://127.0.0.1:{port}");
+        let up = eventually(Duration::from_secs(10), || async {
+            let Ok(client) = redis::Client::open(url.as_str()) else {
+                return false;
+            };
+            match client.get_multiplexed_async_connection().await {
+                Ok(mut c) => redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .is_ok(),
+                Err(_) => false,
+            }
+        })
+        .await;
+        assert!(up, "own redis-server on port {port} did not answer");
+        own
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn readiness(app: &TestApp) -> (u16, serde_json::Value) {
+    let response = app
+        .client
+        .get(app.url("/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("readyz JSON"))
+}
+
+async fn paid_message(app: &TestApp, order_no: &str) -> StoredMessage {
+    app.outbox("ORDER_PAID")
+        .await
+        .into_iter()
+        .find(|m| m.biz_key == order_no)
+        .expect("the ORDER_PAID message exists")
+}
+
+async fn redis_down_at_start_up_keeps_the_outbox_and_delivers_once_it_answers(backend: Backend) {
+    let port = closed_port();
+    let stream = format!("paynotify:test:down:{}:{port}", std::process::id());
+    let app = spawn_app_with_jobs(backend, |s| {
+        s.redis.url = Secret::new(format!("redis://127.0.0.1:{port}"));
+        s.relay.sink = SinkKind::RedisStream;
+        s.relay.redis_stream = stream.clone();
+        s.relay.interval_ms = 200;
+    })
+    .await;
+
+    // The notify endpoints are up and the payment is stored with its message.
+    paid_order(&app, "RD-1").await;
+    assert_eq!(app.status_of("RD-1").await, "PAID");
+    let tried = eventually(Duration::from_secs(10), || async {
+        paid_message(&app, "RD-1").await.attempts >= 1
+    })
+    .await;
+    let first = paid_message(&app, "RD-1").await;
+    assert!(tried, "the relay tried to deliver: {first:?}");
+    assert_eq!(first.status, 0, "kept pending: {first:?}");
+    let error = first.last_error.clone().unwrap_or_default();
+    assert!(error.contains("redis"), "{error}");
+    let (status, body) = readiness(&app).await;
+    assert_eq!(
+        status, 200,
+        "a sink that is down does not make the service unready"
+    );
+    assert_eq!(body["sink"], "down", "{body}");
+    assert_eq!(body["database"], "up", "{body}");
+
+    // The backoff runs out: another attempt, still pending.
+    app.clock.advance(3600);
+    let retried = eventually(Duration::from_secs(10), || async {
+        paid_message(&app, "RD-1").await.attempts >= 2
+    })
+    .await;
+    let second = paid_message(&app, "RD-1").await;
+    assert!(retried, "retried with backoff: {second:?}");
+    assert_eq!(second.status, 0, "{second:?}");
+
+    // Redis comes up: the next due attempt delivers it.
+    let _redis = OwnRedis::start(port).await;
+    app.clock.advance(3600);
+    let sent = eventually(Duration::from_secs(15), || async {
+        paid_message(&app, "RD-1").await.status == 1
+    })
+    .await;
+    assert!(
+        sent,
+        "delivered once Redis answers: {:?}",
+        paid_message(&app, "RD-1").await
+    );
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("conn");
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .expect("xrange");
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert!(
+        entries[0]
+            .1
+            .contains(&("biz_key".to_owned(), "RD-1".to_owned())),
+        "{entries:?}"
+    );
+    let (_, body) = readiness(&app).await;
+    assert_eq!(body["sink"], "up", "{body}");
 }
