@@ -75,6 +75,9 @@ pub struct Settings {
 pub struct ServerSettings {
     pub listen: SocketAddr,
     pub max_body_bytes: usize,
+    /// The whole request body must arrive within this many milliseconds of the request head
+    /// (else 408 and the connection is closed).
+    pub body_timeout_ms: u64,
     /// Bearer token for `/orders` and `/admin`; may be empty only on a loopback address.
     pub api_token: Secret,
 }
@@ -189,6 +192,7 @@ impl Default for ServerSettings {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_body_bytes: 65536,
+            body_timeout_ms: 10_000,
             api_token: Secret::default(),
         }
     }
@@ -299,6 +303,12 @@ impl Settings {
             return Err(invalid(
                 "server.max_body_bytes",
                 "must be between 1024 and 16777216",
+            ));
+        }
+        if !(100..=300_000).contains(&s.body_timeout_ms) {
+            return Err(invalid(
+                "server.body_timeout_ms",
+                "must be between 100 and 300000",
             ));
         }
         if s.api_token.is_empty() && !s.listen.ip().is_loopback() {
@@ -526,6 +536,8 @@ mod tests {
         assert!(err.to_string().contains("relay.sink"), "{err}");
         let err = load("[retention]\nkeep_days = 1\n", &[]).unwrap_err();
         assert!(err.to_string().contains("retention.keep_days"), "{err}");
+        let err = load("[server]\nbody_timeout_ms = 0\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("server.body_timeout_ms"), "{err}");
         let err = load("[database]\nurl = \"oracle://x\"\n", &[]).unwrap_err();
         assert!(err.to_string().contains("database.url"), "{err}");
     }

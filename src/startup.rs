@@ -8,6 +8,7 @@ use actix_web::dev::Service;
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::{App, HttpServer, web};
 
+use crate::body_deadline;
 use crate::channel::alipay::Alipay;
 use crate::channel::wechat::WechatPay;
 use crate::config::{ConfigError, Secret, Settings};
@@ -19,6 +20,9 @@ use crate::routes::{ApiError, admin, health, orders};
 use crate::routes::{notify, openapi};
 use crate::store::{Store, StoreError};
 use crate::time::{Clock, SystemClock};
+
+/// How long a graceful shutdown waits for in-flight requests before closing them.
+pub const SHUTDOWN_TIMEOUT_SECS: u64 = 15;
 
 /// What every handler shares.
 pub struct AppState {
@@ -135,6 +139,7 @@ impl Application {
             sink: Arc::clone(&sink),
         });
         let max_body = settings.server.max_body_bytes;
+        let body_timeout = Duration::from_millis(settings.server.body_timeout_ms);
         let extra = options.extra_routes;
         let request_metrics = Arc::clone(&metrics);
         let server = HttpServer::new(move || {
@@ -147,6 +152,12 @@ impl Application {
                 .error_handler(|err, _| ApiError::BadRequest(err.to_string()).into());
             let latency = Arc::clone(&request_metrics);
             let mut app = App::new()
+                // Innermost: every body is read under server.body_timeout_ms (408 after).
+                .wrap_fn(move |mut req, srv| {
+                    let expired = body_deadline::arm(&mut req, body_timeout);
+                    let response = srv.call(req);
+                    async move { Ok(body_deadline::answer(response.await?, &expired)) }
+                })
                 .wrap_fn(move |req, srv| {
                     let started = std::time::Instant::now();
                     // Both labels come from fixed sets: a registered route pattern or
@@ -199,7 +210,9 @@ impl Application {
             app
         })
         .disable_signals()
-        .shutdown_timeout(30)
+        // In-flight requests get this long after SIGTERM; a slow body is cut sooner by
+        // server.body_timeout_ms.
+        .shutdown_timeout(SHUTDOWN_TIMEOUT_SECS)
         .listen(listener)
         .map_err(|source| StartupError::Listen { addr, source })?
         .run();

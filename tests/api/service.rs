@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use paynotify::config::{Secret, SinkKind};
 use paynotify::store::outbox::StoredMessage;
 
-use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with_jobs};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with, spawn_app_with_jobs};
 use crate::test_channel::{TestNotification, deliver};
 
 crate::on_both_backends!(
@@ -330,4 +332,111 @@ async fn redis_down_at_start_up_keeps_the_outbox_and_delivers_once_it_answers(ba
     );
     let (_, body) = readiness(&app).await;
     assert_eq!(body["sink"], "up", "{body}");
+}
+
+/// Opens a connection to `port` and sends the head of a `POST path` announcing a
+/// 60,000-byte body, then only its first bytes.
+async fn start_slow_body(port: u16, path: &str, content_type: &str) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n\
+         Authorization: Bearer {}\r\nContent-Length: 60000\r\n\r\n{{\"order",
+        crate::helpers::API_TOKEN
+    );
+    stream.write_all(head.as_bytes()).await.expect("send head");
+    stream
+}
+
+/// Everything the server sends until it closes the connection (at most `limit`).
+async fn read_until_closed(stream: &mut tokio::net::TcpStream, limit: Duration) -> Option<String> {
+    let mut answer = Vec::new();
+    tokio::time::timeout(limit, stream.read_to_end(&mut answer))
+        .await
+        .ok()
+        .map(|_| String::from_utf8_lossy(&answer).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stops_arriving_is_answered_408_within_the_deadline() {
+    let app = spawn_app_with(Backend::Sqlite, |s| s.server.body_timeout_ms = 500).await;
+    let port: u16 = app
+        .address
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    for (path, content_type, shape) in [
+        ("/notify/wechat/pay", "application/json", r#""code":"FAIL""#),
+        (
+            "/notify/wechat/refund",
+            "application/json",
+            r#""code":"FAIL""#,
+        ),
+        (
+            "/notify/alipay",
+            "application/x-www-form-urlencoded",
+            "\r\n\r\nfail",
+        ),
+        ("/orders", "application/json", r#""error":"#),
+    ] {
+        let started = Instant::now();
+        let mut stream = start_slow_body(port, path, content_type).await;
+        let answer = read_until_closed(&mut stream, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|| {
+                panic!("{path}: no answer (or the connection stayed open) after 5 s")
+            });
+        let took = started.elapsed();
+        assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer}");
+        assert!(
+            answer.contains(shape),
+            "{path}: not in the route's shape: {answer}"
+        );
+        assert!(
+            took >= Duration::from_millis(450) && took < Duration::from_secs(3),
+            "{path}: answered after {took:?} with a 500 ms deadline"
+        );
+    }
+    // A body that arrives in time is read as before.
+    app.create_order("BD-1", 100).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_do_not_hold_a_graceful_shutdown() {
+    use paynotify::startup::{Application, Options};
+
+    paynotify::telemetry::init_for_tests();
+    let db = crate::helpers::TestDb::create(Backend::Sqlite).await;
+    let mut settings = crate::helpers::test_settings(db.url());
+    settings.server.body_timeout_ms = 500;
+    let app = Application::build(&settings, Options::default())
+        .await
+        .expect("application builds");
+    let (port, handle) = (app.port(), app.handle());
+    let server = tokio::spawn(app.run_until_stopped());
+    let mut slow = Vec::new();
+    for path in ["/notify/wechat/pay", "/notify/alipay", "/orders"] {
+        slow.push(start_slow_body(port, path, "application/json").await);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    handle.stop(true).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(10), server).await;
+    assert!(
+        stopped.is_ok(),
+        "three slow bodies held the graceful shutdown for more than 10 s"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "shutdown took {:?} with a 500 ms body deadline",
+        started.elapsed()
+    );
+    for mut stream in slow {
+        let answer = read_until_closed(&mut stream, Duration::from_secs(1))
+            .await
+            .unwrap_or_default();
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    }
 }
