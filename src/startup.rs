@@ -11,7 +11,7 @@ use actix_web::{App, HttpServer, web};
 use crate::body_deadline;
 use crate::channel::alipay::Alipay;
 use crate::channel::wechat::WechatPay;
-use crate::config::{ConfigError, Secret, Settings};
+use crate::config::{ConfigError, Secret, Settings, SinkKind};
 use crate::gate::Gate;
 use crate::jobs::Jobs;
 use crate::metrics::{Metrics, ROUTE_UNMATCHED, method_label};
@@ -105,10 +105,16 @@ impl Application {
 
         // Built, not connected: a sink that is down at start-up only delays delivery.
         let sink_timeout = Duration::from_millis(settings.redis.timeout_ms.max(1000));
+        // The key whose value the sink could not use.
+        let sink_key = match settings.relay.sink {
+            SinkKind::Log => "relay.sink",
+            SinkKind::RedisStream => "redis.url",
+            SinkKind::Http => "relay.http_url",
+        };
         let sink: Arc<dyn Sink> = Arc::from(
             sink::from_settings(&settings.relay, &settings.redis.url, sink_timeout).map_err(
                 |message| ConfigError::Invalid {
-                    key: "relay.sink".into(),
+                    key: sink_key.into(),
                     message,
                 },
             )?,

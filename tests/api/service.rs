@@ -440,3 +440,20 @@ async fn slow_bodies_do_not_hold_a_graceful_shutdown() {
         assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_url_it_cannot_use_stops_start_up_naming_the_key() {
+    use paynotify::startup::{Application, Options};
+
+    paynotify::telemetry::init_for_tests();
+    let db = crate::helpers::TestDb::create(Backend::Sqlite).await;
+    let mut settings = crate::helpers::test_settings(db.url());
+    settings.relay.sink = SinkKind::Http;
+    settings.relay.http_url = "https://hooks.example/paynotify".into();
+    settings.relay.http_secret = Secret::new("s");
+    settings.validate().expect("passes the static checks");
+    let Err(err) = Application::build(&settings, Options::default()).await else {
+        panic!("an https:// URL (no TLS in this build) must stop start-up");
+    };
+    assert!(err.to_string().contains("relay.http_url"), "{err}");
+}
