@@ -75,6 +75,9 @@ pub struct Settings {
 pub struct ServerSettings {
     pub listen: SocketAddr,
     pub max_body_bytes: usize,
+    /// The whole request body must arrive within this many milliseconds of the request head
+    /// (else 408 and the connection is closed).
+    pub body_timeout_ms: u64,
     /// Bearer token for `/orders` and `/admin`; may be empty only on a loopback address.
     pub api_token: Secret,
 }
@@ -207,6 +210,7 @@ impl Default for ServerSettings {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             max_body_bytes: 65536,
+            body_timeout_ms: 10_000,
             api_token: Secret::default(),
         }
     }
@@ -294,7 +298,10 @@ impl Settings {
                 config::Environment::with_prefix(ENV_PREFIX)
                     .prefix_separator("__")
                     .separator("__")
-                    .try_parsing(true)
+                    // Values stay strings: serde parses numbers and booleans where a field
+                    // is one, and a string field (a token, a secret) keeps its exact bytes.
+                    // `try_parsing(true)` would turn `00012345` into `12345`.
+                    .try_parsing(false)
                     .source(Some(overrides)),
             )
             .build()
@@ -314,6 +321,12 @@ impl Settings {
             return Err(invalid(
                 "server.max_body_bytes",
                 "must be between 1024 and 16777216",
+            ));
+        }
+        if !(100..=300_000).contains(&s.body_timeout_ms) {
+            return Err(invalid(
+                "server.body_timeout_ms",
+                "must be between 100 and 300000",
             ));
         }
         if s.api_token.is_empty() && !s.listen.ip().is_loopback() {
@@ -407,11 +420,34 @@ impl Settings {
     }
 }
 
+const SQLITE_MEMORY_REFUSED: &str = "an in-memory (or temporary) SQLite database is refused: every \
+     pooled connection would open its own empty database, so orders written through one connection are \
+     missing on the next; use sqlite://PATH (a file)";
+
+/// Whether an SQLite filename opens a database private to one connection: `:memory:`, an
+/// empty name (a temporary database), or a `file:` URI naming either or carrying
+/// `mode=memory`.
+fn is_sqlite_memory(path: &str) -> bool {
+    if path.is_empty() || path.eq_ignore_ascii_case(":memory:") {
+        return true;
+    }
+    let Some(uri) = path.strip_prefix("file:") else {
+        return false;
+    };
+    let (name, query) = uri.split_once('?').unwrap_or((uri, ""));
+    name.is_empty()
+        || name.eq_ignore_ascii_case(":memory:")
+        || query.split('&').any(|pair| {
+            pair.split_once('=')
+                .is_some_and(|(k, v)| k == "mode" && v.eq_ignore_ascii_case("memory"))
+        })
+}
+
 /// The database named by `database.url`; the scheme picks the backend.
 #[derive(Clone, PartialEq, Eq)]
 pub enum DatabaseUrl {
     Postgres(String),
-    /// A file path (relative to the working directory), or `:memory:`.
+    /// A file path (relative to the working directory); never an in-memory database.
     Sqlite(String),
 }
 
@@ -424,7 +460,18 @@ impl DatabaseUrl {
             if path.is_empty() {
                 return Err(invalid("database.url", "sqlite:// needs a file path"));
             }
+            if is_sqlite_memory(path) {
+                return Err(invalid("database.url", SQLITE_MEMORY_REFUSED));
+            }
             return Ok(Self::Sqlite(path.to_owned()));
+        }
+        if url.starts_with("sqlite:") {
+            let message = if is_sqlite_memory(url.trim_start_matches("sqlite:")) {
+                SQLITE_MEMORY_REFUSED
+            } else {
+                "an SQLite database is written sqlite://PATH"
+            };
+            return Err(invalid("database.url", message));
         }
         if url.starts_with("mysql://") {
             return Err(invalid(
@@ -507,6 +554,8 @@ mod tests {
         assert!(err.to_string().contains("relay.sink"), "{err}");
         let err = load("[retention]\nkeep_days = 1\n", &[]).unwrap_err();
         assert!(err.to_string().contains("retention.keep_days"), "{err}");
+        let err = load("[server]\nbody_timeout_ms = 0\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("server.body_timeout_ms"), "{err}");
         let err = load("[database]\nurl = \"oracle://x\"\n", &[]).unwrap_err();
         assert!(err.to_string().contains("database.url"), "{err}");
     }
@@ -524,6 +573,88 @@ mod tests {
         .expect("loads");
         assert_eq!(s.database.pool_size, 9);
         assert_eq!(s.server.api_token.expose(), "t0ken");
+    }
+
+    #[test]
+    fn string_settings_from_the_environment_keep_their_exact_bytes() {
+        for value in [
+            "00012345", "9e9", "True", "false", "1.50", "0x10", "-0", " 7 ", "1e3",
+        ] {
+            let s = load(
+                "",
+                &[
+                    ("PAYNOTIFY__SERVER__API_TOKEN", value),
+                    ("PAYNOTIFY__RELAY__HTTP_SECRET", value),
+                    ("PAYNOTIFY__REDIS__KEY_PREFIX", value),
+                    ("PAYNOTIFY__RELAY__REDIS_STREAM", value),
+                ],
+            )
+            .unwrap_or_else(|e| panic!("{value:?}: {e}"));
+            assert_eq!(s.server.api_token.expose(), value);
+            assert_eq!(s.relay.http_secret.expose(), value);
+            assert_eq!(s.redis.key_prefix, value);
+            assert_eq!(s.relay.redis_stream, value);
+        }
+    }
+
+    #[test]
+    fn numbers_and_booleans_from_the_environment_still_parse() {
+        let s = load(
+            "",
+            &[
+                ("PAYNOTIFY__SERVER__MAX_BODY_BYTES", "2048"),
+                ("PAYNOTIFY__DATABASE__AUTO_MIGRATE", "false"),
+                ("PAYNOTIFY__DATABASE__POOL_SIZE", "3"),
+                ("PAYNOTIFY__RELAY__INTERVAL_MS", "250"),
+                ("PAYNOTIFY__RELAY__SINK", "http"),
+                ("PAYNOTIFY__RELAY__HTTP_URL", "http://127.0.0.1:1/hook"),
+                ("PAYNOTIFY__RELAY__HTTP_SECRET", "s"),
+                ("PAYNOTIFY__SERVER__LISTEN", "127.0.0.1:9"),
+            ],
+        )
+        .expect("loads");
+        assert_eq!(s.server.max_body_bytes, 2048);
+        assert!(!s.database.auto_migrate);
+        assert_eq!(s.database.pool_size, 3);
+        assert_eq!(s.relay.interval_ms, 250);
+        assert_eq!(s.relay.sink, SinkKind::Http);
+        assert_eq!(s.server.listen.port(), 9);
+        let err = load("", &[("PAYNOTIFY__DATABASE__POOL_SIZE", "many")]).unwrap_err();
+        assert!(err.to_string().contains("database.pool_size"), "{err}");
+        let err = load("", &[("PAYNOTIFY__DATABASE__AUTO_MIGRATE", "maybe")]).unwrap_err();
+        assert!(err.to_string().contains("database.auto_migrate"), "{err}");
+    }
+
+    #[test]
+    fn an_in_memory_sqlite_database_is_refused_naming_database_url() {
+        for url in [
+            "sqlite://:memory:",
+            "sqlite://:MEMORY:",
+            "sqlite::memory:",
+            "sqlite://file::memory:",
+            "sqlite://file::memory:?cache=shared",
+            "sqlite://file:pay.db?mode=memory",
+            "sqlite://file:pay.db?cache=shared&mode=memory",
+            "sqlite://file:?cache=shared",
+        ] {
+            let err = DatabaseUrl::parse(url).unwrap_err().to_string();
+            assert!(err.contains("database.url"), "{url}: {err}");
+            assert!(err.contains("in-memory"), "{url}: {err}");
+            let toml = format!("[database]\nurl = \"{url}\"\n");
+            let err = load(&toml, &[]).unwrap_err().to_string();
+            assert!(err.contains("database.url"), "{url}: {err}");
+        }
+        for file in [
+            "sqlite://data/pay.db",
+            "sqlite:///var/lib/pay.db",
+            "sqlite://file:pay.db?mode=rwc",
+            "sqlite://memory.db",
+        ] {
+            assert!(
+                matches!(DatabaseUrl::parse(file), Ok(DatabaseUrl::Sqlite(_))),
+                "{file}"
+            );
+        }
     }
 
     #[test]

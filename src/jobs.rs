@@ -1,6 +1,8 @@
-//! The scheduled jobs of `paynotify serve`, on tokio-cron-scheduler: the outbox relay, order
-//! expiry and retention. Each job skips a tick while its previous run is still going
-//! (the scheduler itself would start it again).
+//! The background jobs of `paynotify serve`: the outbox relay on a tokio interval of its
+//! own, and order expiry, retention and the relay watchdog on tokio-cron-scheduler. Each
+//! scheduled job skips a run while its previous run is still going (the scheduler itself
+//! would start it again). The relay is not on the scheduler: its repeated jobs keep their
+//! interval in whole seconds, so 200 ms would become 0 s and the job would never run again.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -84,9 +86,49 @@ fn unless_busy(
     })
 }
 
+/// How often the watchdog looks at the relay's last successful tick.
+const WATCHDOG_EVERY: Duration = Duration::from_secs(10);
+
+/// How long without a successful relay tick counts as a stall: five intervals, at least 30 s.
+pub fn relay_stall_after(relay_every: Duration) -> Duration {
+    (relay_every * 5).max(Duration::from_secs(30))
+}
+
+/// The running jobs: the relay loop on its own tokio interval (any period, to the
+/// millisecond), and the coarse jobs (expiry, retention, relay watchdog) on the scheduler,
+/// whose repeated jobs only keep whole seconds.
 pub struct Jobs {
     scheduler: JobScheduler,
     relay: Arc<Relay>,
+    relay_loop: tokio::task::JoinHandle<()>,
+    stop_relay_loop: tokio::sync::watch::Sender<bool>,
+}
+
+/// Ticks the relay every `every` until `stop` changes (or its sender is gone). A tick that
+/// is still running when the next one is due delays it; it never overlaps.
+async fn relay_loop(
+    relay: Arc<Relay>,
+    every: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut interval = tokio::time::interval(every);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = interval.tick() => {}
+        }
+        // Its own task, so a panic in one tick is logged and the loop goes on.
+        let r = Arc::clone(&relay);
+        match tokio::spawn(async move { r.tick().await }).await {
+            Ok(Ok(report)) if report.published + report.failed > 0 => {
+                tracing::debug!(?report, "relay tick");
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "relay tick failed; next tick retries"),
+            Err(e) => tracing::error!(error = %e, "relay tick panicked; next tick retries"),
+        }
+    }
 }
 
 impl Jobs {
@@ -98,23 +140,6 @@ impl Jobs {
         keep_days: u32,
     ) -> Result<Self, JobSchedulerError> {
         let scheduler = JobScheduler::new().await?;
-        let r = Arc::clone(&relay);
-        scheduler
-            .add(Job::new_repeated_async(relay_every, move |_, _| {
-                let r = Arc::clone(&r);
-                Box::pin(async move {
-                    match r.tick().await {
-                        Ok(report) if report.published + report.failed > 0 => {
-                            tracing::debug!(?report, "relay tick");
-                        }
-                        Ok(_) => {}
-                        Err(e) => {
-                            tracing::warn!(error = %e, "relay tick failed; next tick retries")
-                        }
-                    }
-                })
-            })?)
-            .await?;
         let (s, c, busy) = (store.clone(), Arc::clone(&clock), Arc::new(Mutex::new(())));
         scheduler
             .add(Job::new_repeated_async(EXPIRY_EVERY, move |_, _| {
@@ -145,15 +170,50 @@ impl Jobs {
                 })
             })?)
             .await?;
+        let (watched, stall_after) = (Arc::clone(&relay), relay_stall_after(relay_every));
+        scheduler
+            .add(Job::new_repeated_async(WATCHDOG_EVERY, move |_, _| {
+                let watched = Arc::clone(&watched);
+                Box::pin(async move {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs());
+                    let last = u64::try_from(watched.last_success()).unwrap_or(0);
+                    let silent = now.saturating_sub(last);
+                    if silent >= stall_after.as_secs() {
+                        tracing::warn!(
+                            seconds_since_last_success = silent,
+                            "relay stalled: no successful tick; events are not being delivered"
+                        );
+                    }
+                })
+            })?)
+            .await?;
         scheduler.start().await?;
-        Ok(Self { scheduler, relay })
+        let (stop_relay_loop, stop) = tokio::sync::watch::channel(false);
+        let relay_loop = tokio::spawn(relay_loop(Arc::clone(&relay), relay_every, stop));
+        Ok(Self {
+            scheduler,
+            relay,
+            relay_loop,
+            stop_relay_loop,
+        })
     }
 
-    /// Stops the scheduler, then lets the relay finish (or release) its batch.
+    /// Stops the relay loop and the scheduler, then lets the relay finish (or release) its
+    /// batch: at most about `drain` in all.
     pub async fn shutdown(mut self, drain: Duration) {
+        let _ = self.stop_relay_loop.send(true);
         if let Err(e) = self.scheduler.shutdown().await {
             tracing::warn!(error = %e, "scheduler shutdown");
         }
         self.relay.shutdown(drain).await;
+        // The loop ends once its tick in flight has ended; past the drain, stop waiting.
+        if tokio::time::timeout(Duration::from_millis(500), &mut self.relay_loop)
+            .await
+            .is_err()
+        {
+            self.relay_loop.abort();
+        }
     }
 }

@@ -22,12 +22,37 @@ pub struct Metrics {
     pub relay_pending: IntGauge,
     pub relay_dead: IntGauge,
     pub relay_oldest_pending_seconds: IntGauge,
-    /// Request latency by route pattern and method.
+    /// Unix time (seconds) of the relay's last tick that reached the database without error;
+    /// `time() - this` growing means the relay has stalled.
+    pub relay_last_success_timestamp_seconds: IntGauge,
+    /// Request latency by route pattern (or `unmatched`) and method (a standard one, else
+    /// `other`): see [`method_label`].
     pub request_seconds: HistogramVec,
     /// Pool connections by state (`in_use`, `idle`) and callers `waiting` for one.
     pub db_pool: IntGaugeVec,
     /// 1 while the Redis gate's breaker is open (Redis bypassed), else 0.
     pub gate_breaker_open: IntGauge,
+}
+
+/// The `route` label of a request that matched no registered route.
+pub const ROUTE_UNMATCHED: &str = "unmatched";
+
+/// The `method` label: one of the nine standard methods, else `other`. A made-up method
+/// (`FOO`, `get`, …) must never become a label value of its own.
+pub fn method_label(method: &actix_web::http::Method) -> &'static str {
+    use actix_web::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        Method::TRACE => "TRACE",
+        Method::CONNECT => "CONNECT",
+        _ => "other",
+    }
 }
 
 fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
@@ -95,6 +120,10 @@ impl Metrics {
             "paynotify_relay_oldest_pending_seconds",
             "Age of the oldest undelivered message (relay lag)",
         );
+        let relay_last_success_timestamp_seconds = gauge(
+            "paynotify_relay_last_success_timestamp_seconds",
+            "Unix time of the relay's last tick that completed without error",
+        );
         let request_seconds = register(
             &registry,
             HistogramVec::new(
@@ -135,6 +164,7 @@ impl Metrics {
             relay_pending,
             relay_dead,
             relay_oldest_pending_seconds,
+            relay_last_success_timestamp_seconds,
             request_seconds,
             db_pool,
             gate_breaker_open,
@@ -165,5 +195,21 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use actix_web::http::Method;
+
+    #[test]
+    fn only_standard_methods_become_labels() {
+        assert_eq!(method_label(&Method::GET), "GET");
+        assert_eq!(method_label(&Method::POST), "POST");
+        for made_up in ["FOO", "get", "Post", "X-1", "PROPFIND"] {
+            let method = Method::from_bytes(made_up.as_bytes()).expect("a valid token");
+            assert_eq!(method_label(&method), "other", "{made_up}");
+        }
     }
 }

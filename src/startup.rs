@@ -8,17 +8,21 @@ use actix_web::dev::Service;
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::{App, HttpServer, web};
 
+use crate::body_deadline;
 use crate::channel::alipay::Alipay;
 use crate::channel::wechat::WechatPay;
-use crate::config::{ConfigError, Secret, Settings};
+use crate::config::{ConfigError, Secret, Settings, SinkKind};
 use crate::gate::Gate;
 use crate::jobs::Jobs;
-use crate::metrics::Metrics;
-use crate::relay::{Relay, sink};
+use crate::metrics::{Metrics, ROUTE_UNMATCHED, method_label};
+use crate::relay::{Relay, Sink, sink};
 use crate::routes::{ApiError, admin, health, orders};
 use crate::routes::{notify, openapi};
 use crate::store::{Store, StoreError};
 use crate::time::{Clock, SystemClock};
+
+/// How long a graceful shutdown waits for in-flight requests before closing them.
+pub const SHUTDOWN_TIMEOUT_SECS: u64 = 15;
 
 /// What every handler shares.
 pub struct AppState {
@@ -32,6 +36,8 @@ pub struct AppState {
     /// The runtime that database work runs on, detached from the request (see
     /// `routes::detach`); the runtime `Application::build` was called on.
     pub runtime: tokio::runtime::Handle,
+    /// Where the relay delivers (`relay.sink`); `/readyz` reports whether it is up.
+    pub sink: Arc<dyn Sink>,
 }
 
 /// Extra routes mounted beside the built-in ones (tests mount a double channel this way).
@@ -72,6 +78,7 @@ pub struct Application {
     port: u16,
     store: Store,
     metrics: Arc<Metrics>,
+    sink: Arc<dyn Sink>,
 }
 
 impl Application {
@@ -99,6 +106,23 @@ impl Application {
             .map_err(|source| StartupError::Listen { addr, source })?
             .port();
 
+        // Built, not connected: a sink that is down at start-up only delays delivery.
+        let sink_timeout = Duration::from_millis(settings.redis.timeout_ms.max(1000));
+        // The key whose value the sink could not use.
+        let sink_key = match settings.relay.sink {
+            SinkKind::Log => "relay.sink",
+            SinkKind::RedisStream => "redis.url",
+            SinkKind::Http => "relay.http_url",
+        };
+        let sink: Arc<dyn Sink> = Arc::from(
+            sink::from_settings(&settings.relay, &settings.redis.url, sink_timeout).map_err(
+                |message| ConfigError::Invalid {
+                    key: sink_key.into(),
+                    message,
+                },
+            )?,
+        );
+
         let metrics = Arc::new(Metrics::new());
         let gate = if settings.redis.url.is_empty() {
             None
@@ -122,8 +146,10 @@ impl Application {
             api_token: settings.server.api_token.clone(),
             expire_after_secs: settings.orders.expire_after_secs,
             runtime: tokio::runtime::Handle::current(),
+            sink: Arc::clone(&sink),
         });
         let max_body = settings.server.max_body_bytes;
+        let body_timeout = Duration::from_millis(settings.server.body_timeout_ms);
         let extra = options.extra_routes;
         let request_metrics = Arc::clone(&metrics);
         let server = HttpServer::new(move || {
@@ -136,15 +162,23 @@ impl Application {
                 .error_handler(|err, _| ApiError::BadRequest(err.to_string()).into());
             let latency = Arc::clone(&request_metrics);
             let mut app = App::new()
+                // Innermost: every body is read under server.body_timeout_ms (408 after).
+                .wrap_fn(move |mut req, srv| {
+                    let expired = body_deadline::arm(&mut req, body_timeout);
+                    let response = srv.call(req);
+                    async move { Ok(body_deadline::answer(response.await?, &expired)) }
+                })
                 .wrap_fn(move |req, srv| {
                     let started = std::time::Instant::now();
+                    // Both labels come from fixed sets: a registered route pattern or
+                    // `unmatched`, a standard method or `other`. Never the raw request.
                     let route = req
                         .match_pattern()
-                        .unwrap_or_else(|| "unmatched".to_owned());
-                    let method = req.method().to_string();
+                        .unwrap_or_else(|| ROUTE_UNMATCHED.to_owned());
+                    let method = method_label(req.method());
                     let histogram = latency
                         .request_seconds
-                        .with_label_values(&[&route, &method]);
+                        .with_label_values(&[route.as_str(), method]);
                     let response = srv.call(req);
                     async move {
                         let response = response.await;
@@ -186,7 +220,9 @@ impl Application {
             app
         })
         .disable_signals()
-        .shutdown_timeout(30)
+        // In-flight requests get this long after SIGTERM; a slow body is cut sooner by
+        // server.body_timeout_ms.
+        .shutdown_timeout(SHUTDOWN_TIMEOUT_SECS)
         .listen(listener)
         .map_err(|source| StartupError::Listen { addr, source })?
         .run();
@@ -196,6 +232,7 @@ impl Application {
             port,
             store,
             metrics,
+            sink,
         })
     }
 
@@ -212,21 +249,15 @@ impl Application {
     }
 
     /// Starts the relay, order-expiry and retention jobs with the sink `relay.sink` names.
+    /// A sink that is down does not stop them: the relay keeps its rows and retries.
     pub async fn start_jobs(
         &self,
         settings: &Settings,
         clock: Arc<dyn Clock>,
     ) -> Result<Jobs, StartupError> {
-        let timeout = Duration::from_millis(settings.redis.timeout_ms.max(1000));
-        let sink = sink::from_settings(&settings.relay, &settings.redis.url, timeout)
-            .await
-            .map_err(|message| ConfigError::Invalid {
-                key: "relay.sink".into(),
-                message,
-            })?;
         let relay = Arc::new(Relay::new(
             self.store.clone(),
-            Arc::from(sink),
+            Arc::clone(&self.sink),
             Arc::clone(&clock),
             Arc::clone(&self.metrics),
             settings.relay.batch_size,

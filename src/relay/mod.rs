@@ -8,7 +8,7 @@
 pub mod sink;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use crate::metrics::Metrics;
@@ -33,6 +33,9 @@ pub struct Relay {
     /// Held while a tick runs: the scheduler may fire again before the last tick ends.
     running: tokio::sync::Mutex<()>,
     stopping: AtomicBool,
+    /// Unix seconds (wall clock) of the last batch or tick that completed without a database
+    /// error; starts at creation so a new relay is not "stalled".
+    last_success: AtomicI64,
 }
 
 /// What one tick did.
@@ -69,6 +72,8 @@ impl Relay {
             .take(40)
             .collect();
         let owner = format!("{host}-{}-{:08x}", std::process::id(), rand_u32());
+        let started = wall_clock_seconds();
+        metrics.relay_last_success_timestamp_seconds.set(started);
         Self {
             store,
             sink,
@@ -79,7 +84,20 @@ impl Relay {
             max_attempts: i32::try_from(max_attempts).unwrap_or(i32::MAX),
             running: tokio::sync::Mutex::new(()),
             stopping: AtomicBool::new(false),
+            last_success: AtomicI64::new(started),
         }
+    }
+
+    /// Unix seconds of the last tick (or batch of a long tick) that completed without a
+    /// database error.
+    pub fn last_success(&self) -> i64 {
+        self.last_success.load(Ordering::Relaxed)
+    }
+
+    fn record_success(&self) {
+        let now = wall_clock_seconds();
+        self.last_success.store(now, Ordering::Relaxed);
+        self.metrics.relay_last_success_timestamp_seconds.set(now);
     }
 
     pub fn owner(&self) -> &str {
@@ -140,11 +158,14 @@ impl Relay {
             self.metrics
                 .relay_failed
                 .inc_by((events.len() - delivered.len()) as u64);
+            // A long backlog is drained batch by batch: each one is progress.
+            self.record_success();
             if !full_batch || report.failed > 0 {
                 break;
             }
         }
         self.refresh_gauges().await?;
+        self.record_success();
         Ok(report)
     }
 
@@ -178,6 +199,13 @@ impl Relay {
             }
         }
     }
+}
+
+/// Liveness is measured on the wall clock, not on the (possibly test) business clock.
+fn wall_clock_seconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 fn rand_u32() -> u32 {

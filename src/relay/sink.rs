@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
@@ -24,11 +25,18 @@ pub struct Event {
 }
 
 pub type Published<'a> = Pin<Box<dyn Future<Output = Vec<Result<(), String>>> + Send + 'a>>;
+/// The answer of [`Sink::is_up`].
+pub type Health<'a> = Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
 
 /// Delivers a batch; one result per event, in order. An `Err` is retried with backoff.
 pub trait Sink: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     fn publish<'a>(&'a self, events: &'a [Event]) -> Published<'a>;
+    /// Whether the sink can take events now, for `/readyz` (bounded in time; never an
+    /// error). Sinks that cannot be down say `true`.
+    fn is_up(&self) -> Health<'_> {
+        Box::pin(async { true })
+    }
 }
 
 /// One structured log line per event (the embedded default).
@@ -62,25 +70,54 @@ impl Sink for LogSink {
 }
 
 /// `XADD {stream} * id … topic … biz_key … payload … created_at …`, one pipeline per batch.
+///
+/// The connection is made on first use and again after a failed attempt, never at
+/// start-up: Redis being down when the service starts must not stop the notify endpoints.
+/// Until Redis answers, every delivery fails and the relay keeps the rows with backoff.
 pub struct RedisStreamSink {
-    connection: ConnectionManager,
+    client: redis::Client,
+    connection: tokio::sync::OnceCell<ConnectionManager>,
     stream: String,
     timeout: Duration,
 }
 
 impl RedisStreamSink {
-    pub async fn connect(url: &str, stream: &str, timeout: Duration) -> Result<Self, String> {
+    /// Checks the URL only; connects on the first delivery (or [`Sink::is_up`]).
+    pub fn new(url: &str, stream: &str, timeout: Duration) -> Result<Self, String> {
         let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-        let connection =
-            tokio::time::timeout(Duration::from_secs(5), client.get_connection_manager())
-                .await
-                .map_err(|_| "Redis did not answer within 5 s".to_owned())?
-                .map_err(|e| e.to_string())?;
         Ok(Self {
-            connection,
+            client,
+            connection: tokio::sync::OnceCell::new(),
             stream: stream.to_owned(),
             timeout,
         })
+    }
+
+    /// [`RedisStreamSink::new`], then connects now: an error if Redis does not answer.
+    pub async fn connect(url: &str, stream: &str, timeout: Duration) -> Result<Self, String> {
+        let sink = Self::new(url, stream, timeout)?;
+        sink.connection().await?;
+        Ok(sink)
+    }
+
+    /// The shared connection, made now if there is none yet (at most `timeout`); once made,
+    /// the connection manager reconnects by itself.
+    async fn connection(&self) -> Result<ConnectionManager, String> {
+        let timeout = self.timeout;
+        self.connection
+            .get_or_try_init(|| async move {
+                tokio::time::timeout(timeout, self.client.get_connection_manager())
+                    .await
+                    .map_err(|_| {
+                        format!(
+                            "redis: not connected (no answer within {} ms)",
+                            timeout.as_millis()
+                        )
+                    })?
+                    .map_err(|e| format!("redis: not connected: {e}"))
+            })
+            .await
+            .cloned()
     }
 }
 
@@ -107,7 +144,10 @@ impl Sink for RedisStreamSink {
                     .arg("created_at")
                     .arg(&e.created_at);
             }
-            let mut connection = self.connection.clone();
+            let mut connection = match self.connection().await {
+                Ok(connection) => connection,
+                Err(e) => return vec![Err(e); events.len()],
+            };
             let sent = tokio::time::timeout(
                 self.timeout,
                 pipe.query_async::<Vec<String>>(&mut connection),
@@ -129,6 +169,20 @@ impl Sink for RedisStreamSink {
             vec![outcome; events.len()]
         })
     }
+
+    fn is_up(&self) -> Health<'_> {
+        Box::pin(async move {
+            let Ok(mut connection) = self.connection().await else {
+                return false;
+            };
+            let pong = tokio::time::timeout(
+                self.timeout,
+                redis::cmd("PING").query_async::<String>(&mut connection),
+            )
+            .await;
+            matches!(pong, Ok(Ok(_)))
+        })
+    }
 }
 
 /// `POST {url}` with the event as JSON, `Idempotency-Key: {topic}:{biz_key}` and
@@ -137,6 +191,8 @@ pub struct HttpSink {
     client: reqwest::Client,
     url: String,
     key: hmac::Key,
+    /// False while the last batch delivered nothing: the receiver is unreachable or refusing.
+    last_batch_delivered: AtomicBool,
 }
 
 impl HttpSink {
@@ -155,6 +211,7 @@ impl HttpSink {
             client,
             url: url.to_owned(),
             key: hmac::Key::new(hmac::HMAC_SHA256, secret.expose().as_bytes()),
+            last_batch_delivered: AtomicBool::new(true),
         })
     }
 }
@@ -207,22 +264,36 @@ impl Sink for HttpSink {
                     results[i] = result;
                 }
             }
+            if !results.is_empty() {
+                self.last_batch_delivered
+                    .store(results.iter().any(Result::is_ok), Ordering::Relaxed);
+            }
             results
         })
     }
+
+    /// Down while the last batch delivered nothing (the receiver is not probed: a POST
+    /// would be an event).
+    fn is_up(&self) -> Health<'_> {
+        let up = self.last_batch_delivered.load(Ordering::Relaxed);
+        Box::pin(async move { up })
+    }
 }
 
-/// The sink `relay.sink` names.
-pub async fn from_settings(
+/// The sink `relay.sink` names. Nothing is contacted here: an error is a configuration
+/// mistake (a malformed URL), never a sink that is down.
+pub fn from_settings(
     relay: &RelaySettings,
     redis_url: &Secret,
     timeout: Duration,
 ) -> Result<Box<dyn Sink>, String> {
     Ok(match relay.sink {
         SinkKind::Log => Box::new(LogSink),
-        SinkKind::RedisStream => Box::new(
-            RedisStreamSink::connect(redis_url.expose(), &relay.redis_stream, timeout).await?,
-        ),
+        SinkKind::RedisStream => Box::new(RedisStreamSink::new(
+            redis_url.expose(),
+            &relay.redis_stream,
+            timeout,
+        )?),
         SinkKind::Http => Box::new(HttpSink::new(&relay.http_url, &relay.http_secret)?),
     })
 }

@@ -1,4 +1,5 @@
-//! `GET /healthz` (the process runs) and `GET /readyz` (the database answers).
+//! `GET /healthz` (the process runs) and `GET /readyz` (the database answers; Redis and the
+//! relay sink are reported).
 
 use actix_web::{HttpResponse, web};
 use serde_json::json;
@@ -21,10 +22,13 @@ pub struct Readiness {
     pub database: String,
     /// `up`, `down` or `disabled`.
     pub redis: String,
+    /// `up` or `down`: whether the relay sink (`relay.sink`) can take events now. A sink
+    /// that is down never makes the service unready: the outbox keeps the events.
+    pub sink: String,
 }
 
-/// 200 when the database answers, 503 otherwise. Redis never makes the service unready:
-/// correctness does not depend on it.
+/// 200 when the database answers, 503 otherwise. Neither Redis nor the relay sink makes the
+/// service unready: correctness does not depend on them.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
         (status = 200, description = "The database answers", body = Readiness),
@@ -43,10 +47,16 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         Some(gate) if gate.is_up().await => "up",
         Some(_) => "down",
     };
+    let sink = if state.sink.is_up().await {
+        "up"
+    } else {
+        "down"
+    };
     let body = json!({
         "status": if database_up { "ready" } else { "unready" },
         "database": if database_up { "up" } else { "down" },
         "redis": redis,
+        "sink": sink,
     });
     if database_up {
         HttpResponse::Ok().json(body)

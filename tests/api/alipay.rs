@@ -580,3 +580,39 @@ async fn malformed_forms_and_bad_amounts_are_400() {
     assert_eq!(app.status_of("A-B").await, "WAIT_PAY");
     assert_eq!(yuan(19900), "199.00");
 }
+
+/// `sign_type` is not signed, so its absence weakens nothing: the signature is always
+/// checked as RSA2 (SHA256withRSA). A value other than exactly `RSA2` — the legacy `RSA`
+/// (SHA1), another case, a truncated or padded value — is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_sign_type_means_rsa2_and_any_other_value_is_400() {
+    let app = app(Backend::Sqlite).await;
+    app.create_order("A-ST", 19900).await;
+    let good = signed(pay_fields("A-ST", 19900, "TRADE_SUCCESS"));
+    let body = String::from_utf8(good.body.clone()).expect("form body");
+    let fields: Vec<&str> = body.split('&').collect();
+    assert!(fields.contains(&"sign_type=RSA2"), "{body}");
+    let rebuilt = |sign_type: Option<&str>| Delivery {
+        headers: good.headers.clone(),
+        body: fields
+            .iter()
+            .filter_map(|f| match (f.starts_with("sign_type="), sign_type) {
+                (false, _) => Some((*f).to_owned()),
+                (true, Some(value)) => Some(format!("sign_type={value}")),
+                (true, None) => None,
+            })
+            .collect::<Vec<_>>()
+            .join("&")
+            .into_bytes(),
+    };
+    let with_sign_type = |value: &str| rebuilt(Some(value));
+    for other in ["RSA", "rsa2", "RSA2+", "RSA25", "R", ""] {
+        assert_refused(&app, &with_sign_type(other), 400).await;
+    }
+    assert_eq!(app.status_of("A-ST").await, "WAIT_PAY");
+
+    let without = rebuilt(None);
+    assert!(!String::from_utf8_lossy(&without.body).contains("sign_type"));
+    assert_eq!(send(&app, &without).await, ok());
+    assert_eq!(app.status_of("A-ST").await, "PAID");
+}

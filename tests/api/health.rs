@@ -25,7 +25,9 @@ async fn ready_when_the_database_answers(backend: Backend) {
     let body: serde_json::Value = ready.json().await.expect("json");
     assert_eq!(
         body,
-        serde_json::json!({ "status": "ready", "database": "up", "redis": "disabled" })
+        serde_json::json!({
+            "status": "ready", "database": "up", "redis": "disabled", "sink": "up"
+        })
     );
 }
 

@@ -10,6 +10,7 @@ use diesel::QueryableByName;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use paynotify::config::{Secret, Settings};
+use paynotify::jobs::Jobs;
 use paynotify::metrics::Metrics;
 use paynotify::startup::{Application, Options};
 use paynotify::store::{SqliteAsync, Store};
@@ -237,12 +238,20 @@ pub struct TestApp {
     pub api_token: String,
     pub metrics: Arc<Metrics>,
     handle: ServerHandle,
+    /// The relay, expiry and retention jobs, when the test asked for them.
+    jobs: Option<Jobs>,
 }
 
 impl Drop for TestApp {
     fn drop(&mut self) {
         let handle = self.handle.clone();
-        tokio::spawn(async move { handle.stop(false).await });
+        let jobs = self.jobs.take();
+        tokio::spawn(async move {
+            if let Some(jobs) = jobs {
+                jobs.shutdown(std::time::Duration::from_millis(100)).await;
+            }
+            handle.stop(false).await
+        });
     }
 }
 
@@ -277,6 +286,23 @@ pub async fn spawn_app(backend: Backend) -> TestApp {
 }
 
 pub async fn spawn_app_with(backend: Backend, customise: impl FnOnce(&mut Settings)) -> TestApp {
+    spawn(backend, customise, false).await
+}
+
+/// Like `paynotify serve`: the service plus its jobs (the relay with `relay.sink`, expiry,
+/// retention), on the test's manual clock.
+pub async fn spawn_app_with_jobs(
+    backend: Backend,
+    customise: impl FnOnce(&mut Settings),
+) -> TestApp {
+    spawn(backend, customise, true).await
+}
+
+async fn spawn(
+    backend: Backend,
+    customise: impl FnOnce(&mut Settings),
+    with_jobs: bool,
+) -> TestApp {
     paynotify::telemetry::init_for_tests();
     let db = TestDb::create(backend).await;
     let mut settings = test_settings(db.url());
@@ -302,6 +328,15 @@ pub async fn spawn_app_with(backend: Backend, customise: impl FnOnce(&mut Settin
     let store = app.store().clone();
     let metrics = app.metrics();
     let handle = app.handle();
+    let jobs = if with_jobs {
+        Some(
+            app.start_jobs(&settings, clock.clone())
+                .await
+                .expect("jobs start"),
+        )
+    } else {
+        None
+    };
     tokio::spawn(app.run_until_stopped());
     TestApp {
         address,
@@ -312,6 +347,7 @@ pub async fn spawn_app_with(backend: Backend, customise: impl FnOnce(&mut Settin
         api_token: API_TOKEN.to_owned(),
         metrics,
         handle,
+        jobs,
     }
 }
 

@@ -12,6 +12,7 @@ mod openapi;
 mod orders;
 mod qa;
 mod relay;
+mod service;
 mod test_channel;
 mod wechat;
 mod wechat_vectors;

@@ -1,0 +1,118 @@
+//! A read deadline for request bodies (`server.body_timeout_ms`).
+//!
+//! actix-web's `client_request_timeout` covers the request head only: a client that sends
+//! `Content-Length: 60000` and then a few bytes would hold its connection (and a graceful
+//! shutdown) for as long as it likes. Here every body is read through [`DeadlinePayload`],
+//! which fails the read once the deadline has passed; the request is then answered
+//! `408 Request Timeout` — in the provider's own shape on the notify routes — and the
+//! connection is closed.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use actix_web::body::BoxBody;
+use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
+use actix_web::error::PayloadError;
+use actix_web::http::{ConnectionType, StatusCode};
+use actix_web::web::{Bytes, Data};
+use actix_web::{HttpMessage, HttpResponse, HttpResponseBuilder};
+use futures_core::Stream;
+
+use crate::channel::alipay::Alipay;
+use crate::channel::wechat::WechatPay;
+use crate::channel::{Channel, Reply};
+
+const MESSAGE: &str = "request body not received within the deadline";
+
+/// The request's payload, failing with a timeout once `deadline` has passed before its end.
+pub struct DeadlinePayload {
+    inner: Payload,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    expired: Arc<AtomicBool>,
+    done: bool,
+}
+
+impl Stream for DeadlinePayload {
+    type Item = Result<Bytes, PayloadError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(item) = Pin::new(&mut this.inner).poll_next(cx) {
+            this.done = item.is_none();
+            return Poll::Ready(item);
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            this.done = true;
+            this.expired.store(true, Ordering::Release);
+            return Poll::Ready(Some(Err(PayloadError::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                MESSAGE,
+            )))));
+        }
+        Poll::Pending
+    }
+}
+
+/// Puts the deadline on `req`'s body; the flag turns true if the deadline cut it short.
+pub fn arm(req: &mut ServiceRequest, deadline: Duration) -> Arc<AtomicBool> {
+    let expired = Arc::new(AtomicBool::new(false));
+    let inner = req.take_payload();
+    if matches!(inner, Payload::None) {
+        return expired;
+    }
+    let stream: Pin<Box<dyn Stream<Item = Result<Bytes, PayloadError>>>> =
+        Box::pin(DeadlinePayload {
+            inner,
+            deadline: Box::pin(tokio::time::sleep(deadline)),
+            expired: Arc::clone(&expired),
+            done: false,
+        });
+    req.set_payload(Payload::from(stream));
+    expired
+}
+
+/// The handler's answer, or — when the body deadline cut the read short — `408` in the
+/// shape of the route (WeChat JSON, Alipay `fail`, the API's `{"error": …}`), closing the
+/// connection (the rest of the body is never read).
+pub fn answer<B>(response: ServiceResponse<B>, expired: &AtomicBool) -> ServiceResponse<BoxBody>
+where
+    B: actix_web::body::MessageBody + 'static,
+{
+    if !expired.load(Ordering::Acquire) {
+        return response.map_into_boxed_body();
+    }
+    let (request, _) = response.into_parts();
+    let failure = Reply::Failure {
+        status: StatusCode::REQUEST_TIMEOUT,
+        message: MESSAGE,
+    };
+    let pattern = request.match_pattern();
+    let shaped = match pattern.as_deref() {
+        Some("/notify/wechat/pay" | "/notify/wechat/refund") => request
+            .app_data::<Data<WechatPay>>()
+            .map(|wechat| wechat.render(failure)),
+        Some("/notify/alipay") => request
+            .app_data::<Data<Alipay>>()
+            .map(|alipay| alipay.render(failure)),
+        _ => None,
+    };
+    let mut timed_out = shaped.unwrap_or_else(|| {
+        HttpResponseBuilder::new(StatusCode::REQUEST_TIMEOUT)
+            .json(crate::routes::error_body(MESSAGE))
+    });
+    timed_out
+        .head_mut()
+        .set_connection_type(ConnectionType::Close);
+    tracing::warn!(
+        route = pattern.as_deref().unwrap_or("unmatched"),
+        "request body not received within server.body_timeout_ms: 408"
+    );
+    ServiceResponse::new(request, HttpResponse::map_into_boxed_body(timed_out))
+}

@@ -1,0 +1,459 @@
+//! The service under hostile or unusual conditions: made-up methods and paths, slow bodies,
+//! a sink that is down at start-up, a relay interval under one second.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use paynotify::config::{Secret, SinkKind};
+use paynotify::store::outbox::StoredMessage;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with, spawn_app_with_jobs};
+use crate::test_channel::{TestNotification, deliver};
+
+crate::on_both_backends!(
+    a_relay_interval_under_one_second_delivers_every_message,
+    redis_down_at_start_up_keeps_the_outbox_and_delivers_once_it_answers,
+);
+
+/// A small xorshift generator: reproducible "random" methods and paths without a crate.
+struct Noise(AtomicU64);
+
+impl Noise {
+    fn new(seed: u64) -> Self {
+        Self(AtomicU64::new(seed | 1))
+    }
+    fn next(&self) -> u64 {
+        let mut x = self.0.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0.store(x, Ordering::Relaxed);
+        x
+    }
+    /// `len` upper-case letters: a valid HTTP method token nobody uses.
+    fn word(&self, len: usize) -> String {
+        (0..len)
+            .map(|_| char::from(b'A' + (self.next() % 26) as u8))
+            .collect()
+    }
+}
+
+async fn metrics_text(app: &TestApp) -> String {
+    let response = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics");
+    assert_eq!(response.status(), 200);
+    response.text().await.expect("metrics text")
+}
+
+/// Every series of a Prometheus text answer: the name and labels, without the value.
+fn series(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.rsplit_once(' ').map_or(l, |(s, _)| s).to_owned())
+        .collect()
+}
+
+/// `count` requests with made-up methods (and a few standard ones) on made-up paths (and a
+/// few real ones), four connections at a time.
+async fn hostile_requests(app: &TestApp, noise: &Arc<Noise>, count: usize) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..4 {
+        let (client, base, noise) = (app.client.clone(), app.address.clone(), noise.clone());
+        tasks.spawn(async move {
+            for i in (worker..count).step_by(4) {
+                let method = match i % 5 {
+                    0 => reqwest::Method::GET,
+                    1 => reqwest::Method::from_bytes(noise.word(6).to_lowercase().as_bytes())
+                        .expect("method"),
+                    _ => reqwest::Method::from_bytes(noise.word(3 + i % 9).as_bytes())
+                        .expect("method"),
+                };
+                let path = match i % 4 {
+                    0 => format!("/orders/{}", noise.word(8)),
+                    1 => "/notify/alipay".to_owned(),
+                    _ => format!("/{}/{}", noise.word(5), noise.next()),
+                };
+                let response = client
+                    .request(method, format!("{base}{path}"))
+                    .send()
+                    .await
+                    .expect("request");
+                assert!(response.status().as_u16() >= 400, "{path}");
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("request task");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_methods_and_paths_do_not_add_metric_series() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let noise = Arc::new(Noise::new(0x9e37_79b9_7f4a_7c15));
+    // One of each kind first, so every bounded label value already exists.
+    hostile_requests(&app, &noise, 40).await;
+    let before = metrics_text(&app).await;
+    hostile_requests(&app, &noise, 4000).await;
+    let after = metrics_text(&app).await;
+    assert_eq!(
+        series(&before),
+        series(&after),
+        "4,000 more requests with made-up methods and paths added series"
+    );
+    // Only counts changed: a few more digits, never a series per method or path.
+    assert!(
+        after.len() < before.len() + 1024,
+        "/metrics grew from {} to {} bytes",
+        before.len(),
+        after.len()
+    );
+    assert!(
+        after.contains(r#"route="unmatched""#) && after.contains(r#"method="other""#),
+        "the catch-all label values are used"
+    );
+}
+
+/// Creates `order_no` and pays it through the notify path.
+async fn paid_order(app: &TestApp, order_no: &str) {
+    app.create_order(order_no, 100).await;
+    let (status, body) = deliver(
+        app,
+        &TestNotification::paid(order_no, &format!("T-{order_no}"), 100),
+    )
+    .await;
+    assert_eq!(status, 204, "{order_no}: {body}");
+}
+
+/// Polls `check` every 50 ms for at most `limit`; true once it held.
+async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    check().await
+}
+
+fn wall_clock_seconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+async fn a_relay_interval_under_one_second_delivers_every_message(backend: Backend) {
+    let app = spawn_app_with_jobs(backend, |s| s.relay.interval_ms = 200).await;
+    let started = wall_clock_seconds();
+    // The first ticks run with nothing to send: every message arrives after them, in two
+    // waves with a pause between.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    for wave in 0..2 {
+        for i in 0..30 {
+            paid_order(&app, &format!("IV-{wave}-{i}")).await;
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    let all_sent = eventually(Duration::from_secs(15), || async {
+        app.db
+            .count("local_message WHERE topic = 'ORDER_PAID' AND status = 1")
+            .await
+            == 60
+    })
+    .await;
+    assert!(
+        all_sent,
+        "sent {} of 60 within 15 s at relay.interval_ms = 200",
+        app.db
+            .count("local_message WHERE topic = 'ORDER_PAID' AND status = 1")
+            .await
+    );
+    assert_eq!(app.db.count("local_message WHERE status <> 1").await, 0);
+    let heartbeat = app.metrics.relay_last_success_timestamp_seconds.get();
+    assert!(
+        heartbeat >= started,
+        "the last successful tick ({heartbeat}) is after the start ({started})"
+    );
+    assert!(
+        metrics_text(&app)
+            .await
+            .contains("paynotify_relay_last_success_timestamp_seconds "),
+        "the heartbeat is exported"
+    );
+}
+
+/// A port on 127.0.0.1 where nothing listens (until the test starts its own Redis there).
+fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+/// A `redis-server` of the test's own on `port`, stopped when dropped.
+struct OwnRedis(std::process::Child);
+
+impl OwnRedis {
+    async fn start(port: u16) -> Self {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (bash tests/run.sh uses it too)");
+        let own = Self(child);
+        let url = format!("redis://127.0.0.1:{port}");
+        let up = eventually(Duration::from_secs(10), || async {
+            let Ok(client) = redis::Client::open(url.as_str()) else {
+                return false;
+            };
+            match client.get_multiplexed_async_connection().await {
+                Ok(mut c) => redis::cmd("PING")
+                    .query_async::<String>(&mut c)
+                    .await
+                    .is_ok(),
+                Err(_) => false,
+            }
+        })
+        .await;
+        assert!(up, "own redis-server on port {port} did not answer");
+        own
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn readiness(app: &TestApp) -> (u16, serde_json::Value) {
+    let response = app
+        .client
+        .get(app.url("/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("readyz JSON"))
+}
+
+async fn paid_message(app: &TestApp, order_no: &str) -> StoredMessage {
+    app.outbox("ORDER_PAID")
+        .await
+        .into_iter()
+        .find(|m| m.biz_key == order_no)
+        .expect("the ORDER_PAID message exists")
+}
+
+async fn redis_down_at_start_up_keeps_the_outbox_and_delivers_once_it_answers(backend: Backend) {
+    let port = closed_port();
+    let stream = format!("paynotify:test:down:{}:{port}", std::process::id());
+    let app = spawn_app_with_jobs(backend, |s| {
+        s.redis.url = Secret::new(format!("redis://127.0.0.1:{port}"));
+        s.relay.sink = SinkKind::RedisStream;
+        s.relay.redis_stream = stream.clone();
+        s.relay.interval_ms = 200;
+    })
+    .await;
+
+    // The notify endpoints are up and the payment is stored with its message.
+    paid_order(&app, "RD-1").await;
+    assert_eq!(app.status_of("RD-1").await, "PAID");
+    let tried = eventually(Duration::from_secs(10), || async {
+        paid_message(&app, "RD-1").await.attempts >= 1
+    })
+    .await;
+    let first = paid_message(&app, "RD-1").await;
+    assert!(tried, "the relay tried to deliver: {first:?}");
+    assert_eq!(first.status, 0, "kept pending: {first:?}");
+    let error = first.last_error.clone().unwrap_or_default();
+    assert!(error.contains("redis"), "{error}");
+    let (status, body) = readiness(&app).await;
+    assert_eq!(
+        status, 200,
+        "a sink that is down does not make the service unready"
+    );
+    assert_eq!(body["sink"], "down", "{body}");
+    assert_eq!(body["database"], "up", "{body}");
+
+    // The backoff runs out: another attempt, still pending.
+    app.clock.advance(3600);
+    let retried = eventually(Duration::from_secs(10), || async {
+        paid_message(&app, "RD-1").await.attempts >= 2
+    })
+    .await;
+    let second = paid_message(&app, "RD-1").await;
+    assert!(retried, "retried with backoff: {second:?}");
+    assert_eq!(second.status, 0, "{second:?}");
+
+    // Redis comes up: the next due attempt delivers it.
+    let _redis = OwnRedis::start(port).await;
+    app.clock.advance(3600);
+    let sent = eventually(Duration::from_secs(15), || async {
+        paid_message(&app, "RD-1").await.status == 1
+    })
+    .await;
+    assert!(
+        sent,
+        "delivered once Redis answers: {:?}",
+        paid_message(&app, "RD-1").await
+    );
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("conn");
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .expect("xrange");
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert!(
+        entries[0]
+            .1
+            .contains(&("biz_key".to_owned(), "RD-1".to_owned())),
+        "{entries:?}"
+    );
+    let (_, body) = readiness(&app).await;
+    assert_eq!(body["sink"], "up", "{body}");
+}
+
+/// Opens a connection to `port` and sends the head of a `POST path` announcing a
+/// 60,000-byte body, then only its first bytes.
+async fn start_slow_body(port: u16, path: &str, content_type: &str) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n\
+         Authorization: Bearer {}\r\nContent-Length: 60000\r\n\r\n{{\"order",
+        crate::helpers::API_TOKEN
+    );
+    stream.write_all(head.as_bytes()).await.expect("send head");
+    stream
+}
+
+/// Everything the server sends until it closes the connection (at most `limit`).
+async fn read_until_closed(stream: &mut tokio::net::TcpStream, limit: Duration) -> Option<String> {
+    let mut answer = Vec::new();
+    tokio::time::timeout(limit, stream.read_to_end(&mut answer))
+        .await
+        .ok()
+        .map(|_| String::from_utf8_lossy(&answer).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stops_arriving_is_answered_408_within_the_deadline() {
+    let app = spawn_app_with(Backend::Sqlite, |s| s.server.body_timeout_ms = 500).await;
+    let port: u16 = app
+        .address
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    for (path, content_type, shape) in [
+        ("/notify/wechat/pay", "application/json", r#""code":"FAIL""#),
+        (
+            "/notify/wechat/refund",
+            "application/json",
+            r#""code":"FAIL""#,
+        ),
+        (
+            "/notify/alipay",
+            "application/x-www-form-urlencoded",
+            "\r\n\r\nfail",
+        ),
+        ("/orders", "application/json", r#""error":"#),
+    ] {
+        let started = Instant::now();
+        let mut stream = start_slow_body(port, path, content_type).await;
+        let answer = read_until_closed(&mut stream, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|| {
+                panic!("{path}: no answer (or the connection stayed open) after 5 s")
+            });
+        let took = started.elapsed();
+        assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer}");
+        assert!(
+            answer.contains(shape),
+            "{path}: not in the route's shape: {answer}"
+        );
+        assert!(
+            took >= Duration::from_millis(450) && took < Duration::from_secs(3),
+            "{path}: answered after {took:?} with a 500 ms deadline"
+        );
+    }
+    // A body that arrives in time is read as before.
+    app.create_order("BD-1", 100).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_do_not_hold_a_graceful_shutdown() {
+    use paynotify::startup::{Application, Options};
+
+    paynotify::telemetry::init_for_tests();
+    let db = crate::helpers::TestDb::create(Backend::Sqlite).await;
+    let mut settings = crate::helpers::test_settings(db.url());
+    settings.server.body_timeout_ms = 500;
+    let app = Application::build(&settings, Options::default())
+        .await
+        .expect("application builds");
+    let (port, handle) = (app.port(), app.handle());
+    let server = tokio::spawn(app.run_until_stopped());
+    let mut slow = Vec::new();
+    for path in ["/notify/wechat/pay", "/notify/alipay", "/orders"] {
+        slow.push(start_slow_body(port, path, "application/json").await);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    handle.stop(true).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(10), server).await;
+    assert!(
+        stopped.is_ok(),
+        "three slow bodies held the graceful shutdown for more than 10 s"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "shutdown took {:?} with a 500 ms body deadline",
+        started.elapsed()
+    );
+    for mut stream in slow {
+        let answer = read_until_closed(&mut stream, Duration::from_secs(1))
+            .await
+            .unwrap_or_default();
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_url_it_cannot_use_stops_start_up_naming_the_key() {
+    use paynotify::startup::{Application, Options};
+
+    paynotify::telemetry::init_for_tests();
+    let db = crate::helpers::TestDb::create(Backend::Sqlite).await;
+    let mut settings = crate::helpers::test_settings(db.url());
+    settings.relay.sink = SinkKind::Http;
+    settings.relay.http_url = "https://hooks.example/paynotify".into();
+    settings.relay.http_secret = Secret::new("s");
+    settings.validate().expect("passes the static checks");
+    let Err(err) = Application::build(&settings, Options::default()).await else {
+        panic!("an https:// URL (no TLS in this build) must stop start-up");
+    };
+    assert!(err.to_string().contains("relay.http_url"), "{err}");
+}
