@@ -146,18 +146,22 @@ pub async fn notify<C: Channel>(
     let body = match body {
         Ok(body) => body,
         Err(e) => {
-            let status = e.as_response_error().status_code();
-            let (status, message) = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                (status, "body too large")
+            let timed_out = e.as_error::<actix_web::error::PayloadError>().is_some_and(|p| {
+                matches!(p, actix_web::error::PayloadError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut)
+            });
+            // (The body deadline's 408 itself is written by `body_deadline`.)
+            let (status, message, reason) = if timed_out {
+                (
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body not received in time",
+                    "body_timeout",
+                )
+            } else if e.as_response_error().status_code() == StatusCode::PAYLOAD_TOO_LARGE {
+                (StatusCode::PAYLOAD_TOO_LARGE, "body too large", "too_large")
             } else {
-                (StatusCode::BAD_REQUEST, "unreadable body")
+                (StatusCode::BAD_REQUEST, "unreadable body", "bad_request")
             };
             tracing::warn!(channel = %id, error = %e, "notification rejected: {message}");
-            let reason = if status == StatusCode::PAYLOAD_TOO_LARGE {
-                "too_large"
-            } else {
-                "bad_request"
-            };
             state
                 .metrics
                 .rejections

@@ -399,6 +399,17 @@ async fn a_body_that_stops_arriving_is_answered_408_within_the_deadline() {
             "{path}: answered after {took:?} with a 500 ms deadline"
         );
     }
+    // Counted as what it is, not as a malformed request.
+    for channel in ["wechat", "alipay"] {
+        assert!(
+            crate::helpers::metric(
+                &app,
+                "paynotify_notify_rejections_total",
+                &[channel, "body_timeout"]
+            ) >= 1,
+            "{channel}"
+        );
+    }
     // A body that arrives in time is read as before.
     app.create_order("BD-1", 100).await;
 }
