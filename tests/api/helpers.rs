@@ -406,6 +406,22 @@ impl TestApp {
     }
 
     /// Outbox rows of a topic.
+    /// `(reason, biz_key)` of every `PAYMENT_ANOMALY` message of an order, oldest first.
+    pub async fn anomalies(&self, order_no: &str) -> Vec<(String, String)> {
+        let mut messages = self.outbox("PAYMENT_ANOMALY").await;
+        messages.sort_by_key(|m| m.id);
+        messages
+            .into_iter()
+            .filter(|m| m.payload.0["order_no"] == order_no)
+            .map(|m| {
+                (
+                    m.payload.0["reason"].as_str().unwrap_or("").to_owned(),
+                    m.biz_key,
+                )
+            })
+            .collect()
+    }
+
     pub async fn messages(&self, topic: &str) -> i64 {
         self.db
             .count(&format!("local_message WHERE topic = '{topic}'"))
@@ -492,4 +508,20 @@ pub fn wechat_paid(
         merchant_matches: true,
         occurred_at: None,
     }
+}
+
+/// Every entry of a Redis stream: `(id, [(field, value)])`.
+pub async fn stream_entries(redis_url: &str, stream: &str) -> Vec<(String, Vec<(String, String)>)> {
+    let client = redis::Client::open(redis_url).expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("conn");
+    redis::cmd("XRANGE")
+        .arg(stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .expect("xrange")
 }

@@ -61,22 +61,6 @@ fn refund_of(order_no: &str, transaction_id: &str, out_refund_no: &str, refund_f
     n
 }
 
-/// `(reason, biz_key)` of every anomaly message of an order, in id order.
-async fn anomalies(app: &TestApp, order_no: &str) -> Vec<(String, String)> {
-    let mut messages = app.outbox("PAYMENT_ANOMALY").await;
-    messages.sort_by_key(|m| m.id);
-    messages
-        .into_iter()
-        .filter(|m| m.payload.0["order_no"] == order_no)
-        .map(|m| {
-            (
-                m.payload.0["reason"].as_str().unwrap_or("").to_owned(),
-                m.biz_key,
-            )
-        })
-        .collect()
-}
-
 fn pair(reason: &str, biz_key: &str) -> (String, String) {
     (reason.to_owned(), biz_key.to_owned())
 }
@@ -193,7 +177,7 @@ async fn a_second_payment_under_the_same_key_is_recorded_once(backend: Backend) 
     }
     assert_eq!(app.get_order("O-2P").await, before, "the order untouched");
     assert_eq!(
-        anomalies(&app, "O-2P").await,
+        app.anomalies("O-2P").await,
         [pair("DUPLICATE_PAYMENT", "O-2P:wechat:T-2")]
     );
     // The first payment's repeat is still a plain duplicate.
@@ -223,7 +207,7 @@ async fn a_refund_of_another_payment_leaves_the_order_alone(backend: Backend) {
     assert_eq!(apply(&app, &refund_b).await, Outcome::Duplicate);
     assert_eq!(app.refund_state("O-OR").await, ("PAID".into(), 0));
     assert_eq!(
-        anomalies(&app, "O-OR").await,
+        app.anomalies("O-OR").await,
         [
             pair("DUPLICATE_PAYMENT", "O-OR:wechat:T-B"),
             pair("OTHER_PAYMENT_REFUNDED", "O-OR:wechat:R-B"),

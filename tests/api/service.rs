@@ -311,18 +311,8 @@ async fn redis_down_at_start_up_keeps_the_outbox_and_delivers_once_it_answers(ba
         "delivered once Redis answers: {:?}",
         paid_message(&app, "RD-1").await
     );
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("client");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("conn");
-    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(&stream)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await
-        .expect("xrange");
+    let entries =
+        crate::helpers::stream_entries(&format!("redis://127.0.0.1:{port}"), &stream).await;
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert!(
         entries[0]

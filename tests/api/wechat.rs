@@ -324,22 +324,6 @@ async fn a_payment_from_any_appid_of_the_merchant_is_ours(backend: Backend) {
     assert_eq!(app.messages("PAYMENT_ANOMALY").await, 1);
 }
 
-/// The anomaly messages of an order: `(reason, biz_key)`, in id order.
-async fn anomalies(app: &TestApp, order_no: &str) -> Vec<(String, String)> {
-    let mut messages = app.outbox("PAYMENT_ANOMALY").await;
-    messages.sort_by_key(|m| m.id);
-    messages
-        .into_iter()
-        .filter(|m| m.payload.0["order_no"] == order_no)
-        .map(|m| {
-            (
-                m.payload.0["reason"].as_str().unwrap_or("").to_owned(),
-                m.biz_key,
-            )
-        })
-        .collect()
-}
-
 /// Merchant A is paid; merchant B takes a second payment for the same `out_trade_no`, and
 /// refunds it. The order stays paid by A, and each of B's notices is recorded exactly once.
 async fn a_second_merchants_payment_and_its_refund_leave_the_order_paid(backend: Backend) {
@@ -362,7 +346,7 @@ async fn a_second_merchants_payment_and_its_refund_leave_the_order_paid(backend:
         (Some("PAID"), Some("42W-2M"))
     );
     assert_eq!(
-        anomalies(&app, "W-2M").await,
+        app.anomalies("W-2M").await,
         [(
             "DUPLICATE_PAYMENT".to_owned(),
             "W-2M:wechat:43W-2M".to_owned()
@@ -383,7 +367,7 @@ async fn a_second_merchants_payment_and_its_refund_leave_the_order_paid(backend:
     }
     assert_eq!(app.refund_state("W-2M").await, ("PAID".into(), 0));
     assert_eq!(
-        anomalies(&app, "W-2M").await,
+        app.anomalies("W-2M").await,
         [
             (
                 "DUPLICATE_PAYMENT".to_owned(),
