@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use diesel_async::SimpleAsyncConnection;
 use paynotify::config::{PlatformKey, Secret, Settings, WechatMerchant};
-use paynotify::forge::Delivery;
-use paynotify::forge::wechat::{self, Sandbox};
+use paynotify::qa::forge::Delivery;
+use paynotify::qa::forge::wechat::{self, Sandbox};
 use paynotify::startup::{Application, Options};
 use paynotify::time::{Clock, SystemClock};
 use rsa::pkcs8::{EncodePublicKey, LineEnding};

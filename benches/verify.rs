@@ -12,7 +12,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use paynotify::channel::wechat::WechatPay;
 use paynotify::channel::{Channel, Inbound};
 use paynotify::config::{PlatformKey, Secret, WechatMerchant, WechatSettings};
-use paynotify::forge::wechat::{self, Sandbox};
+use paynotify::qa::forge::wechat::{self, Sandbox};
 use paynotify::time::{Clock, SystemClock};
 use rsa::pkcs1::EncodeRsaPublicKey;
 use rsa::pkcs8::{EncodePublicKey, LineEnding};
@@ -108,7 +108,7 @@ fn wechat(c: &mut Criterion) {
 fn alipay(c: &mut Criterion) {
     use paynotify::channel::alipay::Alipay;
     use paynotify::config::{AlipayApp, AlipaySettings};
-    use paynotify::forge::alipay;
+    use paynotify::qa::forge::alipay;
 
     let key = PrivateKey::try_generate().expect("key");
     let dir = tempfile::tempdir().expect("tempdir");

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use paynotify::config::Settings;
-use paynotify::replay::{Breakage, Kind, Plan};
+use paynotify::qa::replay::{Breakage, Kind, Plan};
 use paynotify::startup::{Application, Options};
 use paynotify::store::Store;
 
@@ -170,7 +170,7 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             probe: args.probe,
         },
     };
-    if paynotify::replay::run(&settings, &plan).await? {
+    if paynotify::qa::replay::run(&settings, &plan).await? {
         Ok(())
     } else {
         anyhow::bail!("some responses were not what the contract says for this input")
@@ -178,7 +178,7 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
 }
 
 fn sandbox_keys(out: &std::path::Path) -> anyhow::Result<()> {
-    let config = paynotify::sandbox::write(out)?;
+    let config = paynotify::qa::sandbox::write(out)?;
     println!(
         "sandbox keys and {} written; run from {}:",
         config.display(),

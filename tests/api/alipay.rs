@@ -1,12 +1,12 @@
 //! Alipay notifications end to end over HTTP, signed with keys made for the test run and
-//! encoded exactly as Alipay encodes them (`paynotify::forge::alipay`).
+//! encoded exactly as Alipay encodes them (`paynotify::qa::forge::alipay`).
 
 use std::sync::Arc;
 
 use paynotify::config::{AlipayApp, AlipaySettings};
-use paynotify::forge::Delivery;
-use paynotify::forge::alipay::{self, Sandbox, encode_form, sign_content, yuan};
 use paynotify::notice::Outcome;
+use paynotify::qa::forge::Delivery;
+use paynotify::qa::forge::alipay::{self, Sandbox, encode_form, sign_content, yuan};
 use paynotify::time::Clock;
 use tokio::sync::Barrier;
 
@@ -443,7 +443,7 @@ async fn field_order_charset_and_content_type_do_not_matter() {
     set(&mut gbk, "subject", "年货礼盒 A+B");
     let content = sign_content(&gbk, false);
     let (content, _, _) = encoding_rs::GBK.encode(&content);
-    let sign = paynotify::forge::rsa_sign(&rsa_key("alipay"), &content).expect("sign");
+    let sign = paynotify::qa::forge::rsa_sign(&rsa_key("alipay"), &content).expect("sign");
     let mut body = Vec::new();
     for (k, v) in gbk.iter().chain(
         [

@@ -8,8 +8,8 @@ use actix_web::http::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use paynotify::channel::alipay::{Alipay, string_to_sign};
 use paynotify::channel::{Channel, Inbound, Rejection};
 use paynotify::config::{AlipayApp, AlipaySettings};
-use paynotify::forge::alipay::sign_content;
 use paynotify::notice::{NoticeKind, RefundAmount};
+use paynotify::qa::forge::alipay::sign_content;
 use paynotify::time::{Clock, SystemClock};
 
 use crate::helpers::read_json;

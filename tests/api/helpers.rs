@@ -468,7 +468,7 @@ pub fn metric(app: &TestApp, name: &str, labels: &[&str]) -> u64 {
 pub async fn post_delivery(
     app: &TestApp,
     path: &str,
-    d: &paynotify::forge::Delivery,
+    d: &paynotify::qa::forge::Delivery,
 ) -> (u16, String) {
     let mut request = app.client.post(app.url(path)).body(d.body.clone());
     for (name, value) in &d.headers {

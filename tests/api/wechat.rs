@@ -1,11 +1,11 @@
 //! WeChat Pay notifications end to end over HTTP, with keys made for the test run and
-//! notifications built exactly as WeChat builds them (`paynotify::forge::wechat`).
+//! notifications built exactly as WeChat builds them (`paynotify::qa::forge::wechat`).
 
 use std::sync::Arc;
 
 use paynotify::config::{PlatformKey, Secret, WechatMerchant, WechatSettings};
-use paynotify::forge::Delivery;
-use paynotify::forge::wechat::{self, Sandbox};
+use paynotify::qa::forge::Delivery;
+use paynotify::qa::forge::wechat::{self, Sandbox};
 use paynotify::time::Clock;
 use serde_json::Value;
 use tokio::sync::Barrier;

@@ -12,7 +12,7 @@ use rsa::PrivateKey;
 use rsa::pkcs8::DecodePrivateKey;
 
 use crate::config::Settings;
-use crate::forge::{Delivery, alipay, wechat};
+use crate::qa::forge::{Delivery, alipay, wechat};
 use crate::time::{Clock, SystemClock};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -77,7 +77,7 @@ pub enum ReplayError {
     #[error("{0}")]
     Usage(String),
     #[error("forging failed: {0}")]
-    Forge(#[from] crate::forge::ForgeError),
+    Forge(#[from] crate::qa::forge::ForgeError),
     #[error("request failed: {0}")]
     Http(#[from] reqwest::Error),
 }
