@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use diesel_async::SimpleAsyncConnection;
-use paynotify::config::{PlatformKey, Secret, Settings, WechatMerchant};
+use paynotify::channel::wechat::{PlatformKey, WechatMerchant};
+use paynotify::config::{Secret, Settings};
 use paynotify::qa::forge::Delivery;
 use paynotify::qa::forge::wechat::{self, Sandbox};
 use paynotify::startup::{Application, Options};

@@ -10,8 +10,9 @@ use std::hint::black_box;
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use criterion::{Criterion, criterion_group, criterion_main};
 use paynotify::channel::wechat::WechatPay;
+use paynotify::channel::wechat::{PlatformKey, WechatMerchant, WechatSettings};
 use paynotify::channel::{Channel, Inbound};
-use paynotify::config::{PlatformKey, Secret, WechatMerchant, WechatSettings};
+use paynotify::config::Secret;
 use paynotify::qa::forge::wechat::{self, Sandbox};
 use paynotify::time::{Clock, SystemClock};
 use rsa::pkcs1::EncodeRsaPublicKey;
@@ -107,7 +108,7 @@ fn wechat(c: &mut Criterion) {
 
 fn alipay(c: &mut Criterion) {
     use paynotify::channel::alipay::Alipay;
-    use paynotify::config::{AlipayApp, AlipaySettings};
+    use paynotify::channel::alipay::{AlipayApp, AlipaySettings};
     use paynotify::qa::forge::alipay;
 
     let key = PrivateKey::try_generate().expect("key");

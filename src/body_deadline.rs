@@ -4,7 +4,8 @@
 //! `Content-Length: 60000` and then a few bytes would hold its connection (and a graceful
 //! shutdown) for as long as it likes. Here every body is read through [`DeadlinePayload`],
 //! which fails the read once the deadline has passed; the request is then answered
-//! `408 Request Timeout` — in the provider's own shape on the notify routes — and the
+//! `408 Request Timeout` — in the provider's own shape on the notify routes (their handler
+//! renders it) — and the
 //! connection is closed.
 
 use std::future::Future;
@@ -18,13 +19,9 @@ use actix_web::body::BoxBody;
 use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
 use actix_web::error::PayloadError;
 use actix_web::http::{ConnectionType, StatusCode};
-use actix_web::web::{Bytes, Data};
-use actix_web::{HttpMessage, HttpResponse, HttpResponseBuilder};
+use actix_web::web::Bytes;
+use actix_web::{HttpMessage, HttpResponseBuilder};
 use futures_core::Stream;
-
-use crate::channel::alipay::Alipay;
-use crate::channel::wechat::WechatPay;
-use crate::channel::{Channel, Reply};
 
 const MESSAGE: &str = "request body not received within the deadline";
 
@@ -78,9 +75,10 @@ pub fn arm(req: &mut ServiceRequest, deadline: Duration) -> Arc<AtomicBool> {
     expired
 }
 
-/// The handler's answer, or — when the body deadline cut the read short — `408` in the
-/// shape of the route (WeChat JSON, Alipay `fail`, the API's `{"error": …}`), closing the
-/// connection (the rest of the body is never read).
+/// The handler's answer, or — when the body deadline cut the read short — a `408` that
+/// closes the connection (the rest of the body is never read). A notify handler answers the
+/// cut-off read with its provider's own 408, which is kept; any other route gets the API's
+/// `{"error": …}`.
 pub fn answer<B>(response: ServiceResponse<B>, expired: &AtomicBool) -> ServiceResponse<BoxBody>
 where
     B: actix_web::body::MessageBody + 'static,
@@ -88,31 +86,22 @@ where
     if !expired.load(Ordering::Acquire) {
         return response.map_into_boxed_body();
     }
-    let (request, _) = response.into_parts();
-    let failure = Reply::Failure {
-        status: StatusCode::REQUEST_TIMEOUT,
-        message: MESSAGE,
-    };
-    let pattern = request.match_pattern();
-    let shaped = match pattern.as_deref() {
-        Some("/notify/wechat/pay" | "/notify/wechat/refund") => request
-            .app_data::<Data<WechatPay>>()
-            .map(|wechat| wechat.render(failure)),
-        Some("/notify/alipay") => request
-            .app_data::<Data<Alipay>>()
-            .map(|alipay| alipay.render(failure)),
-        _ => None,
-    };
-    let mut timed_out = shaped.unwrap_or_else(|| {
-        HttpResponseBuilder::new(StatusCode::REQUEST_TIMEOUT)
-            .json(crate::routes::error_body(MESSAGE))
-    });
-    timed_out
-        .head_mut()
-        .set_connection_type(ConnectionType::Close);
+    let pattern = response.request().match_pattern();
     tracing::warn!(
         route = pattern.as_deref().unwrap_or("unmatched"),
         "request body not received within server.body_timeout_ms: 408"
     );
-    ServiceResponse::new(request, HttpResponse::map_into_boxed_body(timed_out))
+    let mut response = if response.status() == StatusCode::REQUEST_TIMEOUT {
+        response.map_into_boxed_body()
+    } else {
+        let (request, _) = response.into_parts();
+        let timed_out = HttpResponseBuilder::new(StatusCode::REQUEST_TIMEOUT)
+            .json(crate::routes::error_body(MESSAGE));
+        ServiceResponse::new(request, timed_out.map_into_boxed_body())
+    };
+    response
+        .response_mut()
+        .head_mut()
+        .set_connection_type(ConnectionType::Close);
+    response
 }

@@ -22,7 +22,7 @@ pub enum ConfigError {
     Invalid { key: String, message: String },
 }
 
-fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
+pub fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),
         message: message.into(),
@@ -62,8 +62,10 @@ pub struct Settings {
     pub server: ServerSettings,
     pub database: DatabaseSettings,
     pub redis: RedisSettings,
-    pub wechat: WechatSettings,
-    pub alipay: AlipaySettings,
+    /// `[[wechat.merchants]]`: src/channel/wechat.rs.
+    pub wechat: crate::channel::wechat::WechatSettings,
+    /// `[[alipay.apps]]`: src/channel/alipay.rs.
+    pub alipay: crate::channel::alipay::AlipaySettings,
     pub orders: OrderSettings,
     pub relay: RelaySettings,
     pub retention: RetentionSettings,
@@ -104,64 +106,6 @@ pub struct RedisSettings {
     pub timeout_ms: u64,
     pub result_ttl_secs: u64,
     pub marker_ttl_ms: u64,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct WechatSettings {
-    pub merchants: Vec<WechatMerchant>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WechatMerchant {
-    pub mchid: String,
-    /// One app bound to this mchid; `appids` lists several (a mini-program and an official
-    /// account, say). Either or both; together they are every app whose payment is ours.
-    #[serde(default)]
-    pub appid: Option<String>,
-    #[serde(default)]
-    pub appids: Vec<String>,
-    pub apiv3_key: Secret,
-    #[serde(default)]
-    pub platform_keys: Vec<PlatformKey>,
-}
-
-impl WechatMerchant {
-    /// Every appid configured for this merchant, `appid` first.
-    pub fn all_appids(&self) -> Vec<String> {
-        let mut all: Vec<String> = self.appid.iter().cloned().collect();
-        for id in &self.appids {
-            if !all.contains(id) {
-                all.push(id.clone());
-            }
-        }
-        all
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PlatformKey {
-    /// Required with `public_key_file`; taken from the certificate with `certificate_file`.
-    pub serial: Option<String>,
-    pub public_key_file: Option<PathBuf>,
-    pub certificate_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct AlipaySettings {
-    pub apps: Vec<AlipayApp>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AlipayApp {
-    pub app_id: String,
-    pub seller_id: String,
-    pub alipay_public_key_file: Option<PathBuf>,
-    pub alipay_cert_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -363,14 +307,7 @@ impl Settings {
                 return Err(invalid(key, "must be positive"));
             }
         }
-        for (i, m) in self.wechat.merchants.iter().enumerate() {
-            if m.apiv3_key.expose().len() != 32 {
-                return Err(invalid(
-                    format!("wechat.merchants[{i}].apiv3_key"),
-                    "must be exactly 32 bytes",
-                ));
-            }
-        }
+        self.wechat.validate()?;
         let relay = &self.relay;
         if !(1..=10_000).contains(&relay.batch_size) {
             return Err(invalid("relay.batch_size", "must be between 1 and 10000"));

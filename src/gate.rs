@@ -17,7 +17,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
 use crate::config::RedisSettings;
-use crate::metrics::Metrics;
+use crate::metrics::{GateResult, Metrics};
 use crate::notice::{Notice, NoticeKind, Outcome};
 
 /// Failures in a row that open the breaker, and how long it then stays open.
@@ -205,10 +205,7 @@ impl Gate {
         // A marker we hold is always given back, breaker or not: it would block its key
         // until its TTL otherwise.
         if what != "release" && self.breaker.is_open() {
-            self.metrics
-                .gate
-                .with_label_values(&["bypass_breaker_open"])
-                .inc();
+            self.metrics.gate_result(GateResult::BypassBreakerOpen);
             return None;
         }
         let result = tokio::time::timeout(self.timeout, async {
@@ -223,15 +220,12 @@ impl Gate {
             }
             Ok(Err(error)) => {
                 tracing::debug!(what, %error, "redis gate bypassed");
-                self.metrics.gate.with_label_values(&["bypass_error"]).inc();
+                self.metrics.gate_result(GateResult::BypassError);
                 self.breaker.failure();
                 None
             }
             Err(_) => {
-                self.metrics
-                    .gate
-                    .with_label_values(&["bypass_timeout"])
-                    .inc();
+                self.metrics.gate_result(GateResult::BypassTimeout);
                 self.breaker.failure();
                 None
             }
@@ -265,7 +259,7 @@ impl Gate {
             Some("A") => Decision::Proceed(Some(Marker { key: marker, token })),
             Some("H") => self.wait_for_twin(&key, &marker, digest.as_str()).await,
             Some(cached) if cached.strip_prefix('R') == Some(digest.as_str()) => {
-                self.metrics.gate.with_label_values(&["hit"]).inc();
+                self.metrics.gate_result(GateResult::Hit);
                 Decision::Answered
             }
             // Different content under this key: the ledger decides (a conflict).
@@ -283,10 +277,7 @@ impl Gate {
             match self.cached(key).await {
                 None => return Decision::Proceed(None),
                 Some(Some(seen)) if seen == digest => {
-                    self.metrics
-                        .gate
-                        .with_label_values(&["hit_after_wait"])
-                        .inc();
+                    self.metrics.gate_result(GateResult::HitAfterWait);
                     return Decision::Answered;
                 }
                 Some(Some(_)) => return Decision::Proceed(None),
@@ -301,7 +292,7 @@ impl Gate {
                 return Decision::Proceed(None);
             }
         }
-        self.metrics.gate.with_label_values(&["busy"]).inc();
+        self.metrics.gate_result(GateResult::Busy);
         Decision::Busy
     }
 

@@ -1,21 +1,131 @@
 //! Counters operators alert on, registered in one Prometheus registry.
+//!
+//! Every label value comes from a type here ([`Counted`], [`Refusal`], [`GateResult`], a
+//! route pattern, a standard method), never from a string at a call site or from a client.
 
+use std::time::Instant;
+
+use actix_web::dev::ServiceRequest;
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
+
+use crate::channel::Rejection;
+use crate::notice::{ChannelId, Outcome};
+use crate::store::relay::OutboxStats;
+use crate::time::Timestamp;
+
+/// What became of a verified notification: the `outcome` label of
+/// `paynotify_notifications_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// What the ledger did (`applied`, `duplicate`, `conflict`, `anomaly`, …).
+    Ledger(Outcome),
+    /// Answered from the Redis gate's cached result.
+    DuplicateCached,
+    /// The same notification was being applied elsewhere (503).
+    InFlight,
+    /// No database connection in time (503).
+    DbUnavailable,
+    /// A statement failed (500).
+    DbError,
+}
+
+impl Counted {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ledger(outcome) => outcome.as_str(),
+            Self::DuplicateCached => "duplicate_cached",
+            Self::InFlight => "in_flight",
+            Self::DbUnavailable => "db_unavailable",
+            Self::DbError => "db_error",
+        }
+    }
+}
+
+/// Why a notification was refused before the ledger: the `reason` label of
+/// `paynotify_notify_rejections_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    BadSignature,
+    Stale,
+    BadRequest,
+    Undecryptable,
+    TooLarge,
+    /// The body did not arrive within `server.body_timeout_ms`.
+    BodyTimeout,
+}
+
+impl Refusal {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::BadSignature => "bad_signature",
+            Self::Stale => "stale",
+            Self::BadRequest => "bad_request",
+            Self::Undecryptable => "undecryptable",
+            Self::TooLarge => "too_large",
+            Self::BodyTimeout => "body_timeout",
+        }
+    }
+}
+
+impl From<&Rejection> for Refusal {
+    fn from(rejection: &Rejection) -> Self {
+        match rejection {
+            Rejection::BadSignature(_) => Self::BadSignature,
+            Rejection::Stale(_) => Self::Stale,
+            Rejection::BadRequest(_) => Self::BadRequest,
+            Rejection::Undecryptable(_) => Self::Undecryptable,
+        }
+    }
+}
+
+/// What the Redis gate did: the `result` label of `paynotify_gate_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateResult {
+    Hit,
+    HitAfterWait,
+    Busy,
+    BypassError,
+    BypassTimeout,
+    BypassBreakerOpen,
+}
+
+impl GateResult {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Hit => "hit",
+            Self::HitAfterWait => "hit_after_wait",
+            Self::Busy => "busy",
+            Self::BypassError => "bypass_error",
+            Self::BypassTimeout => "bypass_timeout",
+            Self::BypassBreakerOpen => "bypass_breaker_open",
+        }
+    }
+}
+
+/// A started request: [`RequestTimer::observe`] records its latency under fixed labels.
+pub struct RequestTimer {
+    histogram: Histogram,
+    started: Instant,
+}
+
+impl RequestTimer {
+    pub fn observe(self) {
+        self.histogram.observe(self.started.elapsed().as_secs_f64());
+    }
+}
 
 pub struct Metrics {
     pub registry: Registry,
-    /// Verified notifications by channel and ledger outcome (`applied`, `duplicate`,
-    /// `conflict`, `anomaly`, `ignored`, `unknown_order`, `too_early`, `db_unavailable`).
+    /// Verified notifications by channel and [`Counted`] outcome.
     pub notifications: IntCounterVec,
-    /// Notifications refused before the ledger, by channel and reason (`bad_signature`,
-    /// `stale`, `bad_request`, `undecryptable`, `too_large`).
+    /// Notifications refused before the ledger, by channel and [`Refusal`].
     pub rejections: IntCounterVec,
     /// Anomalies by channel and reason (`AMOUNT_MISMATCH`, …).
     pub anomalies: IntCounterVec,
-    /// The Redis gate by result: `hit`, `hit_after_wait`, `busy`, `bypass_error`,
-    /// `bypass_timeout`, `bypass_breaker_open`.
+    /// The Redis gate by [`GateResult`].
     pub gate: IntCounterVec,
     pub relay_published: IntCounter,
     pub relay_failed: IntCounter,
@@ -168,6 +278,61 @@ impl Metrics {
             request_seconds,
             db_pool,
             gate_breaker_open,
+        }
+    }
+
+    /// Counts a verified notification (and, for an anomaly, its reason).
+    pub fn notified(&self, channel: ChannelId, counted: Counted) {
+        self.notifications
+            .with_label_values(&[channel.as_str(), counted.label()])
+            .inc();
+        if let Counted::Ledger(Outcome::Anomaly(reason)) = counted {
+            self.anomalies
+                .with_label_values(&[channel.as_str(), reason.as_str()])
+                .inc();
+        }
+    }
+
+    /// Counts a notification refused before the ledger.
+    pub fn refused(&self, channel: ChannelId, why: Refusal) {
+        self.rejections
+            .with_label_values(&[channel.as_str(), why.label()])
+            .inc();
+    }
+
+    pub fn gate_result(&self, result: GateResult) {
+        self.gate.with_label_values(&[result.label()]).inc();
+    }
+
+    /// Starts timing a request, labelled by its route pattern (or `unmatched`) and method
+    /// (a standard one, else `other`): never by anything the client chose.
+    pub fn time_request(&self, req: &ServiceRequest) -> RequestTimer {
+        let route = req.match_pattern();
+        let route = route.as_deref().unwrap_or(ROUTE_UNMATCHED);
+        RequestTimer {
+            histogram: self
+                .request_seconds
+                .with_label_values(&[route, method_label(req.method())]),
+            started: Instant::now(),
+        }
+    }
+
+    /// The outbox gauges, from what the database reported at `now`.
+    pub fn outbox(&self, stats: &OutboxStats, now: Timestamp) {
+        self.relay_pending.set(stats.pending);
+        self.relay_dead.set(stats.dead);
+        let age = stats.oldest_pending.map_or(0, |oldest| {
+            (now.unix_seconds() - oldest.unix_seconds()).max(0)
+        });
+        self.relay_oldest_pending_seconds.set(age);
+    }
+
+    /// The pool gauges: connections in use, idle, and callers waiting for one.
+    pub fn pool(&self, (in_use, idle, waiting): (usize, usize, usize)) {
+        for (label, value) in [("in_use", in_use), ("idle", idle), ("waiting", waiting)] {
+            self.db_pool
+                .with_label_values(&[label])
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
         }
     }
 

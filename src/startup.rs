@@ -9,39 +9,18 @@ use actix_web::dev::{Server, ServerHandle};
 use actix_web::{App, HttpServer, web};
 
 use crate::body_deadline;
-use crate::channel::alipay::Alipay;
-use crate::channel::wechat::WechatPay;
-use crate::config::{ConfigError, Secret, Settings, SinkKind};
+use crate::channel;
+use crate::config::{ConfigError, Settings, SinkKind};
 use crate::gate::Gate;
 use crate::jobs::Jobs;
-use crate::metrics::{Metrics, ROUTE_UNMATCHED, method_label};
+use crate::metrics::Metrics;
 use crate::relay::{Relay, Sink, sink};
-use crate::routes::{ApiError, admin, health, orders};
-use crate::routes::{notify, openapi};
+use crate::routes::{self, AppState, ExtraRoutes};
 use crate::store::{Store, StoreError};
 use crate::time::{Clock, SystemClock};
 
 /// How long a graceful shutdown waits for in-flight requests before closing them.
 pub const SHUTDOWN_TIMEOUT_SECS: u64 = 15;
-
-/// What every handler shares.
-pub struct AppState {
-    pub store: Store,
-    /// The Redis gate, when `redis.url` is set.
-    pub gate: Option<Arc<Gate>>,
-    pub metrics: Arc<Metrics>,
-    pub clock: Arc<dyn Clock>,
-    pub api_token: Secret,
-    pub expire_after_secs: u64,
-    /// The runtime that database work runs on, detached from the request (see
-    /// `routes::detach`); the runtime `Application::build` was called on.
-    pub runtime: tokio::runtime::Handle,
-    /// Where the relay delivers (`relay.sink`); `/readyz` reports whether it is up.
-    pub sink: Arc<dyn Sink>,
-}
-
-/// Extra routes mounted beside the built-in ones (tests mount a double channel this way).
-pub type ExtraRoutes = Arc<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -87,8 +66,7 @@ impl Application {
     pub async fn build(settings: &Settings, options: Options) -> Result<Self, StartupError> {
         // Keys first: a bad key file should stop start-up before anything connects.
         let now = options.clock.now();
-        let wechat = web::Data::new(WechatPay::from_settings(&settings.wechat, now)?);
-        let alipay = web::Data::new(Alipay::from_settings(&settings.alipay, now)?);
+        let providers: Arc<[channel::Mount]> = channel::mount_all(settings, now)?.into();
         let store = Store::connect(&settings.database)?;
         if settings.database.auto_migrate {
             let applied = store.migrate().await?;
@@ -148,20 +126,16 @@ impl Application {
             runtime: tokio::runtime::Handle::current(),
             sink: Arc::clone(&sink),
         });
-        let max_body = settings.server.max_body_bytes;
+        let limits = routes::Limits {
+            max_body: settings.server.max_body_bytes,
+        };
         let body_timeout = Duration::from_millis(settings.server.body_timeout_ms);
         let extra = options.extra_routes;
         let request_metrics = Arc::clone(&metrics);
         let server = HttpServer::new(move || {
-            let json = web::JsonConfig::default()
-                .limit(max_body)
-                .error_handler(|err, _| ApiError::BadRequest(err.to_string()).into());
-            let path = web::PathConfig::default()
-                .error_handler(|err, _| ApiError::BadRequest(err.to_string()).into());
-            let query = web::QueryConfig::default()
-                .error_handler(|err, _| ApiError::BadRequest(err.to_string()).into());
             let latency = Arc::clone(&request_metrics);
-            let mut app = App::new()
+            let (state, providers, extra) = (state.clone(), Arc::clone(&providers), extra.clone());
+            App::new()
                 // Innermost: every body is read under server.body_timeout_ms (408 after).
                 .wrap_fn(move |mut req, srv| {
                     let expired = body_deadline::arm(&mut req, body_timeout);
@@ -169,55 +143,16 @@ impl Application {
                     async move { Ok(body_deadline::answer(response.await?, &expired)) }
                 })
                 .wrap_fn(move |req, srv| {
-                    let started = std::time::Instant::now();
-                    // Both labels come from fixed sets: a registered route pattern or
-                    // `unmatched`, a standard method or `other`. Never the raw request.
-                    let route = req
-                        .match_pattern()
-                        .unwrap_or_else(|| ROUTE_UNMATCHED.to_owned());
-                    let method = method_label(req.method());
-                    let histogram = latency
-                        .request_seconds
-                        .with_label_values(&[route.as_str(), method]);
+                    let timer = latency.time_request(&req);
                     let response = srv.call(req);
                     async move {
                         let response = response.await;
-                        histogram.observe(started.elapsed().as_secs_f64());
+                        timer.observe();
                         response
                     }
                 })
                 .wrap(tracing_actix_web::TracingLogger::default())
-                .app_data(state.clone())
-                .app_data(web::PayloadConfig::new(max_body))
-                .app_data(json)
-                .app_data(path)
-                .app_data(query)
-                .route("/healthz", web::get().to(health::healthz))
-                .route("/readyz", web::get().to(health::readyz))
-                .route("/metrics", web::get().to(health::metrics))
-                .route("/orders", web::post().to(orders::create))
-                .route("/orders/{order_no}", web::get().to(orders::get))
-                .route("/orders/{order_no}/close", web::post().to(orders::close))
-                .route("/admin/messages", web::get().to(admin::messages))
-                .route(
-                    "/admin/messages/{id}/redrive",
-                    web::post().to(admin::redrive),
-                )
-                .route("/admin/callbacks", web::get().to(admin::callbacks))
-                .app_data(wechat.clone())
-                .route("/notify/wechat/pay", web::post().to(notify::wechat_pay))
-                .route(
-                    "/notify/wechat/refund",
-                    web::post().to(notify::wechat_refund),
-                )
-                .app_data(alipay.clone())
-                .route("/notify/alipay", web::post().to(notify::alipay))
-                .route("/openapi.json", web::get().to(openapi::document));
-            if let Some(extra) = &extra {
-                let extra = Arc::clone(extra);
-                app = app.configure(move |cfg| extra(cfg));
-            }
-            app
+                .configure(|cfg| routes::configure(cfg, state, limits, &providers, extra.as_ref()))
         })
         .disable_signals()
         // In-flight requests get this long after SIGTERM; a slow body is cut sooner by

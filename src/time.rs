@@ -20,9 +20,18 @@ use serde::Serialize;
     diesel::AsExpression,
     diesel::FromSqlRow,
 )]
-#[diesel(sql_type = crate::store::types::UtcTs)]
+#[diesel(sql_type = UtcTs)]
 #[serde(transparent)]
 pub struct Timestamp(DateTime<Utc>);
+
+/// The SQL type a [`Timestamp`] is stored as: `timestamptz` on PostgreSQL, sortable RFC 3339
+/// text on SQLite. Its encodings per backend live with the other SQL types in `store::types`.
+#[derive(
+    Debug, Clone, Copy, Default, diesel::sql_types::SqlType, diesel::query_builder::QueryId,
+)]
+#[diesel(postgres_type(oid = 1184, array_oid = 1185))]
+#[diesel(sqlite_type(name = "Text"))]
+pub struct UtcTs;
 
 impl Timestamp {
     pub fn new(at: DateTime<Utc>) -> Self {

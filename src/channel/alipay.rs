@@ -10,17 +10,37 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use actix_web::HttpResponse;
+use actix_web::{HttpRequest, HttpResponse, web};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use chrono::{FixedOffset, NaiveDateTime, TimeZone};
+use serde::Deserialize;
+use std::path::PathBuf;
+use utoipa::OpenApi;
 
-use super::keys::{self, RsaVerifier, config_error};
-use super::{Channel, Inbound, Rejection, Reply};
-use crate::config::{AlipaySettings, ConfigError};
+use super::keys::{self, RsaVerifier};
+use super::{Answer, Channel, Inbound, Mount, Registration, Rejection, Reply};
+use crate::config::{ConfigError, Settings, invalid};
 use crate::money::yuan_to_fen;
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
+use crate::routes::AppState;
+use crate::routes::notify::notify;
 use crate::time::Timestamp;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlipaySettings {
+    pub apps: Vec<AlipayApp>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlipayApp {
+    pub app_id: String,
+    pub seller_id: String,
+    pub alipay_public_key_file: Option<PathBuf>,
+    pub alipay_cert_file: Option<PathBuf>,
+}
 
 /// A configured Alipay app.
 pub struct App {
@@ -58,7 +78,7 @@ impl Alipay {
                     keys::certificate_file(&format!("{prefix}.alipay_cert_file"), path, now)?.1
                 }
                 _ => {
-                    return Err(config_error(
+                    return Err(invalid(
                         prefix,
                         "set exactly one of alipay_public_key_file and alipay_cert_file",
                     ));
@@ -70,7 +90,7 @@ impl Alipay {
                 key,
             };
             if apps.insert(a.app_id.clone(), Arc::new(app)).is_some() {
-                return Err(config_error(
+                return Err(invalid(
                     format!("{prefix}.app_id"),
                     format!("{} is configured twice", a.app_id),
                 ));
@@ -325,15 +345,57 @@ impl Channel for Alipay {
         })
     }
 
-    fn render(&self, reply: Reply<'_>) -> HttpResponse {
+    fn render(&self, reply: Reply<'_>) -> Answer {
         // Alipay reads only the body: exactly `success`, anything else means "retry".
-        match reply {
-            Reply::Success => HttpResponse::Ok()
-                .content_type("text/plain")
-                .body("success"),
-            Reply::Failure { status, .. } => HttpResponse::build(status)
-                .content_type("text/plain")
-                .body("fail"),
+        let (status, body) = match reply {
+            Reply::Success => (200, "success"),
+            Reply::Failure { status, .. } => (status, "fail"),
+        };
+        Answer {
+            status,
+            content_type: Some("text/plain"),
+            body: body.as_bytes().to_vec(),
         }
     }
 }
+
+#[utoipa::path(post, path = "/notify/alipay", tag = "notify",
+    description = "Alipay asynchronous notification (trade_status_sync): payments, refunds, closes. Authenticated by the RSA2 `sign` field; the body is read raw whatever its Content-Type.",
+    request_body(content = String, content_type = "application/x-www-form-urlencoded"),
+    responses(
+        (status = 200, description = "`success`: applied, duplicate, recorded anomaly", content_type = "text/plain", body = String),
+        (status = 400, description = "`fail`: malformed form, repeated field, bad amount", content_type = "text/plain", body = String),
+        (status = 401, description = "`fail`: bad or missing sign, unknown app_id", content_type = "text/plain", body = String),
+        (status = 404, description = "`fail`: unknown order", content_type = "text/plain", body = String),
+        (status = 409, description = "`fail`: the same payment or refund as before with other amount or merchant", content_type = "text/plain", body = String),
+        (status = 413, description = "`fail`: body too large", content_type = "text/plain", body = String),
+        (status = 503, description = "`fail`: database unavailable or the same notification in flight", content_type = "text/plain", body = String)))]
+pub async fn alipay(
+    channel: web::Data<Alipay>,
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    body: Result<web::Bytes, actix_web::Error>,
+) -> HttpResponse {
+    notify(channel, state, request, body).await
+}
+
+#[derive(OpenApi)]
+#[openapi(paths(alipay))]
+struct NotifyApi;
+
+fn build(settings: &Settings, now: Timestamp) -> Result<Mount, ConfigError> {
+    let channel = web::Data::new(Alipay::from_settings(&settings.alipay, now)?);
+    Ok(Box::new(move |cfg: &mut web::ServiceConfig| {
+        cfg.service(
+            web::resource("/notify/alipay")
+                .app_data(channel.clone())
+                .route(web::post().to(alipay)),
+        );
+    }))
+}
+
+/// Alipay in the provider registry (`channel::PROVIDERS`).
+pub const REGISTRATION: Registration = Registration {
+    build,
+    openapi: NotifyApi::openapi,
+};

@@ -9,15 +9,8 @@ use ring::signature::{RSA_PKCS1_2048_8192_SHA256, UnparsedPublicKey};
 use rsa::pkcs1::EncodeRsaPublicKey;
 use rsa::pkcs8::DecodePublicKey;
 
-use crate::config::ConfigError;
+use crate::config::{ConfigError, invalid};
 use crate::time::Timestamp;
-
-pub(crate) fn config_error(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key: key.into(),
-        message: message.into(),
-    }
-}
 
 /// An RSA public key that checks RSASSA-PKCS1-v1_5 / SHA-256 signatures.
 pub struct RsaVerifier(UnparsedPublicKey<Vec<u8>>);
@@ -30,13 +23,13 @@ impl RsaVerifier {
     /// From SPKI DER (the form in PEM files and certificates); ring wants PKCS#1 inside it.
     fn from_spki(key: &str, path: &Path, spki_der: &[u8]) -> Result<Self, ConfigError> {
         let public = rsa::PublicKey::from_public_key_der(spki_der).map_err(|e| {
-            config_error(
+            invalid(
                 key,
                 format!("{}: not an RSA public key: {e}", path.display()),
             )
         })?;
         let der = public.to_pkcs1_der().map_err(|e| {
-            config_error(
+            invalid(
                 key,
                 format!("{}: cannot encode the key: {e}", path.display()),
             )
@@ -50,7 +43,7 @@ impl RsaVerifier {
 
 fn read(key: &str, path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path)
-        .map_err(|e| config_error(key, format!("cannot read {}: {e}", path.display())))
+        .map_err(|e| invalid(key, format!("cannot read {}: {e}", path.display())))
 }
 
 /// A public key file: SPKI PEM (`BEGIN PUBLIC KEY`), or the bare base64 of the SPKI DER as
@@ -59,14 +52,14 @@ pub fn public_key_file(key: &str, path: &Path) -> Result<RsaVerifier, ConfigErro
     let text = read(key, path)?;
     let der = if text.contains("-----BEGIN") {
         let public = rsa::PublicKey::from_public_key_pem(&text).map_err(|e| {
-            config_error(
+            invalid(
                 key,
                 format!("{}: not an SPKI RSA public key: {e}", path.display()),
             )
         })?;
         let der = public
             .to_pkcs1_der()
-            .map_err(|e| config_error(key, e.to_string()))?;
+            .map_err(|e| invalid(key, e.to_string()))?;
         return Ok(RsaVerifier(UnparsedPublicKey::new(
             &RSA_PKCS1_2048_8192_SHA256,
             der.as_bytes().to_vec(),
@@ -75,7 +68,7 @@ pub fn public_key_file(key: &str, path: &Path) -> Result<RsaVerifier, ConfigErro
         let compact: String = text.split_whitespace().collect();
         BASE64
             .decode(compact)
-            .map_err(|_| config_error(key, format!("{}: neither PEM nor base64", path.display())))?
+            .map_err(|_| invalid(key, format!("{}: neither PEM nor base64", path.display())))?
     };
     RsaVerifier::from_spki(key, path, &der)
 }
@@ -92,7 +85,7 @@ pub fn certificate_file(
 
     let pem = read(key, path)?;
     let cert = Certificate::from_pem(pem.as_bytes()).map_err(|e| {
-        config_error(
+        invalid(
             key,
             format!("{}: not a PEM certificate: {e}", path.display()),
         )
@@ -100,7 +93,7 @@ pub fn certificate_file(
     let tbs = cert.tbs_certificate();
     let not_after = tbs.validity().not_after.to_unix_duration().as_secs();
     if i64::try_from(not_after).unwrap_or(i64::MAX) < now.unix_seconds() {
-        return Err(config_error(
+        return Err(invalid(
             key,
             format!(
                 "{}: certificate expired at unix time {not_after}; install the current one",
@@ -118,6 +111,6 @@ pub fn certificate_file(
     let spki = tbs
         .subject_public_key_info()
         .to_der()
-        .map_err(|e| config_error(key, format!("{}: bad public key: {e}", path.display())))?;
+        .map_err(|e| invalid(key, format!("{}: bad public key: {e}", path.display())))?;
     Ok((serial, RsaVerifier::from_spki(key, path, &spki)?))
 }

@@ -1,13 +1,14 @@
 //! The seam every payment provider plugs into: verify the raw request, decode it into a
 //! [`Notice`], and answer in the provider's own shape. The core never sees provider details.
 //!
-//! Adding a provider means one new file implementing [`Channel`] and one route line in
-//! `startup`.
+//! A provider is one file here: its settings, its key loading, its [`Channel`] impl, its
+//! notify routes with their OpenAPI description, and a [`Registration`]. [`PROVIDERS`] lists
+//! them all; `docs/design.md` has the checklist for adding one.
 
-use actix_web::HttpResponse;
-use actix_web::http::StatusCode;
 use actix_web::http::header::HeaderMap;
+use actix_web::web;
 
+use crate::config::{ConfigError, Settings};
 use crate::notice::{ChannelId, Notice};
 use crate::time::Timestamp;
 
@@ -43,11 +44,12 @@ pub enum Rejection {
 }
 
 impl Rejection {
-    pub fn status(&self) -> StatusCode {
+    /// The HTTP status the provider is answered with.
+    pub fn status(&self) -> u16 {
         match self {
-            Self::BadSignature(_) | Self::Stale(_) => StatusCode::UNAUTHORIZED,
-            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Self::Undecryptable(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::BadSignature(_) | Self::Stale(_) => 401,
+            Self::BadRequest(_) => 400,
+            Self::Undecryptable(_) => 500,
         }
     }
 
@@ -68,10 +70,16 @@ pub enum Reply<'a> {
     /// Accepted (first delivery, duplicate, anomaly recorded): the provider stops retrying.
     Success,
     /// Anything else: the provider retries (or a forger learns nothing useful).
-    Failure {
-        status: StatusCode,
-        message: &'a str,
-    },
+    Failure { status: u16, message: &'a str },
+}
+
+/// A provider's answer in its own shape, as plain data: the route turns it into a response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    /// `None` for an empty body.
+    pub content_type: Option<&'static str>,
+    pub body: Vec<u8>,
 }
 
 /// A payment provider's notify endpoint.
@@ -88,5 +96,23 @@ pub trait Channel: Send + Sync + 'static {
     fn decode(&self, verified: Self::Verified) -> Result<Notice, Rejection>;
 
     /// Renders `reply` the way the provider expects it.
-    fn render(&self, reply: Reply<'_>) -> HttpResponse;
+    fn render(&self, reply: Reply<'_>) -> Answer;
+}
+
+/// Registers a provider's notify routes (with its channel as their app data) on each worker.
+pub type Mount = Box<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
+
+/// How the service knows a provider: it builds the provider's channel from its settings
+/// (loading keys once, at start-up) and describes its notify routes.
+pub struct Registration {
+    pub build: fn(&Settings, Timestamp) -> Result<Mount, ConfigError>,
+    pub openapi: fn() -> utoipa::openapi::OpenApi,
+}
+
+/// Every provider of this build: a new provider is one more line here.
+pub const PROVIDERS: [Registration; 2] = [wechat::REGISTRATION, alipay::REGISTRATION];
+
+/// Builds every provider's routes; the first bad key or setting stops start-up.
+pub fn mount_all(settings: &Settings, now: Timestamp) -> Result<Vec<Mount>, ConfigError> {
+    PROVIDERS.iter().map(|p| (p.build)(settings, now)).collect()
 }

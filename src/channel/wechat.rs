@@ -9,17 +9,21 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use actix_web::HttpResponse;
 use actix_web::http::header::HeaderMap;
+use actix_web::{HttpRequest, HttpResponse, web};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
 use serde::Deserialize;
+use std::path::PathBuf;
+use utoipa::OpenApi;
 
-use super::keys::{self, RsaVerifier, config_error};
-use super::{Channel, Inbound, Rejection, Reply};
-use crate::config::{ConfigError, WechatSettings};
+use super::keys::{self, RsaVerifier};
+use super::{Answer, Channel, Inbound, Mount, Registration, Rejection, Reply};
+use crate::config::{ConfigError, Secret, Settings, invalid};
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
+use crate::routes::AppState;
+use crate::routes::notify::notify;
 use crate::time::Timestamp;
 
 /// WeChat Pay's freshness rule: more than five minutes either way is refused.
@@ -28,6 +32,64 @@ pub const TIMESTAMP_WINDOW_SECS: i64 = 300;
 pub const SIGNATURE_TYPE: &str = "WECHATPAY2-SHA256-RSA2048";
 /// Signatures WeChat sends on purpose to check that merchants verify them.
 const PROBE_PREFIX: &str = "WECHATPAY/SIGNTEST/";
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WechatSettings {
+    pub merchants: Vec<WechatMerchant>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WechatMerchant {
+    pub mchid: String,
+    /// One app bound to this mchid; `appids` lists several (a mini-program and an official
+    /// account, say). Either or both; together they are every app whose payment is ours.
+    #[serde(default)]
+    pub appid: Option<String>,
+    #[serde(default)]
+    pub appids: Vec<String>,
+    pub apiv3_key: Secret,
+    #[serde(default)]
+    pub platform_keys: Vec<PlatformKey>,
+}
+
+impl WechatMerchant {
+    /// Every appid configured for this merchant, `appid` first.
+    pub fn all_appids(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.appid.iter().cloned().collect();
+        for id in &self.appids {
+            if !all.contains(id) {
+                all.push(id.clone());
+            }
+        }
+        all
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlatformKey {
+    /// Required with `public_key_file`; taken from the certificate with `certificate_file`.
+    pub serial: Option<String>,
+    pub public_key_file: Option<PathBuf>,
+    pub certificate_file: Option<PathBuf>,
+}
+
+impl WechatSettings {
+    /// What can be checked without reading key files (`Settings::validate`).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (i, m) in self.merchants.iter().enumerate() {
+            if m.apiv3_key.expose().len() != 32 {
+                return Err(invalid(
+                    format!("wechat.merchants[{i}].apiv3_key"),
+                    "must be exactly 32 bytes",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
 
 /// A configured merchant: its ids and its APIv3 decryption key.
 pub struct Merchant {
@@ -47,14 +109,14 @@ impl std::fmt::Debug for Merchant {
 }
 
 /// One platform key and the merchant it belongs to.
-struct PlatformKey {
+struct PlatformVerifier {
     key: RsaVerifier,
     merchant: Arc<Merchant>,
 }
 
 /// The WeChat Pay channel: every configured merchant, keyed by platform-key serial.
 pub struct WechatPay {
-    keys: HashMap<String, PlatformKey>,
+    keys: HashMap<String, PlatformVerifier>,
 }
 
 impl std::fmt::Debug for WechatPay {
@@ -89,12 +151,10 @@ impl WechatPay {
         for (i, m) in settings.merchants.iter().enumerate() {
             let prefix = format!("wechat.merchants[{i}]");
             let apiv3_key = UnboundKey::new(&AES_256_GCM, m.apiv3_key.expose().as_bytes())
-                .map_err(|_| {
-                    config_error(format!("{prefix}.apiv3_key"), "must be exactly 32 bytes")
-                })?;
+                .map_err(|_| invalid(format!("{prefix}.apiv3_key"), "must be exactly 32 bytes"))?;
             let appids = m.all_appids();
             if appids.iter().all(|id| id.is_empty()) {
-                return Err(config_error(
+                return Err(invalid(
                     format!("{prefix}.appid"),
                     "set appid or appids: the apps bound to this mchid",
                 ));
@@ -105,7 +165,7 @@ impl WechatPay {
                 apiv3_key: LessSafeKey::new(apiv3_key),
             });
             if m.platform_keys.is_empty() {
-                return Err(config_error(
+                return Err(invalid(
                     format!("{prefix}.platform_keys"),
                     "at least one key is needed",
                 ));
@@ -115,7 +175,7 @@ impl WechatPay {
                 let (serial, key) = match (&k.public_key_file, &k.certificate_file) {
                     (Some(path), None) => {
                         let serial = k.serial.clone().ok_or_else(|| {
-                            config_error(
+                            invalid(
                                 format!("{key_name}.serial"),
                                 "required with public_key_file",
                             )
@@ -131,7 +191,7 @@ impl WechatPay {
                         if let Some(given) = &k.serial
                             && !given.eq_ignore_ascii_case(&serial)
                         {
-                            return Err(config_error(
+                            return Err(invalid(
                                 format!("{key_name}.serial"),
                                 format!("{given} differs from the certificate's serial {serial}"),
                             ));
@@ -139,18 +199,18 @@ impl WechatPay {
                         (serial, key)
                     }
                     _ => {
-                        return Err(config_error(
+                        return Err(invalid(
                             key_name,
                             "set exactly one of public_key_file and certificate_file",
                         ));
                     }
                 };
-                let entry = PlatformKey {
+                let entry = PlatformVerifier {
                     key,
                     merchant: Arc::clone(&merchant),
                 };
                 if keys.insert(serial.to_ascii_uppercase(), entry).is_some() {
-                    return Err(config_error(
+                    return Err(invalid(
                         format!("{key_name}.serial"),
                         format!("{serial} is configured twice"),
                     ));
@@ -430,11 +490,96 @@ impl Channel for WechatPay {
         }
     }
 
-    fn render(&self, reply: Reply<'_>) -> HttpResponse {
+    fn render(&self, reply: Reply<'_>) -> Answer {
         match reply {
-            Reply::Success => HttpResponse::NoContent().finish(),
-            Reply::Failure { status, message } => HttpResponse::build(status)
-                .json(serde_json::json!({ "code": "FAIL", "message": message })),
+            Reply::Success => Answer {
+                status: 204,
+                content_type: None,
+                body: Vec::new(),
+            },
+            Reply::Failure { status, message } => Answer {
+                status,
+                content_type: Some("application/json"),
+                body: serde_json::json!({ "code": "FAIL", "message": message })
+                    .to_string()
+                    .into_bytes(),
+            },
         }
     }
 }
+
+/// WeChat's failure body; success is `204 No Content`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct WechatFail {
+    /// Always `FAIL`.
+    pub code: String,
+    pub message: String,
+}
+
+#[utoipa::path(post, path = "/notify/wechat/pay", tag = "notify",
+    description = "WeChat Pay API v3 payment result (TRANSACTION.SUCCESS). Authenticated by the Wechatpay-* signature headers over the raw body.",
+    request_body(content = Object, content_type = "application/json"),
+    responses(
+        (status = 204, description = "Applied, duplicate, or recorded anomaly (including a second payment under the same key)"),
+        (status = 400, description = "Missing header, malformed body or field, unsupported signature type", body = WechatFail),
+        (status = 401, description = "Bad or missing signature, unknown serial, probe, stale timestamp", body = WechatFail),
+        (status = 404, description = "Unknown order (WeChat retries)", body = WechatFail),
+        (status = 409, description = "The same payment or refund as before (same transaction id or refund key) with other amount, currency or merchant", body = WechatFail),
+        (status = 413, description = "Body larger than server.max_body_bytes", body = WechatFail),
+        (status = 500, description = "Signature valid, resource does not decrypt (our apiv3_key is wrong)", body = WechatFail),
+        (status = 503, description = "Database unavailable or the same notification in flight", body = WechatFail)))]
+pub async fn wechat_pay(
+    channel: web::Data<WechatPay>,
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    body: Result<web::Bytes, actix_web::Error>,
+) -> HttpResponse {
+    notify(channel, state, request, body).await
+}
+
+#[utoipa::path(post, path = "/notify/wechat/refund", tag = "notify",
+    description = "WeChat Pay API v3 refund result (REFUND.SUCCESS, REFUND.ABNORMAL, REFUND.CLOSED); answers as /notify/wechat/pay.",
+    request_body(content = Object, content_type = "application/json"),
+    responses(
+        (status = 204, description = "Applied, duplicate, recorded anomaly, or acknowledged without change"),
+        (status = 400, description = "Bad request", body = WechatFail),
+        (status = 401, description = "Bad signature or stale", body = WechatFail),
+        (status = 404, description = "Unknown order, or its payment not in yet", body = WechatFail),
+        (status = 409, description = "The same payment or refund as before (same transaction id or refund key) with other amount, currency or merchant", body = WechatFail),
+        (status = 413, description = "Body too large", body = WechatFail),
+        (status = 500, description = "Resource does not decrypt", body = WechatFail),
+        (status = 503, description = "Database unavailable or the same notification in flight", body = WechatFail)))]
+pub async fn wechat_refund(
+    channel: web::Data<WechatPay>,
+    state: web::Data<AppState>,
+    request: HttpRequest,
+    body: Result<web::Bytes, actix_web::Error>,
+) -> HttpResponse {
+    notify(channel, state, request, body).await
+}
+
+#[derive(OpenApi)]
+#[openapi(paths(wechat_pay, wechat_refund), components(schemas(WechatFail)))]
+struct NotifyApi;
+
+fn build(settings: &Settings, now: Timestamp) -> Result<Mount, ConfigError> {
+    let channel = web::Data::new(WechatPay::from_settings(&settings.wechat, now)?);
+    Ok(Box::new(move |cfg: &mut web::ServiceConfig| {
+        cfg.service(
+            web::resource("/notify/wechat/pay")
+                .app_data(channel.clone())
+                .route(web::post().to(wechat_pay)),
+        )
+        .service(
+            web::resource("/notify/wechat/refund")
+                .app_data(channel.clone())
+                .route(web::post().to(wechat_refund)),
+        );
+    }))
+}
+
+/// WeChat Pay in the provider registry (`channel::PROVIDERS`).
+pub const REGISTRATION: Registration = Registration {
+    build,
+    openapi: NotifyApi::openapi,
+};

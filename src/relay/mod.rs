@@ -172,12 +172,7 @@ impl Relay {
     /// Pending count, dead count and the age of the oldest pending message.
     pub async fn refresh_gauges(&self) -> Result<(), StoreError> {
         let stats = self.store.outbox_stats().await?;
-        self.metrics.relay_pending.set(stats.pending);
-        self.metrics.relay_dead.set(stats.dead);
-        let age = stats.oldest_pending.map_or(0, |oldest| {
-            (self.clock.now().unix_seconds() - oldest.unix_seconds()).max(0)
-        });
-        self.metrics.relay_oldest_pending_seconds.set(age);
+        self.metrics.outbox(&stats, self.clock.now());
         Ok(())
     }
 

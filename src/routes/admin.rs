@@ -5,9 +5,9 @@ use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::AppState;
 use super::{ApiError, Authorized, ErrorBody, detach};
 use crate::outbox::status;
-use crate::startup::AppState;
 use crate::store::outbox::StoredMessage;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

@@ -4,8 +4,8 @@
 use actix_web::{HttpResponse, web};
 use serde_json::json;
 
+use super::AppState;
 use super::detach;
-use crate::startup::AppState;
 
 #[utoipa::path(get, path = "/healthz", tag = "operations",
     responses((status = 200, description = "The process runs", body = Object, example = json!({"status": "ok"}))))]
@@ -72,22 +72,10 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let m = &state.metrics;
     let store = state.store.clone();
     match detach(&state, async move { store.outbox_stats().await }).await {
-        Ok(stats) => {
-            m.relay_pending.set(stats.pending);
-            m.relay_dead.set(stats.dead);
-            let age = stats.oldest_pending.map_or(0, |oldest| {
-                (state.clock.now().unix_seconds() - oldest.unix_seconds()).max(0)
-            });
-            m.relay_oldest_pending_seconds.set(age);
-        }
+        Ok(stats) => m.outbox(&stats, state.clock.now()),
         Err(e) => tracing::warn!(error = %e, "metrics: outbox gauges not refreshed"),
     }
-    let (in_use, idle, waiting) = state.store.pool_status();
-    for (label, value) in [("in_use", in_use), ("idle", idle), ("waiting", waiting)] {
-        m.db_pool
-            .with_label_values(&[label])
-            .set(i64::try_from(value).unwrap_or(i64::MAX));
-    }
+    m.pool(state.store.pool_status());
     let open = state.gate.as_ref().is_some_and(|g| g.breaker_open());
     m.gate_breaker_open.set(i64::from(open));
     HttpResponse::Ok()

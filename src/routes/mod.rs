@@ -12,9 +12,85 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::AUTHORIZATION;
 use actix_web::{FromRequest, HttpRequest, HttpResponse, ResponseError, web};
 
+use std::sync::Arc;
+
+use crate::channel::Mount;
+use crate::config::Secret;
+use crate::gate::Gate;
+use crate::metrics::Metrics;
 use crate::notice::Digest;
-use crate::startup::AppState;
-use crate::store::StoreError;
+use crate::relay::Sink;
+use crate::store::{Store, StoreError};
+use crate::time::Clock;
+
+/// What every handler shares.
+pub struct AppState {
+    pub store: Store,
+    /// The Redis gate, when `redis.url` is set.
+    pub gate: Option<Arc<Gate>>,
+    pub metrics: Arc<Metrics>,
+    pub clock: Arc<dyn Clock>,
+    pub api_token: Secret,
+    pub expire_after_secs: u64,
+    /// The runtime that database work runs on, detached from the request (see [`detach`]);
+    /// the runtime the application was built on.
+    pub runtime: tokio::runtime::Handle,
+    /// Where the relay delivers (`relay.sink`); `/readyz` reports whether it is up.
+    pub sink: Arc<dyn Sink>,
+}
+
+/// Extra routes mounted beside the built-in ones (tests mount a double channel this way).
+pub type ExtraRoutes = Arc<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
+
+/// Request limits every extractor shares.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_body: usize,
+}
+
+/// The route table: the internal API, operations, and every provider's notify routes.
+pub fn configure(
+    cfg: &mut web::ServiceConfig,
+    state: web::Data<AppState>,
+    limits: Limits,
+    providers: &[Mount],
+    extra: Option<&ExtraRoutes>,
+) {
+    let bad_request =
+        |message: String| -> actix_web::Error { ApiError::BadRequest(message).into() };
+    cfg.app_data(state)
+        .app_data(web::PayloadConfig::new(limits.max_body))
+        .app_data(
+            web::JsonConfig::default()
+                .limit(limits.max_body)
+                .error_handler(move |err, _| bad_request(err.to_string())),
+        )
+        .app_data(
+            web::PathConfig::default().error_handler(move |err, _| bad_request(err.to_string())),
+        )
+        .app_data(
+            web::QueryConfig::default().error_handler(move |err, _| bad_request(err.to_string())),
+        )
+        .route("/healthz", web::get().to(health::healthz))
+        .route("/readyz", web::get().to(health::readyz))
+        .route("/metrics", web::get().to(health::metrics))
+        .route("/orders", web::post().to(orders::create))
+        .route("/orders/{order_no}", web::get().to(orders::get))
+        .route("/orders/{order_no}/close", web::post().to(orders::close))
+        .route("/admin/messages", web::get().to(admin::messages))
+        .route(
+            "/admin/messages/{id}/redrive",
+            web::post().to(admin::redrive),
+        )
+        .route("/admin/callbacks", web::get().to(admin::callbacks))
+        .route("/openapi.json", web::get().to(openapi::document));
+    for mount in providers {
+        mount(cfg);
+    }
+    if let Some(extra) = extra {
+        extra(cfg);
+    }
+}
 
 /// An error of the internal API, rendered as `{"error": "…"}`.
 #[derive(Debug, thiserror::Error)]
@@ -29,8 +105,10 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     Unprocessable(String),
-    #[error("database unavailable")]
-    Unavailable(#[from] StoreError),
+    /// Answered 503 when the database is out of reach, 500 when a statement failed; the
+    /// cause is logged, never sent.
+    #[error("{}", if .0.is_unavailable() { "database unavailable" } else { "internal error" })]
+    Database(#[from] StoreError),
 }
 
 impl ResponseError for ApiError {
@@ -41,12 +119,13 @@ impl ResponseError for ApiError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Database(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
     fn error_response(&self) -> HttpResponse {
-        if let Self::Unavailable(cause) = self {
+        if let Self::Database(cause) = self {
             // The cause is for operators, not for callers.
             tracing::error!(error = %cause, "request failed on the database");
         }
@@ -65,11 +144,7 @@ where
     F: Future<Output = Result<T, StoreError>> + Send + 'static,
     T: Send + 'static,
 {
-    state
-        .runtime
-        .spawn(work)
-        .await
-        .map_err(|e| StoreError::Unavailable(format!("database task ended early: {e}")))?
+    state.runtime.spawn(work).await.map_err(StoreError::Task)?
 }
 
 /// The error shape of the internal API.

@@ -1,14 +1,15 @@
-//! The one handler behind every notify URL: verify, decode, apply, acknowledge.
+//! The one handler behind every notify URL: verify, decode, apply, acknowledge. Each
+//! provider's routes (in its file under `channel/`) call [`notify`] with its channel.
 
+use actix_web::error::PayloadError;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 
-use crate::channel::alipay::Alipay;
-use crate::channel::wechat::WechatPay;
-use crate::channel::{Channel, Inbound, Rejection, Reply};
+use super::AppState;
+use crate::channel::{Answer, Channel, Inbound, Rejection, Reply};
 use crate::gate::Decision;
+use crate::metrics::{Counted, Refusal};
 use crate::notice::{Notice, Outcome};
-use crate::startup::AppState;
 use crate::store::StoreError;
 use crate::time::Timestamp;
 
@@ -19,21 +20,31 @@ pub fn reply_for(outcome: Outcome) -> Reply<'static> {
             Reply::Success
         }
         Outcome::Conflict => Reply::Failure {
-            status: StatusCode::CONFLICT,
+            status: 409,
             message: "business content differs from the first delivery of this key",
         },
         Outcome::UnknownOrder => Reply::Failure {
-            status: StatusCode::NOT_FOUND,
+            status: 404,
             message: "unknown order",
         },
         Outcome::TooEarly => Reply::Failure {
-            status: StatusCode::NOT_FOUND,
+            status: 404,
             message: "order not paid yet",
         },
         Outcome::Contended => Reply::Failure {
-            status: StatusCode::SERVICE_UNAVAILABLE,
+            status: 503,
             message: "order busy, retry",
         },
+    }
+}
+
+/// A provider's answer as an HTTP response.
+pub fn respond(answer: Answer) -> HttpResponse {
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = HttpResponse::build(status);
+    match answer.content_type {
+        Some(content_type) => response.content_type(content_type).body(answer.body),
+        None => response.finish(),
     }
 }
 
@@ -64,74 +75,19 @@ async fn settle(state: std::sync::Arc<AppState>, notice: Notice, now: Timestamp)
     Settled::Applied(result)
 }
 
-/// WeChat's failure body; success is `204 No Content`.
-#[derive(serde::Serialize, utoipa::ToSchema)]
-pub struct WechatFail {
-    /// Always `FAIL`.
-    pub code: String,
-    pub message: String,
-}
-
-#[utoipa::path(post, path = "/notify/wechat/pay", tag = "notify",
-    description = "WeChat Pay API v3 payment result (TRANSACTION.SUCCESS). Authenticated by the Wechatpay-* signature headers over the raw body.",
-    request_body(content = Object, content_type = "application/json"),
-    responses(
-        (status = 204, description = "Applied, duplicate, or recorded anomaly (including a second payment under the same key)"),
-        (status = 400, description = "Missing header, malformed body or field, unsupported signature type", body = WechatFail),
-        (status = 401, description = "Bad or missing signature, unknown serial, probe, stale timestamp", body = WechatFail),
-        (status = 404, description = "Unknown order (WeChat retries)", body = WechatFail),
-        (status = 409, description = "The same payment or refund as before (same transaction id or refund key) with other amount, currency or merchant", body = WechatFail),
-        (status = 413, description = "Body larger than server.max_body_bytes", body = WechatFail),
-        (status = 500, description = "Signature valid, resource does not decrypt (our apiv3_key is wrong)", body = WechatFail),
-        (status = 503, description = "Database unavailable or the same notification in flight", body = WechatFail)))]
-pub async fn wechat_pay(
-    channel: web::Data<WechatPay>,
-    state: web::Data<AppState>,
-    request: HttpRequest,
-    body: Result<web::Bytes, actix_web::Error>,
-) -> HttpResponse {
-    notify(channel, state, request, body).await
-}
-
-#[utoipa::path(post, path = "/notify/wechat/refund", tag = "notify",
-    description = "WeChat Pay API v3 refund result (REFUND.SUCCESS, REFUND.ABNORMAL, REFUND.CLOSED); answers as /notify/wechat/pay.",
-    request_body(content = Object, content_type = "application/json"),
-    responses(
-        (status = 204, description = "Applied, duplicate, recorded anomaly, or acknowledged without change"),
-        (status = 400, description = "Bad request", body = WechatFail),
-        (status = 401, description = "Bad signature or stale", body = WechatFail),
-        (status = 404, description = "Unknown order, or its payment not in yet", body = WechatFail),
-        (status = 409, description = "The same payment or refund as before (same transaction id or refund key) with other amount, currency or merchant", body = WechatFail),
-        (status = 413, description = "Body too large", body = WechatFail),
-        (status = 500, description = "Resource does not decrypt", body = WechatFail),
-        (status = 503, description = "Database unavailable or the same notification in flight", body = WechatFail)))]
-pub async fn wechat_refund(
-    channel: web::Data<WechatPay>,
-    state: web::Data<AppState>,
-    request: HttpRequest,
-    body: Result<web::Bytes, actix_web::Error>,
-) -> HttpResponse {
-    notify(channel, state, request, body).await
-}
-
-#[utoipa::path(post, path = "/notify/alipay", tag = "notify",
-    description = "Alipay asynchronous notification (trade_status_sync): payments, refunds, closes. Authenticated by the RSA2 `sign` field; the body is read raw whatever its Content-Type.",
-    request_body(content = String, content_type = "application/x-www-form-urlencoded"),
-    responses(
-        (status = 200, description = "`success`: applied, duplicate, recorded anomaly", content_type = "text/plain", body = String),
-        (status = 400, description = "`fail`: malformed form, repeated field, bad amount", content_type = "text/plain", body = String),
-        (status = 401, description = "`fail`: bad or missing sign, unknown app_id", content_type = "text/plain", body = String),
-        (status = 404, description = "`fail`: unknown order", content_type = "text/plain", body = String),
-        (status = 409, description = "`fail`: the same payment or refund as before with other amount or merchant", content_type = "text/plain", body = String),
-        (status = 413, description = "`fail`: body too large", content_type = "text/plain", body = String),
-        (status = 503, description = "`fail`: database unavailable or the same notification in flight", content_type = "text/plain", body = String)))]
-pub async fn alipay(
-    channel: web::Data<Alipay>,
-    state: web::Data<AppState>,
-    request: HttpRequest,
-    body: Result<web::Bytes, actix_web::Error>,
-) -> HttpResponse {
-    notify(channel, state, request, body).await
+/// Why a body could not be read: its refusal, status and message.
+fn unreadable(e: &actix_web::Error) -> (Refusal, u16, &'static str) {
+    let timed_out = e.as_error::<PayloadError>().is_some_and(
+        |p| matches!(p, PayloadError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut),
+    );
+    if timed_out {
+        // The body deadline (`body_deadline`) cut the read short.
+        (Refusal::BodyTimeout, 408, "body not received in time")
+    } else if e.as_response_error().status_code() == StatusCode::PAYLOAD_TOO_LARGE {
+        (Refusal::TooLarge, 413, "body too large")
+    } else {
+        (Refusal::BadRequest, 400, "unreadable body")
+    }
 }
 
 /// Handles `POST` on a provider's notify URL. The body arrives as raw bytes, bounded by
@@ -143,31 +99,14 @@ pub async fn notify<C: Channel>(
     body: Result<web::Bytes, actix_web::Error>,
 ) -> HttpResponse {
     let id = channel.id();
+    let answer = |reply: Reply<'_>| respond(channel.render(reply));
     let body = match body {
         Ok(body) => body,
         Err(e) => {
-            let timed_out = e.as_error::<actix_web::error::PayloadError>().is_some_and(|p| {
-                matches!(p, actix_web::error::PayloadError::Io(io) if io.kind() == std::io::ErrorKind::TimedOut)
-            });
-            // (The body deadline's 408 itself is written by `body_deadline`.)
-            let (status, message, reason) = if timed_out {
-                (
-                    StatusCode::REQUEST_TIMEOUT,
-                    "body not received in time",
-                    "body_timeout",
-                )
-            } else if e.as_response_error().status_code() == StatusCode::PAYLOAD_TOO_LARGE {
-                (StatusCode::PAYLOAD_TOO_LARGE, "body too large", "too_large")
-            } else {
-                (StatusCode::BAD_REQUEST, "unreadable body", "bad_request")
-            };
+            let (why, status, message) = unreadable(&e);
             tracing::warn!(channel = %id, error = %e, "notification rejected: {message}");
-            state
-                .metrics
-                .rejections
-                .with_label_values(&[id.as_str(), reason])
-                .inc();
-            return channel.render(Reply::Failure { status, message });
+            state.metrics.refused(id, why);
+            return answer(Reply::Failure { status, message });
         }
     };
     let now = state.clock.now();
@@ -176,25 +115,22 @@ pub async fn notify<C: Channel>(
         body: &body,
         now,
     };
-    let decoded = channel.verify(&inbound).and_then(|v| channel.decode(v));
-    let notice = match decoded
-        .and_then(|n| n.check_lengths().map_err(Rejection::BadRequest).map(|()| n))
-    {
+    let decoded = channel
+        .verify(&inbound)
+        .and_then(|v| channel.decode(v))
+        .and_then(|n| n.check_lengths().map_err(Rejection::BadRequest).map(|()| n));
+    let notice = match decoded {
         Ok(notice) => notice,
         Err(rejection) => {
             if let Rejection::Undecryptable(_) = rejection {
                 // Our key is wrong, not the provider: an operator must act while it retries.
                 tracing::error!(channel = %id, detail = %rejection, "notification verified but not decryptable: check the configured key");
             } else {
-                tracing::warn!(channel = %id, reason = rejection.reason(), detail = %rejection, "notification rejected");
+                tracing::warn!(channel = %id, reason = Refusal::from(&rejection).label(), detail = %rejection, "notification rejected");
             }
-            state
-                .metrics
-                .rejections
-                .with_label_values(&[id.as_str(), rejection.reason()])
-                .inc();
+            state.metrics.refused(id, Refusal::from(&rejection));
             let message = rejection.to_string();
-            return channel.render(Reply::Failure {
+            return answer(Reply::Failure {
                 status: rejection.status(),
                 message: &message,
             });
@@ -213,43 +149,22 @@ pub async fn notify<C: Channel>(
     let result = match settled {
         Ok(Settled::Cached) => {
             // The same content was applied before: the same answer, no database.
-            state
-                .metrics
-                .notifications
-                .with_label_values(&[id.as_str(), "duplicate_cached"])
-                .inc();
-            return channel.render(Reply::Success);
+            state.metrics.notified(id, Counted::DuplicateCached);
+            return answer(Reply::Success);
         }
         Ok(Settled::Busy) => {
-            state
-                .metrics
-                .notifications
-                .with_label_values(&[id.as_str(), "in_flight"])
-                .inc();
-            return channel.render(Reply::Failure {
-                status: StatusCode::SERVICE_UNAVAILABLE,
+            state.metrics.notified(id, Counted::InFlight);
+            return answer(Reply::Failure {
+                status: 503,
                 message: "the same notification is being processed; retry",
             });
         }
         Ok(Settled::Applied(result)) => result,
-        Err(e) => Err(StoreError::Unavailable(format!(
-            "ledger task ended early: {e}"
-        ))),
+        Err(e) => Err(StoreError::Task(e)),
     };
     match result {
         Ok(outcome) => {
-            state
-                .metrics
-                .notifications
-                .with_label_values(&[id.as_str(), outcome.as_str()])
-                .inc();
-            if let Outcome::Anomaly(reason) = outcome {
-                state
-                    .metrics
-                    .anomalies
-                    .with_label_values(&[id.as_str(), reason.as_str()])
-                    .inc();
-            }
+            state.metrics.notified(id, Counted::Ledger(outcome));
             tracing::info!(
                 channel = %id,
                 out_trade_no = %notice.out_trade_no,
@@ -258,19 +173,19 @@ pub async fn notify<C: Channel>(
                 anomaly = ?matches!(outcome, Outcome::Anomaly(_)).then_some(outcome),
                 "notification applied"
             );
-            channel.render(reply_for(outcome))
+            answer(reply_for(outcome))
         }
         Err(e) => {
-            state
-                .metrics
-                .notifications
-                .with_label_values(&[id.as_str(), "db_unavailable"])
-                .inc();
+            // Either way nothing was stored and the provider retries; 503 when the database
+            // is out of reach, 500 when a statement failed (a bug to look at).
+            let (counted, status, message) = if e.is_unavailable() {
+                (Counted::DbUnavailable, 503, "temporarily unavailable")
+            } else {
+                (Counted::DbError, 500, "internal error")
+            };
+            state.metrics.notified(id, counted);
             tracing::error!(channel = %id, out_trade_no = %notice.out_trade_no, error = %e, "notification not stored; the provider will retry");
-            channel.render(Reply::Failure {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                message: "temporarily unavailable",
-            })
+            answer(Reply::Failure { status, message })
         }
     }
 }

@@ -4,11 +4,11 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 
+use super::AppState;
 use super::{ApiError, Authorized, ErrorBody, detach, error_body};
 use crate::notice::Digest;
 use crate::order::NewOrder;
 use crate::order::Order;
-use crate::startup::AppState;
 use crate::store::ledger::CloseResult;
 use crate::store::orders::{CreateOutcome, CreateResult, IdempotencyKey, StoredResponse};
 

@@ -2,7 +2,7 @@
 //! lets every query be written once and compiled for each backend.
 //!
 //! Adding a backend (MySQL/MariaDB) means: a `migrations/<backend>` folder, one `Pools` variant,
-//! and one arm in `with_conn!` (plus `insert_ignore!` where its SQL differs).
+//! one arm in `with_conn!`, and a `Dialect` value for the few statements whose SQL differs.
 
 pub mod ledger;
 pub mod orders;
@@ -18,7 +18,7 @@ use std::time::Duration;
 use diesel::sqlite::SqliteConnection;
 use diesel::{Connection, ConnectionError};
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
-use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::pooled_connection::deadpool::{BuildError, Pool, PoolError};
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
@@ -26,7 +26,7 @@ use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
-use crate::config::{DatabaseSettings, DatabaseUrl};
+use crate::config::{ConfigError, DatabaseSettings, DatabaseUrl};
 
 pub const POSTGRES_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 pub const SQLITE_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
@@ -38,14 +38,60 @@ const SQLITE_BUSY_TIMEOUT_MS: u64 = 5000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// No connection could be had (pool exhausted, server down): the caller answers 503.
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
-    /// A statement failed (including a statement timeout or a lost connection).
-    #[error("database error: {0}")]
+    /// No pooled connection within `database.acquire_timeout_ms` (pool exhausted, server
+    /// slow to accept).
+    #[error("no database connection free within {} ms", .0.as_millis())]
+    Timeout(Duration),
+    /// A connection could not be opened (server down, refused, bad credentials).
+    #[error("cannot connect to the database: {0}")]
+    Connect(#[source] PoolError),
+    /// A statement failed; [`StoreError::is_unavailable`] tells a lost or busy database from
+    /// a statement that is wrong.
+    #[error("database statement failed: {0}")]
     Query(#[from] diesel::result::Error),
+    /// `database.url` does not name a database this build can use.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot build the connection pool: {0}")]
+    Pool(#[from] BuildError),
+    #[error("cannot create the SQLite directory {}: {source}", path.display())]
+    Directory {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot open the database to migrate it: {0}")]
+    MigrationConnect(#[source] ConnectionError),
     #[error("migrations failed: {0}")]
-    Migration(String),
+    Migration(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The task running the work ended before it did (a panic, or the runtime stopping).
+    #[error("database task ended early: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl StoreError {
+    /// Whether the database could not be reached or was too busy (the caller answers 503),
+    /// as opposed to a statement that failed on a working database (500). Providers retry
+    /// both; operators tell them apart in the logs and in `paynotify_notifications_total`.
+    pub fn is_unavailable(&self) -> bool {
+        use diesel::result::{DatabaseErrorKind, Error};
+        match self {
+            Self::Timeout(_) | Self::Connect(_) | Self::MigrationConnect(_) | Self::Task(_) => true,
+            Self::Query(Error::DatabaseError(kind, info)) => {
+                matches!(
+                    kind,
+                    DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand
+                ) || {
+                    // PostgreSQL's statement_timeout (57014) and SQLite's busy timeout
+                    // carry no kind of their own.
+                    let message = info.message();
+                    message.contains("statement timeout")
+                        || message.contains("database is locked")
+                        || message.contains("database is busy")
+                }
+            }
+            _ => false,
+        }
+    }
 }
 
 pub(crate) enum Pools {
@@ -105,17 +151,14 @@ pub(crate) use with_conn;
 
 /// Waits at most `timeout` for a pooled connection, so an exhausted pool or a dead server
 /// is a quick 503 instead of a hang.
-pub(crate) async fn acquire<T, E: std::fmt::Display>(
-    checkout: impl Future<Output = Result<T, E>>,
+pub(crate) async fn acquire<T>(
+    checkout: impl Future<Output = Result<T, PoolError>>,
     timeout: Duration,
 ) -> Result<T, StoreError> {
     match tokio::time::timeout(timeout, checkout).await {
         Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(StoreError::Unavailable(e.to_string())),
-        Err(_) => Err(StoreError::Unavailable(format!(
-            "no connection free within {} ms",
-            timeout.as_millis()
-        ))),
+        Ok(Err(e)) => Err(StoreError::Connect(e)),
+        Err(_) => Err(StoreError::Timeout(timeout)),
     }
 }
 
@@ -123,8 +166,7 @@ impl Store {
     /// Builds the pool for the backend that `database.url` names. Connections are opened
     /// lazily; call [`Store::ping`] to find out whether the database answers.
     pub fn connect(settings: &DatabaseSettings) -> Result<Self, StoreError> {
-        let url = DatabaseUrl::parse(settings.url.expose())
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let url = DatabaseUrl::parse(settings.url.expose())?;
         let statement_timeout_ms = settings.statement_timeout_ms;
         let size = settings.pool_size as usize;
         let pools = match &url {
@@ -146,20 +188,16 @@ impl Store {
                     })
                 });
                 let manager = AsyncDieselConnectionManager::new_with_config(pg_url, config);
-                Pools::Postgres(
-                    Pool::builder(manager)
-                        .max_size(size)
-                        .build()
-                        .map_err(|e| StoreError::Unavailable(e.to_string()))?,
-                )
+                Pools::Postgres(Pool::builder(manager).max_size(size).build()?)
             }
             DatabaseUrl::Sqlite(path) => {
                 if let Some(dir) = Path::new(path)
                     .parent()
                     .filter(|d| !d.as_os_str().is_empty())
                 {
-                    std::fs::create_dir_all(dir).map_err(|e| {
-                        StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+                    std::fs::create_dir_all(dir).map_err(|source| StoreError::Directory {
+                        path: dir.to_path_buf(),
+                        source,
                     })?;
                 }
                 let mut config = ManagerConfig::<SqliteAsync>::default();
@@ -181,12 +219,7 @@ impl Store {
                     })
                 });
                 let manager = AsyncDieselConnectionManager::new_with_config(path, config);
-                Pools::Sqlite(
-                    Pool::builder(manager)
-                        .max_size(size)
-                        .build()
-                        .map_err(|e| StoreError::Unavailable(e.to_string()))?,
-                )
+                Pools::Sqlite(Pool::builder(manager).max_size(size).build()?)
             }
         };
         Ok(Self {
@@ -204,23 +237,22 @@ impl Store {
     pub async fn migrate(&self) -> Result<Vec<String>, StoreError> {
         let url = self.url.clone();
         let run = move || -> Result<Vec<String>, StoreError> {
-            let failed = |e: &dyn std::fmt::Display| StoreError::Migration(e.to_string());
             let applied = match url {
                 DatabaseUrl::Postgres(url) => {
                     let mut conn =
                         <AsyncConnectionWrapper<AsyncPgConnection> as Connection>::establish(&url)
-                            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+                            .map_err(StoreError::MigrationConnect)?;
                     conn.run_pending_migrations(POSTGRES_MIGRATIONS)
-                        .map_err(|e| failed(&e))?
+                        .map_err(StoreError::Migration)?
                         .iter()
                         .map(ToString::to_string)
                         .collect()
                 }
                 DatabaseUrl::Sqlite(path) => {
-                    let mut conn = SqliteConnection::establish(&path)
-                        .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+                    let mut conn =
+                        SqliteConnection::establish(&path).map_err(StoreError::MigrationConnect)?;
                     conn.run_pending_migrations(SQLITE_MIGRATIONS)
-                        .map_err(|e| failed(&e))?
+                        .map_err(StoreError::Migration)?
                         .iter()
                         .map(ToString::to_string)
                         .collect()
@@ -228,9 +260,7 @@ impl Store {
             };
             Ok(applied)
         };
-        tokio::task::spawn_blocking(run)
-            .await
-            .map_err(|e| StoreError::Migration(e.to_string()))?
+        tokio::task::spawn_blocking(run).await?
     }
 
     /// Connections `(in use, idle, callers waiting)` of the pool.

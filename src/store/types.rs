@@ -10,13 +10,7 @@ use diesel::sql_types;
 use diesel::sqlite::{Sqlite, SqliteValue};
 
 use crate::time::Timestamp;
-
-#[derive(
-    Debug, Clone, Copy, Default, diesel::sql_types::SqlType, diesel::query_builder::QueryId,
-)]
-#[diesel(postgres_type(oid = 1184, array_oid = 1185))]
-#[diesel(sqlite_type(name = "Text"))]
-pub struct UtcTs;
+pub use crate::time::UtcTs;
 
 #[derive(
     Debug, Clone, Copy, Default, diesel::sql_types::SqlType, diesel::query_builder::QueryId,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use paynotify::config::{AlipayApp, AlipaySettings};
+use paynotify::channel::alipay::{AlipayApp, AlipaySettings};
 use paynotify::notice::Outcome;
 use paynotify::qa::forge::Delivery;
 use paynotify::qa::forge::alipay::{self, Sandbox, encode_form, sign_content, yuan};

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use actix_web::http::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use paynotify::channel::alipay::{Alipay, string_to_sign};
+use paynotify::channel::alipay::{AlipayApp, AlipaySettings};
 use paynotify::channel::{Channel, Inbound, Rejection};
-use paynotify::config::{AlipayApp, AlipaySettings};
 use paynotify::notice::{NoticeKind, RefundAmount};
 use paynotify::qa::forge::alipay::sign_content;
 use paynotify::time::{Clock, SystemClock};

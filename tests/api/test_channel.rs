@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use actix_web::http::StatusCode;
-use actix_web::{HttpResponse, web};
-use paynotify::channel::{Channel, Inbound, Rejection, Reply};
+use actix_web::web;
+use paynotify::channel::{Answer, Channel, Inbound, Rejection, Reply};
 use paynotify::notice::{ChannelId, Digest, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 use paynotify::routes::notify::notify;
 use serde::{Deserialize, Serialize};
@@ -123,11 +123,20 @@ impl Channel for TestChannel {
         Ok(n.to_notice())
     }
 
-    fn render(&self, reply: Reply<'_>) -> HttpResponse {
+    fn render(&self, reply: Reply<'_>) -> Answer {
         match reply {
-            Reply::Success => HttpResponse::NoContent().finish(),
-            Reply::Failure { status, message } => HttpResponse::build(status)
-                .json(serde_json::json!({ "code": "FAIL", "message": message })),
+            Reply::Success => Answer {
+                status: 204,
+                content_type: None,
+                body: Vec::new(),
+            },
+            Reply::Failure { status, message } => Answer {
+                status,
+                content_type: Some("application/json"),
+                body: serde_json::json!({ "code": "FAIL", "message": message })
+                    .to_string()
+                    .into_bytes(),
+            },
         }
     }
 }

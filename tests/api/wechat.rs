@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use paynotify::config::{PlatformKey, Secret, WechatMerchant, WechatSettings};
+use paynotify::channel::wechat::{PlatformKey, WechatMerchant, WechatSettings};
+use paynotify::config::Secret;
 use paynotify::qa::forge::Delivery;
 use paynotify::qa::forge::wechat::{self, Sandbox};
 use paynotify::time::Clock;
