@@ -16,7 +16,7 @@ use redis::AsyncCommands;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
-use crate::config::RedisSettings;
+use crate::config::{ConfigError, RedisSettings, invalid};
 use crate::metrics::{GateResult, Metrics};
 use crate::notice::{Notice, NoticeKind, Outcome};
 
@@ -124,11 +124,10 @@ fn escape(part: &str) -> String {
     out
 }
 
+/// A marker's owner token. A failed RNG gives a fixed token: compare-and-delete then only
+/// lets a twin release the marker early, which costs speed, never correctness.
 fn random_token() -> String {
-    use ring::rand::{SecureRandom, SystemRandom};
-    let mut bytes = [0u8; 16];
-    let _ = SystemRandom::new().fill(&mut bytes);
-    crate::notice::hex(&bytes)
+    crate::notice::hex(&crate::random::bytes::<16>().unwrap_or_default())
 }
 
 impl Gate {
@@ -138,8 +137,9 @@ impl Gate {
         settings: &RedisSettings,
         prefix: &str,
         metrics: Arc<Metrics>,
-    ) -> Result<Self, String> {
-        let client = redis::Client::open(settings.url.expose()).map_err(|e| e.to_string())?;
+    ) -> Result<Self, ConfigError> {
+        let client = redis::Client::open(settings.url.expose())
+            .map_err(|e| invalid("redis.url", e.to_string()))?;
         Ok(Self {
             client,
             enter: redis::Script::new(ENTER),

@@ -12,6 +12,7 @@ pub mod notice;
 pub mod order;
 pub mod outbox;
 pub mod qa;
+pub mod random;
 pub mod relay;
 pub mod routes;
 pub mod startup;

@@ -38,16 +38,6 @@ impl OrderStatus {
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|status| status.as_str() == s)
     }
-
-    /// Whether an order may go from `self` to `next` (staying put is always allowed).
-    pub fn may_become(self, next: OrderStatus) -> bool {
-        use OrderStatus::*;
-        self == next
-            || matches!(
-                (self, next),
-                (WaitPay, Paid) | (Paid, Refunded) | (WaitPay, Closed)
-            )
-    }
 }
 
 impl<DB: Backend> ToSql<Text, DB> for OrderStatus
@@ -110,18 +100,7 @@ pub struct NewOrder {
 
 #[cfg(test)]
 mod tests {
-    use super::OrderStatus::{self, *};
-
-    #[test]
-    fn only_the_four_forward_moves_are_allowed() {
-        let allowed = [(WaitPay, Paid), (Paid, Refunded), (WaitPay, Closed)];
-        for from in OrderStatus::ALL {
-            for to in OrderStatus::ALL {
-                let expected = from == to || allowed.contains(&(from, to));
-                assert_eq!(from.may_become(to), expected, "{from:?} -> {to:?}");
-            }
-        }
-    }
+    use super::OrderStatus;
 
     #[test]
     fn status_names_round_trip() {

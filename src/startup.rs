@@ -10,7 +10,7 @@ use actix_web::{App, HttpServer, web};
 
 use crate::body_deadline;
 use crate::channel;
-use crate::config::{ConfigError, Settings, SinkKind};
+use crate::config::{ConfigError, Settings};
 use crate::gate::Gate;
 use crate::jobs::Jobs;
 use crate::metrics::Metrics;
@@ -27,7 +27,7 @@ pub enum StartupError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("scheduler: {0}")]
-    Scheduler(String),
+    Scheduler(#[from] tokio_cron_scheduler::JobSchedulerError),
     #[error("database: {0}")]
     Database(#[from] StoreError),
     #[error("cannot listen on {addr}: {source}")]
@@ -86,20 +86,11 @@ impl Application {
 
         // Built, not connected: a sink that is down at start-up only delays delivery.
         let sink_timeout = Duration::from_millis(settings.redis.timeout_ms.max(1000));
-        // The key whose value the sink could not use.
-        let sink_key = match settings.relay.sink {
-            SinkKind::Log => "relay.sink",
-            SinkKind::RedisStream => "redis.url",
-            SinkKind::Http => "relay.http_url",
-        };
-        let sink: Arc<dyn Sink> = Arc::from(
-            sink::from_settings(&settings.relay, &settings.redis.url, sink_timeout).map_err(
-                |message| ConfigError::Invalid {
-                    key: sink_key.into(),
-                    message,
-                },
-            )?,
-        );
+        let sink: Arc<dyn Sink> = Arc::from(sink::from_settings(
+            &settings.relay,
+            &settings.redis.url,
+            sink_timeout,
+        )?);
 
         let metrics = Arc::new(Metrics::new());
         let gate = if settings.redis.url.is_empty() {
@@ -109,11 +100,7 @@ impl Application {
                 &settings.redis,
                 &settings.redis.key_prefix,
                 Arc::clone(&metrics),
-            )
-            .map_err(|message| ConfigError::Invalid {
-                key: "redis.url".into(),
-                message,
-            })?;
+            )?;
             Some(Arc::new(gate))
         };
         let state = web::Data::new(AppState {
@@ -206,7 +193,7 @@ impl Application {
             settings.retention.keep_days,
         )
         .await
-        .map_err(|e| StartupError::Scheduler(e.to_string()))
+        .map_err(StartupError::from)
     }
 
     pub fn handle(&self) -> ServerHandle {

@@ -219,10 +219,6 @@ impl WechatPay {
         }
         Ok(Self { keys })
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
-    }
 }
 
 /// The one value of a header that must appear exactly once.

@@ -4,7 +4,6 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use ring::rand::{SecureRandom, SystemRandom};
 use rsa::sha2::Sha256;
 use serde_json::{Value, json};
 
@@ -46,14 +45,7 @@ impl Delivery {
 
 fn random_token(len: usize) -> Result<String, ForgeError> {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let mut bytes = vec![0u8; len];
-    SystemRandom::new()
-        .fill(&mut bytes)
-        .map_err(|_| ForgeError::Random)?;
-    Ok(bytes
-        .iter()
-        .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
-        .collect())
+    crate::random::token(ALPHABET, len).map_err(|_| ForgeError::Random)
 }
 
 /// RSASSA-PKCS1-v1_5 with SHA-256, base64: what both providers sign with.

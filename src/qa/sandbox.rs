@@ -4,7 +4,6 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use ring::rand::{SecureRandom, SystemRandom};
 use rsa::pkcs8::{EncodePrivateKey, EncodePublicKey, LineEnding};
 use rsa::{Generate, PrivateKey};
 
@@ -35,14 +34,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SandboxError + '_ {
 
 /// `len` random characters from `alphabet`.
 fn random(alphabet: &[u8], len: usize) -> Result<String, SandboxError> {
-    let mut bytes = vec![0u8; len];
-    SystemRandom::new()
-        .fill(&mut bytes)
-        .map_err(|_| SandboxError::Key("random number generator failed".into()))?;
-    Ok(bytes
-        .iter()
-        .map(|b| char::from(alphabet[usize::from(*b) % alphabet.len()]))
-        .collect())
+    crate::random::token(alphabet, len)
+        .map_err(|_| SandboxError::Key("random number generator failed".into()))
 }
 
 const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";

@@ -71,7 +71,13 @@ impl Relay {
             .chars()
             .take(40)
             .collect();
-        let owner = format!("{host}-{}-{:08x}", std::process::id(), rand_u32());
+        let owner = format!(
+            "{host}-{}-{:08x}",
+            std::process::id(),
+            // A failed RNG only makes the owner id less unique; the process id still tells
+            // instances apart.
+            crate::random::bytes::<4>().map_or(0, u32::from_le_bytes)
+        );
         let started = wall_clock_seconds();
         metrics.relay_last_success_timestamp_seconds.set(started);
         Self {
@@ -98,10 +104,6 @@ impl Relay {
         let now = wall_clock_seconds();
         self.last_success.store(now, Ordering::Relaxed);
         self.metrics.relay_last_success_timestamp_seconds.set(now);
-    }
-
-    pub fn owner(&self) -> &str {
-        &self.owner
     }
 
     /// Delivers due messages batch by batch until none is due (a backlog drains at full
@@ -141,7 +143,7 @@ impl Relay {
                             .mark_failed(
                                 &self.owner,
                                 e.id,
-                                &error,
+                                &error.to_string(),
                                 self.max_attempts,
                                 self.clock.now(),
                             )
@@ -201,12 +203,4 @@ fn wall_clock_seconds() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-}
-
-fn rand_u32() -> u32 {
-    use ring::rand::{SecureRandom, SystemRandom};
-    let mut bytes = [0u8; 4];
-    // A failed RNG only makes the owner id less unique; the process id still tells apart.
-    let _ = SystemRandom::new().fill(&mut bytes);
-    u32::from_le_bytes(bytes)
 }

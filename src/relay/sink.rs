@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use redis::aio::ConnectionManager;
 use ring::hmac;
 use serde::Serialize;
 
-use crate::config::{RelaySettings, Secret, SinkKind};
+use crate::config::{ConfigError, RelaySettings, Secret, SinkKind, invalid};
 use crate::notice::hex;
 
 /// One outbox row as consumers receive it.
@@ -24,7 +25,30 @@ pub struct Event {
     pub created_at: String,
 }
 
-pub type Published<'a> = Pin<Box<dyn Future<Output = Vec<Result<(), String>>> + Send + 'a>>;
+/// Why one event was not delivered; the relay records it in `last_error` and retries.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SinkError {
+    #[error("redis: {0}")]
+    Redis(#[source] Arc<redis::RedisError>),
+    #[error("redis: no answer within {} ms", .0.as_millis())]
+    RedisTimeout(Duration),
+    #[error("redis: XADD answered {ids} ids for {events} events")]
+    RedisShortAnswer { ids: usize, events: usize },
+    #[error("http: {0}")]
+    Http(#[source] Arc<reqwest::Error>),
+    #[error("http: the receiver answered {0}")]
+    HttpStatus(u16),
+    #[error("the event could not be encoded: {0}")]
+    Encode(#[source] Arc<serde_json::Error>),
+    /// The batch ended before this event was tried.
+    #[error("not sent")]
+    NotSent,
+    /// The sink refused the event; its own words.
+    #[error("{0}")]
+    Refused(String),
+}
+
+pub type Published<'a> = Pin<Box<dyn Future<Output = Vec<Result<(), SinkError>>> + Send + 'a>>;
 /// The answer of [`Sink::is_up`].
 pub type Health<'a> = Pin<Box<dyn Future<Output = bool> + Send + 'a>>;
 
@@ -83,8 +107,8 @@ pub struct RedisStreamSink {
 
 impl RedisStreamSink {
     /// Checks the URL only; connects on the first delivery (or [`Sink::is_up`]).
-    pub fn new(url: &str, stream: &str, timeout: Duration) -> Result<Self, String> {
-        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    pub fn new(url: &str, stream: &str, timeout: Duration) -> Result<Self, SinkError> {
+        let client = redis::Client::open(url).map_err(|e| SinkError::Redis(Arc::new(e)))?;
         Ok(Self {
             client,
             connection: tokio::sync::OnceCell::new(),
@@ -94,7 +118,7 @@ impl RedisStreamSink {
     }
 
     /// [`RedisStreamSink::new`], then connects now: an error if Redis does not answer.
-    pub async fn connect(url: &str, stream: &str, timeout: Duration) -> Result<Self, String> {
+    pub async fn connect(url: &str, stream: &str, timeout: Duration) -> Result<Self, SinkError> {
         let sink = Self::new(url, stream, timeout)?;
         sink.connection().await?;
         Ok(sink)
@@ -102,19 +126,14 @@ impl RedisStreamSink {
 
     /// The shared connection, made now if there is none yet (at most `timeout`); once made,
     /// the connection manager reconnects by itself.
-    async fn connection(&self) -> Result<ConnectionManager, String> {
+    async fn connection(&self) -> Result<ConnectionManager, SinkError> {
         let timeout = self.timeout;
         self.connection
             .get_or_try_init(|| async move {
                 tokio::time::timeout(timeout, self.client.get_connection_manager())
                     .await
-                    .map_err(|_| {
-                        format!(
-                            "redis: not connected (no answer within {} ms)",
-                            timeout.as_millis()
-                        )
-                    })?
-                    .map_err(|e| format!("redis: not connected: {e}"))
+                    .map_err(|_| SinkError::RedisTimeout(timeout))?
+                    .map_err(|e| SinkError::Redis(Arc::new(e)))
             })
             .await
             .cloned()
@@ -155,16 +174,12 @@ impl Sink for RedisStreamSink {
             .await;
             let outcome = match sent {
                 Ok(Ok(ids)) if ids.len() == events.len() => Ok(()),
-                Ok(Ok(ids)) => Err(format!(
-                    "XADD answered {} ids for {} events",
-                    ids.len(),
-                    events.len()
-                )),
-                Ok(Err(e)) => Err(format!("redis: {e}")),
-                Err(_) => Err(format!(
-                    "redis: no answer within {} ms",
-                    self.timeout.as_millis()
-                )),
+                Ok(Ok(ids)) => Err(SinkError::RedisShortAnswer {
+                    ids: ids.len(),
+                    events: events.len(),
+                }),
+                Ok(Err(e)) => Err(SinkError::Redis(Arc::new(e))),
+                Err(_) => Err(SinkError::RedisTimeout(self.timeout)),
             };
             vec![outcome; events.len()]
         })
@@ -197,16 +212,19 @@ pub struct HttpSink {
 
 impl HttpSink {
     /// The build has no TLS stack: the URL must be plain `http://` (put TLS in front).
-    pub fn new(url: &str, secret: &Secret) -> Result<Self, String> {
+    pub fn new(url: &str, secret: &Secret) -> Result<Self, ConfigError> {
         if !url.starts_with("http://") {
-            return Err("relay.http_url must be an http:// URL (no TLS in this build)".into());
+            return Err(invalid(
+                "relay.http_url",
+                "must be an http:// URL (no TLS in this build)",
+            ));
         }
         // A redirect is not a delivery: reqwest would repeat a POST as a body-less GET.
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| invalid("relay.http_url", e.to_string()))?;
         Ok(Self {
             client,
             url: url.to_owned(),
@@ -221,8 +239,8 @@ async fn post(
     url: String,
     key: hmac::Key,
     e: Event,
-) -> Result<(), String> {
-    let body = serde_json::to_string(&e).map_err(|err| err.to_string())?;
+) -> Result<(), SinkError> {
+    let body = serde_json::to_string(&e).map_err(|err| SinkError::Encode(Arc::new(err)))?;
     let t = chrono::Utc::now().timestamp();
     let mac = hmac::sign(&key, format!("{t}.{body}").as_bytes());
     let response = client
@@ -236,11 +254,11 @@ async fn post(
         .body(body)
         .send()
         .await
-        .map_err(|err| format!("http: {err}"))?;
+        .map_err(|err| SinkError::Http(Arc::new(err)))?;
     if response.status().is_success() {
         Ok(())
     } else {
-        Err(format!("http: {}", response.status()))
+        Err(SinkError::HttpStatus(response.status().as_u16()))
     }
 }
 
@@ -258,7 +276,7 @@ impl Sink for HttpSink {
                 let e = e.clone();
                 posts.spawn(async move { (i, post(client, url, key, e).await) });
             }
-            let mut results = vec![Err("http: not sent".to_owned()); events.len()];
+            let mut results = vec![Err(SinkError::NotSent); events.len()];
             while let Some(done) = posts.join_next().await {
                 if let Ok((i, result)) = done {
                     results[i] = result;
@@ -281,19 +299,18 @@ impl Sink for HttpSink {
 }
 
 /// The sink `relay.sink` names. Nothing is contacted here: an error is a configuration
-/// mistake (a malformed URL), never a sink that is down.
+/// mistake (a malformed URL) naming its key, never a sink that is down.
 pub fn from_settings(
     relay: &RelaySettings,
     redis_url: &Secret,
     timeout: Duration,
-) -> Result<Box<dyn Sink>, String> {
+) -> Result<Box<dyn Sink>, ConfigError> {
     Ok(match relay.sink {
         SinkKind::Log => Box::new(LogSink),
-        SinkKind::RedisStream => Box::new(RedisStreamSink::new(
-            redis_url.expose(),
-            &relay.redis_stream,
-            timeout,
-        )?),
+        SinkKind::RedisStream => Box::new(
+            RedisStreamSink::new(redis_url.expose(), &relay.redis_stream, timeout)
+                .map_err(|e| invalid("redis.url", e.to_string()))?,
+        ),
         SinkKind::Http => Box::new(HttpSink::new(&relay.http_url, &relay.http_secret)?),
     })
 }

@@ -10,13 +10,12 @@
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::schema::{local_message, orders, pay_callback, refund_callback, status_callback};
+use super::schema::{orders, pay_callback, refund_callback, status_callback};
 use super::statements::{InsertMessage, InsertPayCallback, MarkPaid};
-use super::types::Payload;
 use super::{Store, StoreError, with_conn};
 use crate::notice::{AnomalyReason, Digest, Notice, NoticeKind, Outcome, Refund, RefundAmount};
 use crate::order::{Order, OrderStatus};
-use crate::outbox::{Message, status};
+use crate::outbox::Message;
 use crate::time::Timestamp;
 
 #[derive(Insertable)]
@@ -30,32 +29,6 @@ struct NewRefundCallback<'a> {
     status: &'a str,
     digest: &'a str,
     created_at: Timestamp,
-}
-
-#[derive(Insertable)]
-#[diesel(table_name = local_message)]
-pub(crate) struct NewMessage<'a> {
-    topic: &'a str,
-    biz_key: &'a str,
-    payload: Payload,
-    status: i16,
-    attempts: i32,
-    next_attempt_at: Timestamp,
-    created_at: Timestamp,
-}
-
-impl<'a> NewMessage<'a> {
-    pub(crate) fn pending(message: &'a Message, now: Timestamp) -> Self {
-        Self {
-            topic: message.topic.as_str(),
-            biz_key: &message.biz_key,
-            payload: Payload(message.payload.clone()),
-            status: status::PENDING,
-            attempts: 0,
-            next_attempt_at: now,
-            created_at: now,
-        }
-    }
 }
 
 /// Ends a transaction early: a database error, or an outcome that must leave nothing behind
@@ -78,21 +51,27 @@ pub(crate) fn settle(result: Result<Outcome, Abort>) -> Result<Outcome, StoreErr
     }
 }
 
+/// The order row, read inside the transaction. (The helpers here are macros: their body is
+/// compiled once per backend inside `with_conn!`.)
+macro_rules! load_order {
+    ($conn:expr, $order_no:expr) => {
+        orders::table
+            .find($order_no)
+            .select(Order::as_select())
+            .first($conn)
+            .await
+            .optional()
+    };
+}
+
 /// Writes a `PAYMENT_ANOMALY` message once: `Outcome::Anomaly` when it is new; when the
 /// message exists already, the notice is a repeat of a recorded anomaly, and the
-/// transaction is rolled back as a duplicate. (A macro: the body is compiled once per
-/// backend inside `with_conn!`.)
-macro_rules! record_anomaly {
+/// transaction is rolled back as a duplicate.
+macro_rules! insert_anomaly {
     ($conn:expr, $n:expr, $provider_id:expr, $reason:expr, $order:expr, $now:expr) => {{
         let reason = $reason;
         let message = Message::payment_anomaly($n, $provider_id, reason, $order);
-        let inserted = diesel::insert_into(local_message::table)
-            .values(&NewMessage::pending(&message, $now))
-            .on_conflict((local_message::topic, local_message::biz_key))
-            .do_nothing()
-            .execute($conn)
-            .await?;
-        if inserted == 0 {
+        if InsertMessage::once(&message, $now).execute($conn).await? == 0 {
             Err(Abort::With(Outcome::Duplicate))
         } else {
             Ok(Outcome::Anomaly(reason))
@@ -115,6 +94,73 @@ pub fn payment_anomaly(order: &Order, n: &Notice) -> Option<AnomalyReason> {
         }
         OrderStatus::WaitPay => Some(AnomalyReason::AmountMismatch),
     }
+}
+
+/// What a verified refund does to its order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefundAction {
+    /// Add the refund to `refunded_fen` (`PAID → REFUNDED` once it reaches the amount), if
+    /// the order is still as read: for a running total, `refunded_fen` must still be the
+    /// value the refund's share was computed from.
+    Apply { refunded_was: Option<i64> },
+    /// A later refund's running total already counted this one (Alipay, out of order): its
+    /// `ORDER_REFUNDED` says so with `refund_fen` 0.
+    AlreadyCounted,
+    /// Recorded as `PAYMENT_ANOMALY`, keyed by the provider's refund id, or — for the refund
+    /// of another payment — by the refund number.
+    Anomaly {
+        reason: AnomalyReason,
+        keyed_by_refund_no: bool,
+    },
+}
+
+/// A refund's share and what it does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefundPlan {
+    /// This refund's own amount (from a running total: what it adds to what was recorded).
+    pub fen: i64,
+    pub action: RefundAction,
+}
+
+/// The refund rules, decided from the order as the transaction read it. Only a refund of
+/// the order's own recorded payment moves it: same channel, same provider transaction (ids
+/// the provider issues once, so the same merchant too), and the merchant whose key signed it.
+/// Deciding an anomaly from that read is safe under concurrency: refunds only ever add to
+/// `refunded_fen`, so a refund that does not fit now never fits later.
+pub fn plan_refund(order: &Order, n: &Notice, refund: &Refund) -> RefundPlan {
+    let ours = n.merchant_matches
+        && order.channel.as_deref() == Some(n.channel.as_str())
+        && order.transaction_id.as_deref() == Some(n.transaction_id.as_str());
+    let (fen, running_total) = match refund.amount {
+        RefundAmount::This(fen) => (fen, false),
+        // A running total means something only against the refunds of the order's payment.
+        RefundAmount::RunningTotal(total) if ours => (total - order.refunded_fen, true),
+        RefundAmount::RunningTotal(total) => (total, true),
+    };
+    let anomaly = |reason, keyed_by_refund_no| RefundAction::Anomaly {
+        reason,
+        keyed_by_refund_no,
+    };
+    let action = if !n.merchant_matches {
+        anomaly(AnomalyReason::MerchantMismatch, false)
+    } else if !ours {
+        // A second payment, one after close, one through the other channel: the order's
+        // own payment stands.
+        anomaly(AnomalyReason::OtherPaymentRefunded, true)
+    } else if running_total && fen <= 0 {
+        RefundAction::AlreadyCounted
+    } else if order.status == OrderStatus::Paid
+        && fen > 0
+        && fen <= order.amount_fen - order.refunded_fen
+    {
+        RefundAction::Apply {
+            refunded_was: running_total.then_some(order.refunded_fen),
+        }
+    } else {
+        // More than is left to refund.
+        anomaly(AnomalyReason::AmountMismatch, false)
+    };
+    RefundPlan { fen, action }
 }
 
 /// `status_callback.status` of a provider's close of its unpaid trade.
@@ -182,12 +228,10 @@ impl Store {
                     // Another real payment under the same key (a second merchant or app of
                     // this channel): money arrived, so it is recorded, once. Its anomaly
                     // message, which retention keeps, is what makes its retries duplicates.
-                    let order: Order = orders::table
-                        .find(&n.out_trade_no)
-                        .select(Order::as_select())
-                        .first(conn)
-                        .await?;
-                    return record_anomaly!(conn, n, &n.transaction_id, AnomalyReason::DuplicatePayment, &order, now);
+                    let Some(order) = load_order!(conn, &n.out_trade_no)? else {
+                        return Err(Abort::With(Outcome::UnknownOrder));
+                    };
+                    return insert_anomaly!(conn, n, &n.transaction_id, AnomalyReason::DuplicatePayment, &order, now);
                 }
                 if n.merchant_matches {
                     let moved = MarkPaid {
@@ -206,19 +250,13 @@ impl Store {
                         return Ok(Outcome::Applied);
                     }
                 }
-                let order: Option<Order> = orders::table
-                    .find(&n.out_trade_no)
-                    .select(Order::as_select())
-                    .first(conn)
-                    .await
-                    .optional()?;
-                let Some(order) = order else {
+                let Some(order) = load_order!(conn, &n.out_trade_no)? else {
                     return Err(Abort::With(Outcome::UnknownOrder));
                 };
                 let Some(reason) = payment_anomaly(&order, n) else {
                     return Err(Abort::With(Outcome::Duplicate));
                 };
-                record_anomaly!(conn, n, &n.transaction_id, reason, &order, now)
+                insert_anomaly!(conn, n, &n.transaction_id, reason, &order, now)
             })
             .await
         });
@@ -267,13 +305,7 @@ impl Store {
                         .await?;
                     return Ok(if seen == digest.as_str() { Outcome::Duplicate } else { Outcome::Conflict });
                 }
-                let order: Option<Order> = orders::table
-                    .find(&n.out_trade_no)
-                    .select(Order::as_select())
-                    .first(conn)
-                    .await
-                    .optional()?;
-                let Some(before) = order else {
+                let Some(before) = load_order!(conn, &n.out_trade_no)? else {
                     return Err(Abort::With(Outcome::UnknownOrder));
                 };
                 if before.status == OrderStatus::WaitPay && n.merchant_matches {
@@ -291,86 +323,63 @@ impl Store {
                         return Err(Abort::With(Outcome::TooEarly));
                     }
                 }
-                // Only a refund of the order's own recorded payment moves it: same channel,
-                // same provider transaction (ids the provider issues once, so the same
-                // merchant too), and the merchant the signing key belongs to.
-                let ours = n.merchant_matches
-                    && before.channel.as_deref() == Some(channel)
-                    && before.transaction_id.as_deref() == Some(n.transaction_id.as_str());
-                // This refund's amount. A running total only means something against the
-                // refunds of the channel that was paid; the update below applies only to the
-                // state it was computed from.
-                let (fen, seen_refunded) = match refund.amount {
-                    RefundAmount::This(fen) => (fen, (0, i64::MAX)),
-                    RefundAmount::RunningTotal(total) if ours => {
-                        (total - before.refunded_fen, (before.refunded_fen, before.refunded_fen))
-                    }
-                    RefundAmount::RunningTotal(total) => (total, (0, i64::MAX)),
-                };
+                let RefundPlan { fen, action } = plan_refund(&before, n, refund);
                 if matches!(refund.amount, RefundAmount::RunningTotal(_)) {
+                    // Record this refund's own share, not the running total.
                     diesel::update(refund_callback::table.find(refund_key))
                         .set(refund_callback::refund_fen.eq(fen.max(0)))
                         .execute(conn)
                         .await?;
-                    if ours && fen <= 0 {
-                        // A later refund's running total already counted this one (they
-                        // arrived out of order): its event says so with refund_fen 0.
+                }
+                match action {
+                    RefundAction::AlreadyCounted => {
                         let message = Message::order_refunded(n, refund, 0, &before);
                         InsertMessage::pending(&message, now).execute(conn).await?;
-                        return Ok(Outcome::Applied);
+                        Ok(Outcome::Applied)
+                    }
+                    RefundAction::Apply { refunded_was } => {
+                        let (low, high) = refunded_was.map_or((0, i64::MAX), |was| (was, was));
+                        // Partial refunds keep PAID and add up; the one that reaches the
+                        // amount moves PAID → REFUNDED. The filters repeat the plan's checks
+                        // so the update applies only to the state it was planned on.
+                        let moved = diesel::update(
+                            orders::table
+                                .filter(orders::order_no.eq(&n.out_trade_no))
+                                .filter(orders::status.eq(OrderStatus::Paid))
+                                .filter(orders::channel.eq(channel))
+                                .filter(orders::refunded_fen.between(low, high))
+                                .filter((orders::refunded_fen + fen).le(orders::amount_fen)),
+                        )
+                        .set((
+                            orders::refunded_fen.eq(orders::refunded_fen + fen),
+                            orders::status.eq(diesel::dsl::case_when(
+                                (orders::refunded_fen + fen).ge(orders::amount_fen),
+                                OrderStatus::Refunded.into_sql::<diesel::sql_types::Text>(),
+                            )
+                            .otherwise(orders::status)),
+                        ))
+                        .execute(conn)
+                        .await?;
+                        if moved == 0 {
+                            // Another refund of this order committed since it was read.
+                            return Err(Abort::With(Outcome::Contended));
+                        }
+                        let Some(after) = load_order!(conn, &n.out_trade_no)? else {
+                            return Err(Abort::With(Outcome::UnknownOrder));
+                        };
+                        let message = Message::order_refunded(n, refund, fen, &after);
+                        InsertMessage::pending(&message, now).execute(conn).await?;
+                        Ok(Outcome::Applied)
+                    }
+                    RefundAction::Anomaly { reason, keyed_by_refund_no } => {
+                        let key = if keyed_by_refund_no {
+                            &refund.out_refund_no
+                        } else {
+                            &refund.refund_id
+                        };
+                        insert_anomaly!(conn, n, key, reason, &before, now)
                     }
                 }
-                // Never more than was paid: checked here so the sums below cannot overflow.
-                let fits = fen > 0 && fen <= before.amount_fen - before.refunded_fen;
-                let moved = if fits && ours && before.status == OrderStatus::Paid {
-                    // Partial refunds keep PAID and add up; the one that reaches the amount
-                    // moves PAID → REFUNDED.
-                    diesel::update(
-                        orders::table
-                            .filter(orders::order_no.eq(&n.out_trade_no))
-                            .filter(orders::status.eq(OrderStatus::Paid))
-                            .filter(orders::channel.eq(channel))
-                            .filter(orders::refunded_fen.between(seen_refunded.0, seen_refunded.1))
-                            .filter((orders::refunded_fen + fen).le(orders::amount_fen)),
-                    )
-                    .set((
-                        orders::refunded_fen.eq(orders::refunded_fen + fen),
-                        orders::status.eq(diesel::dsl::case_when(
-                            (orders::refunded_fen + fen).ge(orders::amount_fen),
-                            OrderStatus::Refunded.into_sql::<diesel::sql_types::Text>(),
-                        )
-                        .otherwise(orders::status)),
-                    ))
-                    .execute(conn)
-                    .await?
-                } else {
-                    0
-                };
-                let order: Order = orders::table
-                    .find(&n.out_trade_no)
-                    .select(Order::as_select())
-                    .first(conn)
-                    .await?;
-                if moved == 1 {
-                    let message = Message::order_refunded(n, refund, fen, &order);
-                    InsertMessage::pending(&message, now).execute(conn).await?;
-                    return Ok(Outcome::Applied);
-                }
-                if order.refunded_fen != before.refunded_fen {
-                    // Another refund of this order committed in between: retry.
-                    return Err(Abort::With(Outcome::Contended));
-                }
-                if !n.merchant_matches {
-                    let reason = AnomalyReason::MerchantMismatch;
-                    return record_anomaly!(conn, n, &refund.refund_id, reason, &order, now);
-                }
-                if !ours {
-                    // The refund of another payment (a second payment, one after close, a
-                    // payment through the other channel): the order's own payment stands.
-                    let reason = AnomalyReason::OtherPaymentRefunded;
-                    return record_anomaly!(conn, n, &refund.out_refund_no, reason, &order, now);
-                }
-                record_anomaly!(conn, n, &refund.refund_id, AnomalyReason::AmountMismatch, &order, now)
             })
             .await
         });
@@ -432,13 +441,9 @@ impl Store {
                 .set((orders::status.eq(OrderStatus::Closed), orders::closed_at.eq(now)))
                 .execute(conn)
                 .await?;
-                let order: Option<Order> = orders::table
-                    .find(order_no)
-                    .select(Order::as_select())
-                    .first(conn)
-                    .await
-                    .optional()?;
-                let Some(order) = order else { return Ok(CloseResult::NotFound) };
+                let Some(order) = load_order!(conn, order_no)? else {
+                    return Ok(CloseResult::NotFound);
+                };
                 if moved == 1 {
                     let message = Message::order_closed(&order, by);
                     InsertMessage::pending(&message, now).execute(conn).await?;
@@ -452,5 +457,139 @@ impl Store {
             .await
             .map_err(StoreError::from)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::notice::{ChannelId, MerchantIds};
+
+    fn order(status: OrderStatus, refunded_fen: i64) -> Order {
+        let now = Timestamp::new(chrono::Utc::now());
+        Order {
+            order_no: "O".into(),
+            status,
+            amount_fen: 1000,
+            refunded_fen,
+            currency: "CNY".into(),
+            subject: String::new(),
+            channel: Some("alipay".into()),
+            transaction_id: Some("T".into()),
+            created_at: now,
+            paid_at: Some(now),
+            closed_at: None,
+            expire_at: now,
+        }
+    }
+
+    fn refund_of(transaction_id: &str, amount: RefundAmount) -> (Notice, Refund) {
+        let refund = Refund {
+            out_refund_no: "R".into(),
+            refund_id: "RID".into(),
+            amount,
+        };
+        let notice = Notice {
+            channel: ChannelId::Alipay,
+            kind: NoticeKind::Refunded(refund.clone()),
+            out_trade_no: "O".into(),
+            transaction_id: transaction_id.into(),
+            amount_fen: 1000,
+            currency: "CNY".into(),
+            merchant: MerchantIds {
+                merchant_id: "2088".into(),
+                app_id: Some("app".into()),
+            },
+            merchant_matches: true,
+            occurred_at: None,
+        };
+        (notice, refund)
+    }
+
+    fn plan(order: &Order, transaction_id: &str, amount: RefundAmount) -> RefundPlan {
+        let (n, r) = refund_of(transaction_id, amount);
+        plan_refund(order, &n, &r)
+    }
+
+    fn anomaly(reason: AnomalyReason, keyed_by_refund_no: bool) -> RefundAction {
+        RefundAction::Anomaly {
+            reason,
+            keyed_by_refund_no,
+        }
+    }
+
+    #[test]
+    fn a_refund_of_the_orders_own_payment_applies() {
+        let paid = order(OrderStatus::Paid, 0);
+        let p = plan(&paid, "T", RefundAmount::This(400));
+        assert_eq!(p.fen, 400);
+        assert_eq!(p.action, RefundAction::Apply { refunded_was: None });
+    }
+
+    #[test]
+    fn a_running_total_becomes_this_refunds_share_of_what_is_recorded() {
+        let p = plan(
+            &order(OrderStatus::Paid, 300),
+            "T",
+            RefundAmount::RunningTotal(1000),
+        );
+        assert_eq!(p.fen, 700);
+        assert_eq!(
+            p.action,
+            RefundAction::Apply {
+                refunded_was: Some(300)
+            }
+        );
+        // Already counted by a later refund's total that arrived first.
+        let counted = plan(
+            &order(OrderStatus::Refunded, 1000),
+            "T",
+            RefundAmount::RunningTotal(600),
+        );
+        assert_eq!(counted.action, RefundAction::AlreadyCounted);
+    }
+
+    #[test]
+    fn a_refund_of_another_payment_never_moves_the_order() {
+        let paid = order(OrderStatus::Paid, 0);
+        for amount in [RefundAmount::This(1000), RefundAmount::RunningTotal(1000)] {
+            let p = plan(&paid, "OTHER", amount);
+            assert_eq!(p.action, anomaly(AnomalyReason::OtherPaymentRefunded, true));
+        }
+        let mut wechat = paid.clone();
+        wechat.channel = Some("wechat".into());
+        assert_eq!(
+            plan(&wechat, "T", RefundAmount::This(1)).action,
+            anomaly(AnomalyReason::OtherPaymentRefunded, true),
+            "another channel's payment"
+        );
+        let closed = Order {
+            channel: None,
+            transaction_id: None,
+            ..order(OrderStatus::Closed, 0)
+        };
+        assert_eq!(
+            plan(&closed, "T", RefundAmount::This(1)).action,
+            anomaly(AnomalyReason::OtherPaymentRefunded, true),
+            "a payment after close"
+        );
+    }
+
+    #[test]
+    fn more_than_is_left_or_a_foreign_merchant_is_an_anomaly() {
+        let p = plan(&order(OrderStatus::Paid, 600), "T", RefundAmount::This(401));
+        assert_eq!(p.action, anomaly(AnomalyReason::AmountMismatch, false));
+        let p = plan(
+            &order(OrderStatus::Refunded, 1000),
+            "T",
+            RefundAmount::This(1),
+        );
+        assert_eq!(p.action, anomaly(AnomalyReason::AmountMismatch, false));
+        let (mut n, r) = refund_of("T", RefundAmount::This(1));
+        n.merchant_matches = false;
+        assert_eq!(
+            plan_refund(&order(OrderStatus::Paid, 0), &n, &r).action,
+            anomaly(AnomalyReason::MerchantMismatch, false)
+        );
     }
 }

@@ -85,8 +85,10 @@ statement!(MarkPaid, |self, out| {
     [BigInt: &self.amount_fen] " AND currency = " [Text: self.currency]
 });
 
-/// A new pending outbox message; fails on an existing `(topic, biz_key)`.
-pub struct InsertMessage<'a> {
+/// A new pending outbox message. `ONCE = false`: fails on an existing `(topic, biz_key)`
+/// (an event the transaction just earned, so a clash is a bug that must roll it back).
+/// `ONCE = true`: affects 0 rows when the message exists (an anomaly is recorded once).
+pub struct InsertMessage<'a, const ONCE: bool = false> {
     pub topic: &'a str,
     pub biz_key: &'a str,
     pub payload: Payload,
@@ -95,15 +97,49 @@ pub struct InsertMessage<'a> {
     pub now: Timestamp,
 }
 
-statement!(InsertMessage, |self, out| {
-    "INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) VALUES ("
-    [Text: self.topic] ", " [Text: self.biz_key] ", " [Json: &self.payload] ", "
-    [SmallInt: &self.status] ", " [Integer: &self.attempts] ", " [UtcTs: &self.now] ", "
-    [UtcTs: &self.now] ")"
-});
+impl<const ONCE: bool> InsertMessage<'_, ONCE> {
+    fn walk<'b, DB>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()>
+    where
+        DB: diesel::backend::Backend,
+        str: diesel::serialize::ToSql<Text, DB>,
+        i16: diesel::serialize::ToSql<SmallInt, DB>,
+        i32: diesel::serialize::ToSql<Integer, DB>,
+        Payload: diesel::serialize::ToSql<Json, DB>,
+        Timestamp: diesel::serialize::ToSql<UtcTs, DB>,
+        DB: diesel::sql_types::HasSqlType<Json> + diesel::sql_types::HasSqlType<UtcTs>,
+    {
+        sql!(out;
+            "INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) VALUES ("
+            [Text: self.topic] ", " [Text: self.biz_key] ", " [Json: &self.payload] ", "
+            [SmallInt: &self.status] ", " [Integer: &self.attempts] ", " [UtcTs: &self.now] ", "
+            [UtcTs: &self.now] ")"
+        );
+        if ONCE {
+            out.push_sql(" ON CONFLICT (topic, biz_key) DO NOTHING");
+        }
+        Ok(())
+    }
+}
 
-impl<'a> InsertMessage<'a> {
-    pub fn pending(message: &'a crate::outbox::Message, now: Timestamp) -> Self {
+impl<const ONCE: bool> QueryFragment<Pg> for InsertMessage<'_, ONCE> {
+    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        self.walk(out)
+    }
+}
+
+impl<const ONCE: bool> QueryFragment<Sqlite> for InsertMessage<'_, ONCE> {
+    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+        self.walk(out)
+    }
+}
+
+impl<const ONCE: bool> QueryId for InsertMessage<'_, ONCE> {
+    type QueryId = InsertMessage<'static, ONCE>;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl<'a, const ONCE: bool> InsertMessage<'a, ONCE> {
+    fn of(message: &'a crate::outbox::Message, now: Timestamp) -> Self {
         Self {
             topic: message.topic.as_str(),
             biz_key: &message.biz_key,
@@ -112,5 +148,19 @@ impl<'a> InsertMessage<'a> {
             attempts: 0,
             now,
         }
+    }
+}
+
+impl<'a> InsertMessage<'a, false> {
+    /// The message, pending from `now`.
+    pub fn pending(message: &'a crate::outbox::Message, now: Timestamp) -> Self {
+        Self::of(message, now)
+    }
+}
+
+impl<'a> InsertMessage<'a, true> {
+    /// The message, pending from `now`, unless it exists.
+    pub fn once(message: &'a crate::outbox::Message, now: Timestamp) -> Self {
+        Self::of(message, now)
     }
 }

@@ -10,7 +10,7 @@ use paynotify::config::Secret;
 use paynotify::jobs::{expire_orders, purge};
 use paynotify::notice::hex;
 use paynotify::notice::{AnomalyReason, Outcome};
-use paynotify::relay::sink::{Event, HttpSink, Published, RedisStreamSink, Sink};
+use paynotify::relay::sink::{Event, HttpSink, Published, RedisStreamSink, Sink, SinkError};
 use paynotify::relay::{LEASE_SECS, Relay};
 use paynotify::time::{Clock, Timestamp};
 use tokio::sync::Notify;
@@ -60,7 +60,7 @@ impl Sink for TestSink {
                         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                         .is_ok();
                     if failing {
-                        return Err("sink down".to_owned());
+                        return Err(SinkError::Refused("sink down".to_owned()));
                     }
                     self.delivered.lock().expect("lock").push(e.clone());
                     Ok(())
