@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::web;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use chrono::{FixedOffset, NaiveDateTime, TimeZone};
@@ -23,8 +23,6 @@ use super::{Answer, Channel, Inbound, Mount, Registration, Rejection, Reply};
 use crate::config::{ConfigError, Settings, invalid};
 use crate::money::yuan_to_fen;
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
-use crate::routes::AppState;
-use crate::routes::notify::notify;
 use crate::time::Timestamp;
 
 #[derive(Debug, Default, Deserialize)]
@@ -347,19 +345,15 @@ impl Channel for Alipay {
 
     fn render(&self, reply: Reply<'_>) -> Answer {
         // Alipay reads only the body: exactly `success`, anything else means "retry".
-        let (status, body) = match reply {
-            Reply::Success => (200, "success"),
-            Reply::Failure { status, .. } => (status, "fail"),
-        };
-        Answer {
-            status,
-            content_type: Some("text/plain"),
-            body: body.as_bytes().to_vec(),
+        match reply {
+            Reply::Success => Answer::text(200, "success"),
+            Reply::Failure { status, .. } => Answer::text(status, "fail"),
         }
     }
 }
 
-#[utoipa::path(post, path = "/notify/alipay", tag = "notify",
+super::notify_handler!(
+    #[utoipa::path(post, path = "/notify/alipay", tag = "notify",
     description = "Alipay asynchronous notification (trade_status_sync): payments, refunds, closes. Authenticated by the RSA2 `sign` field; the body is read raw whatever its Content-Type.",
     request_body(content = String, content_type = "application/x-www-form-urlencoded"),
     responses(
@@ -370,14 +364,9 @@ impl Channel for Alipay {
         (status = 409, description = "`fail`: the same payment or refund as before with other amount or merchant", content_type = "text/plain", body = String),
         (status = 413, description = "`fail`: body too large", content_type = "text/plain", body = String),
         (status = 503, description = "`fail`: database unavailable or the same notification in flight", content_type = "text/plain", body = String)))]
-pub async fn alipay(
-    channel: web::Data<Alipay>,
-    state: web::Data<AppState>,
-    request: HttpRequest,
-    body: Result<web::Bytes, actix_web::Error>,
-) -> HttpResponse {
-    notify(channel, state, request, body).await
-}
+    alipay,
+    Alipay
+);
 
 #[derive(OpenApi)]
 #[openapi(paths(alipay))]

@@ -82,6 +82,33 @@ pub struct Answer {
     pub body: Vec<u8>,
 }
 
+impl Answer {
+    /// A status and no body (WeChat's `204`).
+    pub fn empty(status: u16) -> Self {
+        Self {
+            status,
+            content_type: None,
+            body: Vec::new(),
+        }
+    }
+
+    pub fn text(status: u16, body: &str) -> Self {
+        Self {
+            status,
+            content_type: Some("text/plain"),
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    pub fn json(status: u16, body: &serde_json::Value) -> Self {
+        Self {
+            status,
+            content_type: Some("application/json"),
+            body: body.to_string().into_bytes(),
+        }
+    }
+}
+
 /// A payment provider's notify endpoint.
 pub trait Channel: Send + Sync + 'static {
     /// What verification hands to decoding (for WeChat, the decrypted resource).
@@ -98,6 +125,24 @@ pub trait Channel: Send + Sync + 'static {
     /// Renders `reply` the way the provider expects it.
     fn render(&self, reply: Reply<'_>) -> Answer;
 }
+
+/// Declares a provider's notify handler under a name of its own, so its OpenAPI attribute
+/// (`#[utoipa::path(…)]`) has something to describe; it calls the shared
+/// `routes::notify::notify` with the provider's channel.
+macro_rules! notify_handler {
+    ($(#[$attr:meta])* $name:ident, $channel:ty) => {
+        $(#[$attr])*
+        pub async fn $name(
+            channel: actix_web::web::Data<$channel>,
+            state: actix_web::web::Data<$crate::routes::AppState>,
+            request: actix_web::HttpRequest,
+            body: Result<actix_web::web::Bytes, actix_web::Error>,
+        ) -> actix_web::HttpResponse {
+            $crate::routes::notify::notify(channel, state, request, body).await
+        }
+    };
+}
+pub(crate) use notify_handler;
 
 /// Registers a provider's notify routes (with its channel as their app data) on each worker.
 pub type Mount = Box<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;

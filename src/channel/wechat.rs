@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix_web::http::header::HeaderMap;
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::web;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
@@ -22,8 +22,6 @@ use super::keys::{self, RsaVerifier};
 use super::{Answer, Channel, Inbound, Mount, Registration, Rejection, Reply};
 use crate::config::{ConfigError, Secret, Settings, invalid};
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
-use crate::routes::AppState;
-use crate::routes::notify::notify;
 use crate::time::Timestamp;
 
 /// WeChat Pay's freshness rule: more than five minutes either way is refused.
@@ -488,18 +486,11 @@ impl Channel for WechatPay {
 
     fn render(&self, reply: Reply<'_>) -> Answer {
         match reply {
-            Reply::Success => Answer {
-                status: 204,
-                content_type: None,
-                body: Vec::new(),
-            },
-            Reply::Failure { status, message } => Answer {
+            Reply::Success => Answer::empty(204),
+            Reply::Failure { status, message } => Answer::json(
                 status,
-                content_type: Some("application/json"),
-                body: serde_json::json!({ "code": "FAIL", "message": message })
-                    .to_string()
-                    .into_bytes(),
-            },
+                &serde_json::json!({ "code": "FAIL", "message": message }),
+            ),
         }
     }
 }
@@ -512,7 +503,8 @@ pub struct WechatFail {
     pub message: String,
 }
 
-#[utoipa::path(post, path = "/notify/wechat/pay", tag = "notify",
+super::notify_handler!(
+    #[utoipa::path(post, path = "/notify/wechat/pay", tag = "notify",
     description = "WeChat Pay API v3 payment result (TRANSACTION.SUCCESS). Authenticated by the Wechatpay-* signature headers over the raw body.",
     request_body(content = Object, content_type = "application/json"),
     responses(
@@ -524,16 +516,12 @@ pub struct WechatFail {
         (status = 413, description = "Body larger than server.max_body_bytes", body = WechatFail),
         (status = 500, description = "Signature valid, resource does not decrypt (our apiv3_key is wrong)", body = WechatFail),
         (status = 503, description = "Database unavailable or the same notification in flight", body = WechatFail)))]
-pub async fn wechat_pay(
-    channel: web::Data<WechatPay>,
-    state: web::Data<AppState>,
-    request: HttpRequest,
-    body: Result<web::Bytes, actix_web::Error>,
-) -> HttpResponse {
-    notify(channel, state, request, body).await
-}
+    wechat_pay,
+    WechatPay
+);
 
-#[utoipa::path(post, path = "/notify/wechat/refund", tag = "notify",
+super::notify_handler!(
+    #[utoipa::path(post, path = "/notify/wechat/refund", tag = "notify",
     description = "WeChat Pay API v3 refund result (REFUND.SUCCESS, REFUND.ABNORMAL, REFUND.CLOSED); answers as /notify/wechat/pay.",
     request_body(content = Object, content_type = "application/json"),
     responses(
@@ -545,14 +533,9 @@ pub async fn wechat_pay(
         (status = 413, description = "Body too large", body = WechatFail),
         (status = 500, description = "Resource does not decrypt", body = WechatFail),
         (status = 503, description = "Database unavailable or the same notification in flight", body = WechatFail)))]
-pub async fn wechat_refund(
-    channel: web::Data<WechatPay>,
-    state: web::Data<AppState>,
-    request: HttpRequest,
-    body: Result<web::Bytes, actix_web::Error>,
-) -> HttpResponse {
-    notify(channel, state, request, body).await
-}
+    wechat_refund,
+    WechatPay
+);
 
 #[derive(OpenApi)]
 #[openapi(paths(wechat_pay, wechat_refund), components(schemas(WechatFail)))]

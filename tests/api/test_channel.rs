@@ -125,18 +125,11 @@ impl Channel for TestChannel {
 
     fn render(&self, reply: Reply<'_>) -> Answer {
         match reply {
-            Reply::Success => Answer {
-                status: 204,
-                content_type: None,
-                body: Vec::new(),
-            },
-            Reply::Failure { status, message } => Answer {
+            Reply::Success => Answer::empty(204),
+            Reply::Failure { status, message } => Answer::json(
                 status,
-                content_type: Some("application/json"),
-                body: serde_json::json!({ "code": "FAIL", "message": message })
-                    .to_string()
-                    .into_bytes(),
-            },
+                &serde_json::json!({ "code": "FAIL", "message": message }),
+            ),
         }
     }
 }
