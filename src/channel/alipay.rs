@@ -19,8 +19,8 @@ use std::path::PathBuf;
 use utoipa::OpenApi;
 
 use super::keys::{self, RsaVerifier};
-use super::{Answer, Channel, Inbound, Mount, Registration, Rejection, Reply};
-use crate::config::{ConfigError, Settings, invalid};
+use super::{Answer, Channel, Inbound, Mount, Rejection, Reply};
+use crate::config::value::{ConfigError, invalid};
 use crate::money::yuan_to_fen;
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 use crate::time::Timestamp;
@@ -352,7 +352,7 @@ impl Channel for Alipay {
     }
 }
 
-super::notify_handler!(
+crate::routes::notify::notify_handler!(
     #[utoipa::path(post, path = "/notify/alipay", tag = "notify",
     description = "Alipay asynchronous notification (trade_status_sync): payments, refunds, closes. Authenticated by the RSA2 `sign` field; the body is read raw whatever its Content-Type.",
     request_body(content = String, content_type = "application/x-www-form-urlencoded"),
@@ -368,12 +368,14 @@ super::notify_handler!(
     Alipay
 );
 
+/// The OpenAPI description of the notify route.
 #[derive(OpenApi)]
 #[openapi(paths(alipay))]
-struct NotifyApi;
+pub struct NotifyApi;
 
-fn build(settings: &Settings, now: Timestamp) -> Result<Mount, ConfigError> {
-    let channel = web::Data::new(Alipay::from_settings(&settings.alipay, now)?);
+/// Loads the apps' keys (once, at start-up) and mounts the notify route.
+pub fn mount(settings: &AlipaySettings, now: Timestamp) -> Result<Mount, ConfigError> {
+    let channel = web::Data::new(Alipay::from_settings(settings, now)?);
     Ok(Box::new(move |cfg: &mut web::ServiceConfig| {
         cfg.service(
             web::resource("/notify/alipay")
@@ -382,9 +384,3 @@ fn build(settings: &Settings, now: Timestamp) -> Result<Mount, ConfigError> {
         );
     }))
 }
-
-/// Alipay in the provider registry (`channel::PROVIDERS`).
-pub const REGISTRATION: Registration = Registration {
-    build,
-    openapi: NotifyApi::openapi,
-};

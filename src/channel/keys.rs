@@ -9,7 +9,7 @@ use ring::signature::{RSA_PKCS1_2048_8192_SHA256, UnparsedPublicKey};
 use rsa::pkcs1::EncodeRsaPublicKey;
 use rsa::pkcs8::DecodePublicKey;
 
-use crate::config::{ConfigError, invalid};
+use crate::config::value::{ConfigError, invalid};
 use crate::time::Timestamp;
 
 /// An RSA public key that checks RSASSA-PKCS1-v1_5 / SHA-256 signatures.

@@ -2,11 +2,13 @@
 //! [`Notice`], and answer in the provider's own shape. The core never sees provider details.
 //!
 //! A provider is one file here: its settings, its key loading, its [`Channel`] impl, its
-//! notify routes with their OpenAPI description, and a [`Registration`]. [`PROVIDERS`] lists
-//! them all; `docs/design.md` has the checklist for adding one.
+//! notify routes with their OpenAPI description, and a `mount`. [`PROVIDERS`] lists them
+//! all; `docs/design.md` has the checklist for adding one.
 
 use actix_web::http::header::HeaderMap;
 use actix_web::web;
+
+use utoipa::OpenApi;
 
 use crate::config::{ConfigError, Settings};
 use crate::notice::{ChannelId, Notice};
@@ -126,24 +128,6 @@ pub trait Channel: Send + Sync + 'static {
     fn render(&self, reply: Reply<'_>) -> Answer;
 }
 
-/// Declares a provider's notify handler under a name of its own, so its OpenAPI attribute
-/// (`#[utoipa::path(…)]`) has something to describe; it calls the shared
-/// `routes::notify::notify` with the provider's channel.
-macro_rules! notify_handler {
-    ($(#[$attr:meta])* $name:ident, $channel:ty) => {
-        $(#[$attr])*
-        pub async fn $name(
-            channel: actix_web::web::Data<$channel>,
-            state: actix_web::web::Data<$crate::routes::AppState>,
-            request: actix_web::HttpRequest,
-            body: Result<actix_web::web::Bytes, actix_web::Error>,
-        ) -> actix_web::HttpResponse {
-            $crate::routes::notify::notify(channel, state, request, body).await
-        }
-    };
-}
-pub(crate) use notify_handler;
-
 /// Registers a provider's notify routes (with its channel as their app data) on each worker.
 pub type Mount = Box<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
 
@@ -154,8 +138,17 @@ pub struct Registration {
     pub openapi: fn() -> utoipa::openapi::OpenApi,
 }
 
-/// Every provider of this build: a new provider is one more line here.
-pub const PROVIDERS: [Registration; 2] = [wechat::REGISTRATION, alipay::REGISTRATION];
+/// Every provider of this build: a new provider is one more entry here.
+pub const PROVIDERS: [Registration; 2] = [
+    Registration {
+        build: |s, now| wechat::mount(&s.wechat, now),
+        openapi: wechat::NotifyApi::openapi,
+    },
+    Registration {
+        build: |s, now| alipay::mount(&s.alipay, now),
+        openapi: alipay::NotifyApi::openapi,
+    },
+];
 
 /// Builds every provider's routes; the first bad key or setting stops start-up.
 pub fn mount_all(settings: &Settings, now: Timestamp) -> Result<Vec<Mount>, ConfigError> {

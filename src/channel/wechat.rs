@@ -19,8 +19,8 @@ use std::path::PathBuf;
 use utoipa::OpenApi;
 
 use super::keys::{self, RsaVerifier};
-use super::{Answer, Channel, Inbound, Mount, Registration, Rejection, Reply};
-use crate::config::{ConfigError, Secret, Settings, invalid};
+use super::{Answer, Channel, Inbound, Mount, Rejection, Reply};
+use crate::config::value::{ConfigError, Secret, invalid};
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 use crate::time::Timestamp;
 
@@ -503,7 +503,7 @@ pub struct WechatFail {
     pub message: String,
 }
 
-super::notify_handler!(
+crate::routes::notify::notify_handler!(
     #[utoipa::path(post, path = "/notify/wechat/pay", tag = "notify",
     description = "WeChat Pay API v3 payment result (TRANSACTION.SUCCESS). Authenticated by the Wechatpay-* signature headers over the raw body.",
     request_body(content = Object, content_type = "application/json"),
@@ -520,7 +520,7 @@ super::notify_handler!(
     WechatPay
 );
 
-super::notify_handler!(
+crate::routes::notify::notify_handler!(
     #[utoipa::path(post, path = "/notify/wechat/refund", tag = "notify",
     description = "WeChat Pay API v3 refund result (REFUND.SUCCESS, REFUND.ABNORMAL, REFUND.CLOSED); answers as /notify/wechat/pay.",
     request_body(content = Object, content_type = "application/json"),
@@ -537,12 +537,14 @@ super::notify_handler!(
     WechatPay
 );
 
+/// The OpenAPI description of the notify routes.
 #[derive(OpenApi)]
 #[openapi(paths(wechat_pay, wechat_refund), components(schemas(WechatFail)))]
-struct NotifyApi;
+pub struct NotifyApi;
 
-fn build(settings: &Settings, now: Timestamp) -> Result<Mount, ConfigError> {
-    let channel = web::Data::new(WechatPay::from_settings(&settings.wechat, now)?);
+/// Loads the merchants' keys (once, at start-up) and mounts the notify routes.
+pub fn mount(settings: &WechatSettings, now: Timestamp) -> Result<Mount, ConfigError> {
+    let channel = web::Data::new(WechatPay::from_settings(settings, now)?);
     Ok(Box::new(move |cfg: &mut web::ServiceConfig| {
         cfg.service(
             web::resource("/notify/wechat/pay")
@@ -556,9 +558,3 @@ fn build(settings: &Settings, now: Timestamp) -> Result<Mount, ConfigError> {
         );
     }))
 }
-
-/// WeChat Pay in the provider registry (`channel::PROVIDERS`).
-pub const REGISTRATION: Registration = Registration {
-    build,
-    openapi: NotifyApi::openapi,
-};

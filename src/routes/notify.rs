@@ -13,6 +13,24 @@ use crate::notice::{Notice, Outcome};
 use crate::store::StoreError;
 use crate::time::Timestamp;
 
+/// Declares a provider's notify handler under a name of its own, so its OpenAPI attribute
+/// (`#[utoipa::path(…)]`) has something to describe; it calls the shared
+/// `routes::notify::notify` with the provider's channel.
+macro_rules! notify_handler {
+    ($(#[$attr:meta])* $name:ident, $channel:ty) => {
+        $(#[$attr])*
+        pub async fn $name(
+            channel: actix_web::web::Data<$channel>,
+            state: actix_web::web::Data<$crate::routes::AppState>,
+            request: actix_web::HttpRequest,
+            body: Result<actix_web::web::Bytes, actix_web::Error>,
+        ) -> actix_web::HttpResponse {
+            $crate::routes::notify::notify(channel, state, request, body).await
+        }
+    };
+}
+pub(crate) use notify_handler;
+
 /// The reply the provider gets for what the ledger did.
 pub fn reply_for(outcome: Outcome) -> Reply<'static> {
     match outcome {

@@ -9,52 +9,13 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub mod value;
+pub use value::{ConfigError, Secret, invalid};
+
 /// The file used when neither `--config` nor `$PAYNOTIFY_CONFIG` names one.
 pub const DEFAULT_CONFIG_FILE: &str = "config/default.toml";
 /// Environment variables with this prefix (then `SECTION__KEY`) override the file.
 pub const ENV_PREFIX: &str = "PAYNOTIFY";
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("config file {path}: {message}")]
-    File { path: PathBuf, message: String },
-    #[error("config key `{key}`: {message}")]
-    Invalid { key: String, message: String },
-}
-
-pub fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key: key.into(),
-        message: message.into(),
-    }
-}
-
-/// A value that must never be printed: tokens, keys, passwords in URLs.
-#[derive(Clone, Default, Deserialize, PartialEq, Eq)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0.is_empty() {
-            f.write_str("Secret(<empty>)")
-        } else {
-            f.write_str("Secret(<redacted>)")
-        }
-    }
-}
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
