@@ -240,3 +240,41 @@ async fn an_id_longer_than_documented_is_400_and_writes_nothing() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(app.db.count("pay_callback").await, 0);
 }
+
+/// A statement that fails on a working database is a 500 (a bug to look at), counted apart
+/// from a database that cannot be reached (503); the provider retries both, nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_statement_is_500_and_counted_apart_from_an_unreachable_database() {
+    for backend in [Backend::Postgres, Backend::Sqlite] {
+        let app = spawn_app(backend).await;
+        app.create_order("N-500", 100).await;
+        app.db.execute("DROP TABLE pay_callback").await;
+        let (status, body) = deliver(&app, &TestNotification::paid("N-500", "T-1", 100)).await;
+        assert_eq!(
+            status,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{backend:?}: {body}"
+        );
+        assert!(
+            !body.contains("pay_callback"),
+            "the cause is not sent: {body}"
+        );
+        let count = |outcome| {
+            crate::helpers::metric(&app, "paynotify_notifications_total", &["wechat", outcome])
+        };
+        assert_eq!(
+            (count("db_error"), count("db_unavailable")),
+            (1, 0),
+            "{backend:?}"
+        );
+        assert_eq!(app.status_of("N-500").await, "WAIT_PAY");
+
+        // The database gone: 503.
+        app.db.drop_now().await;
+        if backend == Backend::Postgres {
+            let (status, _) = deliver(&app, &TestNotification::paid("N-500", "T-1", 100)).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(count("db_unavailable"), 1);
+        }
+    }
+}
