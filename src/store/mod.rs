@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use diesel::sqlite::SqliteConnection;
-use diesel::{Connection, ConnectionError};
+use diesel::{Connection, ConnectionError, ConnectionResult};
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::pooled_connection::deadpool::Pool;
 use diesel_async::pooled_connection::{
@@ -59,6 +59,28 @@ pub struct Store {
     pools: std::sync::Arc<Pools>,
     url: DatabaseUrl,
     acquire_timeout: Duration,
+}
+
+/// Opens every pooled connection on `runtime` (the one the store was built on), whichever
+/// runtime asks the pool for it. A PostgreSQL connection's I/O task, and the blocking pool
+/// an SQLite connection runs its statements on, belong to the runtime that opened it: one
+/// opened on an HTTP worker's runtime would die with that worker at shutdown, and the relay,
+/// which outlives the workers, would get `connection closed` or `task … was cancelled`
+/// releasing its leases.
+async fn establish_on<C>(
+    runtime: Option<tokio::runtime::Handle>,
+    url: String,
+) -> ConnectionResult<C>
+where
+    C: AsyncConnection + Send + 'static,
+{
+    match runtime {
+        Some(runtime) => runtime
+            .spawn(async move { C::establish(&url).await })
+            .await
+            .map_err(|e| ConnectionError::BadConnection(format!("connection task ended: {e}")))?,
+        None => C::establish(&url).await,
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -127,15 +149,18 @@ impl Store {
             .map_err(|e| StoreError::Unavailable(e.to_string()))?;
         let statement_timeout_ms = settings.statement_timeout_ms;
         let size = settings.pool_size as usize;
+        let runtime = tokio::runtime::Handle::try_current().ok();
         let pools = match &url {
             DatabaseUrl::Postgres(pg_url) => {
                 let mut config = ManagerConfig::<AsyncPgConnection>::default();
                 // A dead connection is noticed by `is_broken`; a ping per checkout would cost
                 // a round trip on every notification.
                 config.recycling_method = RecyclingMethod::Fast;
+                let pg_runtime = runtime.clone();
                 config.custom_setup = Box::new(move |url| {
+                    let (runtime, url) = (pg_runtime.clone(), url.to_owned());
                     Box::pin(async move {
-                        let mut conn = AsyncPgConnection::establish(url).await?;
+                        let mut conn: AsyncPgConnection = establish_on(runtime, url).await?;
                         conn.batch_execute(&format!(
                             "SET statement_timeout = {statement_timeout_ms}; \
                              SET TIME ZONE 'UTC'; SET application_name = 'paynotify'"
@@ -164,9 +189,10 @@ impl Store {
                 }
                 let mut config = ManagerConfig::<SqliteAsync>::default();
                 config.recycling_method = RecyclingMethod::Fast;
-                config.custom_setup = Box::new(|path| {
+                config.custom_setup = Box::new(move |path| {
+                    let (runtime, path) = (runtime.clone(), path.to_owned());
                     Box::pin(async move {
-                        let mut conn = SqliteAsync::establish(path).await?;
+                        let mut conn: SqliteAsync = establish_on(runtime, path).await?;
                         // The busy timeout first: the journal-mode pragma itself takes a lock,
                         // and a connection opened while another one writes must wait for it,
                         // not fail. WAL lets readers run beside the one writer; synchronous

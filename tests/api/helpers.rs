@@ -352,6 +352,38 @@ async fn spawn(
 }
 
 impl TestApp {
+    /// Shuts down in `paynotify serve`'s order: the HTTP server first (its workers and their
+    /// runtimes end), then the jobs, whose relay gives back its leases.
+    pub async fn shutdown(&mut self, drain: std::time::Duration) {
+        self.handle.stop(true).await;
+        if let Some(jobs) = self.jobs.take() {
+            jobs.shutdown(drain).await;
+        }
+    }
+
+    /// Uses the pool from a runtime of its own, as an HTTP worker does, `n` checkouts at a
+    /// time so the pool opens new connections there; returns once that runtime is gone.
+    pub fn use_pool_from_a_worker_runtime(&self, n: usize) {
+        let store = self.store.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("worker runtime");
+            runtime.block_on(async move {
+                let pings = (0..n).map(|_| {
+                    let store = store.clone();
+                    tokio::spawn(async move { store.ping().await })
+                });
+                for ping in pings.collect::<Vec<_>>() {
+                    ping.await.expect("ping task").expect("ping");
+                }
+            });
+        })
+        .join()
+        .expect("worker thread");
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.address)
     }

@@ -13,6 +13,7 @@ mod orders;
 mod qa;
 mod relay;
 mod service;
+mod shutdown;
 mod test_channel;
 mod wechat;
 mod wechat_vectors;
