@@ -141,7 +141,101 @@ pub(crate) async fn acquire<T, E: std::fmt::Display>(
     }
 }
 
+/// Where a PostgreSQL URL points, for messages: never its password.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgTarget {
+    pub host: String,
+    pub port: u16,
+    pub database: String,
+    pub user: String,
+}
+
+impl PgTarget {
+    /// Reads `postgres://[user[:password]@][host][:port][/database][?…]`; what is missing
+    /// takes libpq's default (localhost, 5432, the user's name as the database).
+    pub fn of(url: &str) -> Self {
+        let rest = url.split_once("://").map_or(url, |(_, r)| r);
+        let rest = rest.split(['?', '#']).next().unwrap_or("");
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, hostport) = authority.rsplit_once('@').unwrap_or(("", authority));
+        let user = userinfo.split(':').next().unwrap_or("");
+        let (host, port) = match hostport.strip_prefix('[') {
+            // [IPv6]:port
+            Some(v6) => {
+                let (h, p) = v6.split_once(']').unwrap_or((v6, ""));
+                (h, p.strip_prefix(':').unwrap_or(""))
+            }
+            None => hostport.rsplit_once(':').unwrap_or((hostport, "")),
+        };
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        let user = if user.is_empty() {
+            "postgres".to_owned()
+        } else {
+            decode(user)
+        };
+        Self {
+            host: if host.is_empty() {
+                "localhost".to_owned()
+            } else {
+                decode(host)
+            },
+            port: port.parse().unwrap_or(5432),
+            database: if path.is_empty() {
+                user.clone()
+            } else {
+                decode(path)
+            },
+            user,
+        }
+    }
+}
+
+impl std::fmt::Display for PgTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "host {}, port {}, database \"{}\", user \"{}\"",
+            self.host, self.port, self.database, self.user
+        )
+    }
+}
+
 impl Store {
+    /// One line for an operator when the database cannot be reached at start-up: where
+    /// (host, port, database and user; never the password) and why. The PostgreSQL driver
+    /// reports only "error connecting to server", so the cause of a failed connection is
+    /// taken from a TCP connection attempt of our own (refused, no route, unknown host);
+    /// when that succeeds the driver's message is the cause (authentication, missing
+    /// database). `None` when `error` is not a connection failure.
+    pub async fn unreachable_message(&self, error: &StoreError) -> Option<String> {
+        let StoreError::Unavailable(driver) = error else {
+            return None;
+        };
+        Some(match &self.url {
+            DatabaseUrl::Postgres(url) => {
+                let target = PgTarget::of(url);
+                let probe = tokio::time::timeout(
+                    Duration::from_secs(3),
+                    tokio::net::TcpStream::connect((target.host.as_str(), target.port)),
+                )
+                .await;
+                let cause = match probe {
+                    Ok(Ok(_)) => driver.clone(),
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => "no answer within 3 s".to_owned(),
+                };
+                format!("cannot connect to PostgreSQL at {target}: {cause} (database.url)")
+            }
+            DatabaseUrl::Sqlite(path) => {
+                format!("cannot open the SQLite database {path}: {driver} (database.url)")
+            }
+        })
+    }
+
     /// Builds the pool for the backend that `database.url` names. Connections are opened
     /// lazily; call [`Store::ping`] to find out whether the database answers.
     pub fn connect(settings: &DatabaseSettings) -> Result<Self, StoreError> {
@@ -274,5 +368,39 @@ impl Store {
             diesel::sql_query("SELECT 1").execute(conn).await?;
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PgTarget;
+
+    #[test]
+    fn a_postgres_target_names_host_port_database_and_user_but_never_the_password() {
+        let t = PgTarget::of("postgres://app:pw-SECRET@db.internal:6543/pay?sslmode=disable");
+        assert_eq!(
+            (
+                t.host.as_str(),
+                t.port,
+                t.database.as_str(),
+                t.user.as_str()
+            ),
+            ("db.internal", 6543, "pay", "app")
+        );
+        let shown = t.to_string();
+        assert!(!shown.contains("SECRET"), "{shown}");
+        assert_eq!(
+            shown,
+            "host db.internal, port 6543, database \"pay\", user \"app\""
+        );
+        let t = PgTarget::of("postgresql://[::1]/x");
+        assert_eq!(
+            (t.host.as_str(), t.port, t.database.as_str()),
+            ("::1", 5432, "x")
+        );
+        let t = PgTarget::of("postgres://bob@h");
+        assert_eq!((t.port, t.database.as_str()), (5432, "bob"));
+        let t = PgTarget::of("postgres://p%40ss:x@h:1/d");
+        assert_eq!(t.user, "p@ss");
     }
 }
