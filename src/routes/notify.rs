@@ -143,6 +143,7 @@ pub async fn notify<C: Channel>(
     body: Result<web::Bytes, actix_web::Error>,
 ) -> HttpResponse {
     let id = channel.id();
+    let started = std::time::Instant::now();
     let body = match body {
         Ok(body) => body,
         Err(e) => {
@@ -256,6 +257,7 @@ pub async fn notify<C: Channel>(
                 transaction_id = %notice.transaction_id,
                 outcome = outcome.as_str(),
                 anomaly = ?matches!(outcome, Outcome::Anomaly(_)).then_some(outcome),
+                latency_ms = started.elapsed().as_secs_f64() * 1000.0,
                 "notification applied"
             );
             channel.render(reply_for(outcome))
