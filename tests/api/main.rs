@@ -12,6 +12,7 @@ mod notify;
 mod openapi;
 mod orders;
 mod qa;
+mod readme;
 mod relay;
 mod service;
 mod shutdown;
