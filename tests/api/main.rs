@@ -3,6 +3,7 @@
 mod alipay;
 mod alipay_vectors;
 mod cli;
+mod container;
 mod gate;
 mod health;
 mod helpers;
