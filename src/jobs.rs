@@ -89,6 +89,17 @@ fn unless_busy(
 /// How often the watchdog looks at the relay's last successful tick.
 const WATCHDOG_EVERY: Duration = Duration::from_secs(10);
 
+/// The jobs `Jobs::start` runs and how often, for the start-up log line.
+pub fn schedule(relay_every: Duration) -> String {
+    format!(
+        "relay every {} ms, order expiry every {} s, retention every {} s, relay watchdog every {} s",
+        relay_every.as_millis(),
+        EXPIRY_EVERY.as_secs(),
+        RETENTION_EVERY.as_secs(),
+        WATCHDOG_EVERY.as_secs()
+    )
+}
+
 /// How long without a successful relay tick counts as a stall: five intervals, at least 30 s.
 pub fn relay_stall_after(relay_every: Duration) -> Duration {
     (relay_every * 5).max(Duration::from_secs(30))

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use paynotify::config::Settings;
+use paynotify::config::{Settings, SinkKind};
 use paynotify::qa::replay::{Breakage, Kind, Plan};
 use paynotify::startup::{Application, Options};
 use paynotify::store::Store;
@@ -42,6 +42,10 @@ enum Command {
     SandboxKeys {
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
+        /// The `server.listen` written into DIR/paynotify.toml: another port than the
+        /// default configuration's 127.0.0.1:8080, so both can run side by side.
+        #[arg(long, default_value = "127.0.0.1:8081")]
+        listen: std::net::SocketAddr,
     },
 }
 
@@ -90,6 +94,10 @@ struct ReplayArgs {
     /// WeChat: a WECHATPAY/SIGNTEST/ probe signature (expect 401).
     #[arg(long)]
     probe: bool,
+    /// Wait up to SECS for the service's /readyz to answer 200 before sending (for a
+    /// service started a moment ago).
+    #[arg(long, value_name = "SECS")]
+    wait: Option<u64>,
 }
 
 /// How long the relay may finish its batch in flight after SIGTERM before it gives its
@@ -98,12 +106,14 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    paynotify::telemetry::init();
     let result = match Cli::parse().command {
         Command::Serve { config } => serve(config).await,
         Command::Migrate { config } => migrate(config).await,
         Command::Replay(args) => replay(args).await,
-        Command::SandboxKeys { out } => sandbox_keys(&out),
+        Command::SandboxKeys { out, listen } => {
+            paynotify::telemetry::init();
+            sandbox_keys(&out, listen)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -114,17 +124,42 @@ async fn main() -> ExitCode {
     }
 }
 
+/// Loads the configuration, starts logging in its `log.format`, and warns about every
+/// `PAYNOTIFY…` environment variable that configures nothing.
+fn load_settings(config: Option<&std::path::Path>) -> anyhow::Result<Settings> {
+    let settings = Settings::load(config)?;
+    paynotify::telemetry::init_with(settings.log.format);
+    let vars = std::env::vars_os().map(|(k, v)| {
+        (
+            k.to_string_lossy().into_owned(),
+            v.to_string_lossy().into_owned(),
+        )
+    });
+    for warning in paynotify::config::unused_env_vars(vars) {
+        tracing::warn!("{warning}");
+    }
+    Ok(settings)
+}
+
 async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
-    let settings = Settings::load(config.as_deref())?;
+    let settings = load_settings(config.as_deref())?;
     let options = Options::default();
     let clock = Arc::clone(&options.clock);
     let app = Application::build(&settings, options).await?;
     let jobs = app.start_jobs(&settings, clock).await?;
+    let listen = std::net::SocketAddr::new(settings.server.listen.ip(), app.port());
+    let relay_sink = match settings.relay.sink {
+        SinkKind::Log => "log",
+        SinkKind::RedisStream => "redis-stream",
+        SinkKind::Http => "http",
+    };
     tracing::info!(
-        listen = %settings.server.listen,
-        port = app.port(),
         backend = app.store().backend(),
-        "paynotify serving"
+        redis_gate = if settings.redis.url.is_empty() { "off" } else { "on" },
+        relay_sink,
+        jobs = %paynotify::jobs::schedule(Duration::from_millis(settings.relay.interval_ms)),
+        %listen,
+        "paynotify serving on {listen}"
     );
     let handle = app.handle();
     tokio::spawn(async move {
@@ -139,9 +174,12 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
 }
 
 async fn migrate(config: Option<PathBuf>) -> anyhow::Result<()> {
-    let settings = Settings::load(config.as_deref())?;
+    let settings = load_settings(config.as_deref())?;
     let store = Store::connect(&settings.database)?;
-    let applied = store.migrate().await?;
+    let applied = match store.migrate().await {
+        Ok(applied) => applied,
+        Err(e) => return Err(paynotify::startup::explain(&store, e).await.into()),
+    };
     println!(
         "{} migration(s) applied on {}",
         applied.len(),
@@ -151,7 +189,7 @@ async fn migrate(config: Option<PathBuf>) -> anyhow::Result<()> {
 }
 
 async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
-    let settings = Settings::load(args.config.as_deref())?;
+    let settings = load_settings(args.config.as_deref())?;
     let plan = Plan {
         kind: args.kind,
         order_no: args.order_no,
@@ -162,6 +200,7 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         concurrency: args.concurrency,
         target: args.target,
         create_order: args.create_order,
+        wait: args.wait.map(Duration::from_secs),
         breakage: Breakage {
             bad_signature: args.bad_signature,
             tamper_amount: args.tamper_amount,
@@ -177,10 +216,10 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     }
 }
 
-fn sandbox_keys(out: &std::path::Path) -> anyhow::Result<()> {
-    let config = paynotify::qa::sandbox::write(out)?;
+fn sandbox_keys(out: &std::path::Path, listen: std::net::SocketAddr) -> anyhow::Result<()> {
+    let config = paynotify::qa::sandbox::write(out, listen)?;
     println!(
-        "sandbox keys and {} written; run from {}:",
+        "sandbox keys and {} written (server.listen = {listen}); run from {}:",
         config.display(),
         out.display()
     );

@@ -29,12 +29,31 @@ pub enum StartupError {
     #[error("scheduler: {0}")]
     Scheduler(#[from] tokio_cron_scheduler::JobSchedulerError),
     #[error("database: {0}")]
-    Database(#[from] StoreError),
+    Database(StoreError),
+    /// The database did not answer at start-up: where and why, in one line.
+    #[error("{0}")]
+    DatabaseUnreachable(String),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+}
+
+// Not `#[from]`: that would make the store error the source too, and `{:#}` would print
+// its message twice.
+impl From<StoreError> for StartupError {
+    fn from(error: StoreError) -> Self {
+        Self::Database(error)
+    }
+}
+
+/// A store error at start-up, with where and why when the database cannot be reached.
+pub async fn explain(store: &Store, error: StoreError) -> StartupError {
+    match store.unreachable_message(&error).await {
+        Some(message) => StartupError::DatabaseUnreachable(message),
+        None => StartupError::Database(error),
+    }
 }
 
 /// Knobs for building an [`Application`]; the defaults are production's.
@@ -69,12 +88,17 @@ impl Application {
         let providers: Arc<[channel::Mount]> = channel::mount_all(settings, now)?.into();
         let store = Store::connect(&settings.database)?;
         if settings.database.auto_migrate {
-            let applied = store.migrate().await?;
+            let applied = match store.migrate().await {
+                Ok(applied) => applied,
+                Err(e) => return Err(explain(&store, e).await),
+            };
             if !applied.is_empty() {
                 tracing::info!(backend = store.backend(), ?applied, "migrations applied");
             }
         }
-        store.ping().await?;
+        if let Err(e) = store.ping().await {
+            return Err(explain(&store, e).await);
+        }
 
         let addr = settings.server.listen;
         let listener =

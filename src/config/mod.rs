@@ -31,6 +31,24 @@ pub struct Settings {
     pub relay: RelaySettings,
     pub retention: RetentionSettings,
     pub sandbox: SandboxSettings,
+    pub log: LogSettings,
+}
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines; coloured only when stderr is a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line, the event's fields at the top level, for log shippers.
+    Json,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogSettings {
+    pub format: LogFormat,
 }
 
 #[derive(Debug, Deserialize)]
@@ -182,7 +200,11 @@ impl Settings {
             .map(Path::to_path_buf)
             .or(from_env)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_FILE));
-        let overrides = std::env::vars()
+        // vars_os: a variable that is not UTF-8 must not panic start-up; such a value
+        // cannot configure anything, and start-up warns about its name (see
+        // `unused_env_vars`).
+        let overrides = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
             .filter(|(k, _)| k.starts_with(&format!("{ENV_PREFIX}__")))
             .collect();
         Self::load_from(&path, overrides)
@@ -197,6 +219,7 @@ impl Settings {
         if !path.is_file() {
             return Err(file_error("not found (or not a file)".to_owned()));
         }
+        let from_env = overrides.clone();
         let merged = config::Config::builder()
             .add_source(config::File::from(path).format(config::FileFormat::Toml))
             .add_source(
@@ -211,11 +234,15 @@ impl Settings {
             )
             .build()
             .map_err(|e| file_error(e.to_string()))?;
-        let settings: Settings = serde_path_to_error::deserialize(merged).map_err(|e| {
-            let key = e.path().to_string();
-            invalid(key, e.into_inner().to_string())
-        })?;
-        settings.validate()?;
+        let settings: Settings = serde_path_to_error::deserialize(merged)
+            .map_err(|e| {
+                let key = e.path().to_string();
+                invalid(key, e.into_inner().to_string())
+            })
+            .map_err(|e| name_env_source(e, &from_env))?;
+        settings
+            .validate()
+            .map_err(|e| name_env_source(e, &from_env))?;
         Ok(settings)
     }
 
@@ -316,6 +343,109 @@ impl Settings {
         }
         Ok(())
     }
+}
+
+/// The configuration key an environment variable `PAYNOTIFY__SECTION__KEY` sets
+/// (`section.key`), or `None` for any other name.
+pub fn env_var_key(name: &str) -> Option<String> {
+    let rest = name.strip_prefix(ENV_PREFIX)?.strip_prefix("__")?;
+    Some(rest.to_ascii_lowercase().replace("__", "."))
+}
+
+/// Adds "set by environment variable …" to an error about a key an override set: the
+/// key itself (a bad value), or, for an unknown field, the variable that named it.
+fn name_env_source(error: ConfigError, overrides: &HashMap<String, String>) -> ConfigError {
+    let ConfigError::Invalid { key, message } = error else {
+        return error;
+    };
+    let mut names: Vec<&String> = overrides.keys().collect();
+    names.sort();
+    let source = names.into_iter().find(|name| {
+        let Some(set) = env_var_key(name) else {
+            return false;
+        };
+        if set == key {
+            return true;
+        }
+        // An unknown field is reported at its parent (`database`) or at the top (`.`).
+        let (parent, field) = set.rsplit_once('.').unwrap_or(("", set.as_str()));
+        let parent_matches = parent == key || (key == "." && parent.is_empty());
+        parent_matches && message.contains(&format!("`{field}`"))
+    });
+    match source {
+        Some(name) => ConfigError::Invalid {
+            key,
+            message: format!("{message} (set by environment variable {name})"),
+        },
+        None => ConfigError::Invalid { key, message },
+    }
+}
+
+/// Variables the tests and tools read themselves; never configuration keys.
+const OTHER_PAYNOTIFY_VARS: [&str; 3] = [
+    "PAYNOTIFY_CONFIG",
+    "PAYNOTIFY_TEST_PG_URL",
+    "PAYNOTIFY_WRITE_OPENAPI",
+];
+
+/// The sections of the configuration, for suggesting the spelling of a mistyped variable.
+const SECTIONS: [&str; 10] = [
+    "server",
+    "database",
+    "redis",
+    "wechat",
+    "alipay",
+    "orders",
+    "relay",
+    "retention",
+    "sandbox",
+    "log",
+];
+
+/// One warning per `PAYNOTIFY…` variable in `vars` that configures nothing: not
+/// `PAYNOTIFY__SECTION__KEY` (one underscore, say, as in `PAYNOTIFY_SERVER_LISTEN`) and not
+/// a variable paynotify reads otherwise. Unknown keys under the right spelling
+/// (`PAYNOTIFY__SERVER__LISEN`) already stop start-up with the key named.
+pub fn unused_env_vars(vars: impl IntoIterator<Item = (String, String)>) -> Vec<String> {
+    let mut warnings: Vec<String> = vars
+        .into_iter()
+        .map(|(name, _)| name)
+        .filter(|name| name.starts_with(ENV_PREFIX))
+        .filter(|name| !OTHER_PAYNOTIFY_VARS.contains(&name.as_str()))
+        .filter(|name| {
+            // Well formed: PAYNOTIFY__SECTION__KEY with non-empty parts.
+            env_var_key(name)
+                .is_none_or(|key| key.split('.').count() < 2 || key.split('.').any(str::is_empty))
+        })
+        .map(|name| {
+            let rest = name
+                .trim_start_matches(ENV_PREFIX)
+                .trim_start_matches('_')
+                .to_ascii_lowercase();
+            let hint = SECTIONS
+                .iter()
+                .find_map(|section| {
+                    let key = rest
+                        .strip_prefix(section)?
+                        .strip_prefix('_')?
+                        .trim_start_matches('_');
+                    (!key.is_empty()).then(|| {
+                        format!(
+                            "; did you mean {ENV_PREFIX}__{}__{}?",
+                            section.to_ascii_uppercase(),
+                            key.to_ascii_uppercase()
+                        )
+                    })
+                })
+                .unwrap_or_default();
+            format!(
+                "environment variable {name} is ignored: configuration variables are written \
+                 {ENV_PREFIX}__SECTION__KEY (two underscores each){hint}"
+            )
+        })
+        .collect();
+    warnings.sort();
+    warnings
 }
 
 const SQLITE_MEMORY_REFUSED: &str = "an in-memory (or temporary) SQLite database is refused: every \
@@ -608,6 +738,74 @@ apiv3_key = "0123456789abcdef0123456789SECRET"
             err.to_string().contains("wechat.merchants[0].apiv3_key"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_bad_value_from_the_environment_names_the_variable() {
+        let err = load("", &[("PAYNOTIFY__SERVER__LISTEN", "nowhere")]).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("server.listen"), "{msg}");
+        assert!(
+            msg.contains("environment variable PAYNOTIFY__SERVER__LISTEN"),
+            "{msg}"
+        );
+        let err = load("", &[("PAYNOTIFY__DATABASE__POOLSIZE", "9")]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("environment variable PAYNOTIFY__DATABASE__POOLSIZE"),
+            "{err}"
+        );
+        // A check that runs after parsing names the variable too.
+        let err = load("", &[("PAYNOTIFY__RETENTION__KEEP_DAYS", "1")]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("environment variable PAYNOTIFY__RETENTION__KEEP_DAYS"),
+            "{err}"
+        );
+        // The same mistake in the file says nothing about the environment.
+        let err = load("[server]\nlisten = \"nowhere\"\n", &[]).unwrap_err();
+        assert!(!err.to_string().contains("environment"), "{err}");
+    }
+
+    #[test]
+    fn variables_that_configure_nothing_are_reported_with_the_right_spelling() {
+        let vars = [
+            ("PAYNOTIFY_SERVER_LISTEN", "0.0.0.0:9"),
+            ("PAYNOTIFY__SERVER__LISTEN", "127.0.0.1:9"),
+            ("PAYNOTIFY_CONFIG", "x.toml"),
+            ("PAYNOTIFY__SERVER", "x"),
+            ("PAYNOTIFYX", "x"),
+            ("HOME", "/root"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        let warnings = unused_env_vars(vars);
+        assert_eq!(warnings.len(), 3, "{warnings:#?}");
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("PAYNOTIFY_SERVER_LISTEN is ignored")
+                    && w.contains("did you mean PAYNOTIFY__SERVER__LISTEN?")),
+            "{warnings:#?}"
+        );
+        assert!(
+            warnings.iter().any(|w| w.contains("PAYNOTIFY__SERVER is")),
+            "{warnings:#?}"
+        );
+        assert!(
+            warnings.iter().any(|w| w.contains("PAYNOTIFYX is")),
+            "{warnings:#?}"
+        );
+    }
+
+    #[test]
+    fn log_format_is_text_unless_json_is_asked_for() {
+        assert_eq!(load("", &[]).expect("loads").log.format, LogFormat::Text);
+        let s = load("[log]\nformat = \"json\"\n", &[]).expect("loads");
+        assert_eq!(s.log.format, LogFormat::Json);
+        let s = load("", &[("PAYNOTIFY__LOG__FORMAT", "json")]).expect("loads");
+        assert_eq!(s.log.format, LogFormat::Json);
+        let err = load("[log]\nformat = \"xml\"\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("log.format"), "{err}");
     }
 
     #[test]

@@ -67,6 +67,8 @@ pub struct Plan {
     pub concurrency: usize,
     pub target: Option<String>,
     pub create_order: bool,
+    /// Wait this long for `/readyz` to answer 200 before sending anything.
+    pub wait: Option<Duration>,
     pub breakage: Breakage,
 }
 
@@ -295,17 +297,68 @@ pub struct Sent {
     pub body: String,
 }
 
-/// Sends the plan; prints a line per response and a summary; true when every response was
-/// the one the contract says.
-pub async fn run(settings: &Settings, plan: &Plan) -> Result<bool, ReplayError> {
+/// Every check of the flags, before anything is created or sent.
+pub fn validate(plan: &Plan) -> Result<(), ReplayError> {
+    let usage = |m: &str| Err(ReplayError::Usage(m.to_owned()));
     if plan.times == 0 || plan.concurrency == 0 {
-        return Err(ReplayError::Usage(
-            "--times and --concurrency must be at least 1".into(),
-        ));
+        return usage("--times and --concurrency must be at least 1");
     }
     if plan.amount_fen <= 0 {
-        return Err(ReplayError::Usage("--amount-fen must be positive".into()));
+        return usage("--amount-fen must be positive");
     }
+    let b = plan.breakage;
+    if !plan.kind.is_wechat() && (b.stale || b.probe) {
+        return usage("--stale and --probe are WeChat Pay rules (wechat, wechat-refund)");
+    }
+    let refund = matches!(plan.kind, Kind::WechatRefund | Kind::AlipayRefund);
+    if !refund && (plan.out_refund_no.is_some() || plan.refund_fen.is_some()) {
+        return usage("--out-refund-no and --refund-fen are for wechat-refund and alipay-refund");
+    }
+    if plan.refund_fen.is_some_and(|f| f <= 0) {
+        return usage("--refund-fen must be positive");
+    }
+    if plan.out_refund_no.as_deref() == Some("") {
+        return usage("--out-refund-no must not be empty");
+    }
+    Ok(())
+}
+
+/// Polls `{target}/readyz` every 200 ms until it answers 200, for at most `within`.
+async fn wait_until_ready(
+    client: &reqwest::Client,
+    target: &str,
+    within: Duration,
+) -> Result<(), ReplayError> {
+    let deadline = Instant::now() + within;
+    loop {
+        let ready = client
+            .get(format!("{target}/readyz"))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        if ready {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(ReplayError::Usage(format!(
+                "{target}/readyz did not answer 200 within {} s",
+                within.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Sends the plan; prints a line per response and a summary; true when every response was
+/// the one the contract says. Flags and sandbox keys are checked before anything is sent.
+pub async fn run(settings: &Settings, plan: &Plan) -> Result<bool, ReplayError> {
+    validate(plan)?;
+    let delivery = Arc::new(if plan.kind.is_wechat() {
+        wechat_delivery(settings, plan)?
+    } else {
+        alipay_delivery(settings, plan)?
+    });
     let target = plan
         .target
         .clone()
@@ -315,6 +368,9 @@ pub async fn run(settings: &Settings, plan: &Plan) -> Result<bool, ReplayError> 
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()?;
+    if let Some(within) = plan.wait {
+        wait_until_ready(&client, &target, within).await?;
+    }
     if plan.create_order {
         let response = client
             .post(format!("{target}/orders"))
@@ -330,11 +386,6 @@ pub async fn run(settings: &Settings, plan: &Plan) -> Result<bool, ReplayError> 
             return Ok(false);
         }
     }
-    let delivery = Arc::new(if plan.kind.is_wechat() {
-        wechat_delivery(settings, plan)?
-    } else {
-        alipay_delivery(settings, plan)?
-    });
     let url = format!("{target}{}", plan.kind.path());
     let next = Arc::new(AtomicUsize::new(0));
     let mut workers = tokio::task::JoinSet::new();

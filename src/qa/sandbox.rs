@@ -83,7 +83,7 @@ fn key_pair(dir: &Path, name: &str) -> Result<(), SandboxError> {
 
 /// Writes `keys/` and `paynotify.toml` into `dir`; returns the config's path. Paths in the
 /// config are relative: run the service from `dir`.
-pub fn write(dir: &Path) -> Result<PathBuf, SandboxError> {
+pub fn write(dir: &Path, listen: std::net::SocketAddr) -> Result<PathBuf, SandboxError> {
     let config = dir.join("paynotify.toml");
     if config.exists() {
         return Err(SandboxError::Exists(config));
@@ -101,7 +101,7 @@ pub fn write(dir: &Path) -> Result<PathBuf, SandboxError> {
 # reads them, to forge notifications for QA. Never use them in production.
 
 [server]
-listen = "127.0.0.1:8080"
+listen = "{listen}"
 api_token = "{api_token}"
 
 [database]

@@ -89,6 +89,7 @@ pub struct CallbacksQuery {
 #[utoipa::path(get, path = "/admin/callbacks", tag = "operations", params(CallbacksQuery),
     responses(
         (status = 200, description = "Every payment, refund and status callback of the order (`statuses`: recorded without a state change, e.g. Alipay TRADE_CLOSED)", body = Object),
+        (status = 400, description = "`order_no` missing (or an unknown query parameter)", body = ErrorBody),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn callbacks(

@@ -118,6 +118,7 @@ pub async fn notify<C: Channel>(
 ) -> HttpResponse {
     let id = channel.id();
     let answer = |reply: Reply<'_>| respond(channel.render(reply));
+    let started = std::time::Instant::now();
     let body = match body {
         Ok(body) => body,
         Err(e) => {
@@ -189,6 +190,7 @@ pub async fn notify<C: Channel>(
                 transaction_id = %notice.transaction_id,
                 outcome = outcome.as_str(),
                 anomaly = ?matches!(outcome, Outcome::Anomaly(_)).then_some(outcome),
+                latency_ms = started.elapsed().as_secs_f64() * 1000.0,
                 "notification applied"
             );
             answer(reply_for(outcome))

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use diesel::sqlite::SqliteConnection;
-use diesel::{Connection, ConnectionError};
+use diesel::{Connection, ConnectionError, ConnectionResult};
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::pooled_connection::deadpool::{BuildError, Pool, PoolError};
 use diesel_async::pooled_connection::{
@@ -107,6 +107,28 @@ pub struct Store {
     acquire_timeout: Duration,
 }
 
+/// Opens every pooled connection on `runtime` (the one the store was built on), whichever
+/// runtime asks the pool for it. A PostgreSQL connection's I/O task, and the blocking pool
+/// an SQLite connection runs its statements on, belong to the runtime that opened it: one
+/// opened on an HTTP worker's runtime would die with that worker at shutdown, and the relay,
+/// which outlives the workers, would get `connection closed` or `task … was cancelled`
+/// releasing its leases.
+async fn establish_on<C>(
+    runtime: Option<tokio::runtime::Handle>,
+    url: String,
+) -> ConnectionResult<C>
+where
+    C: AsyncConnection + Send + 'static,
+{
+    match runtime {
+        Some(runtime) => runtime
+            .spawn(async move { C::establish(&url).await })
+            .await
+            .map_err(|e| ConnectionError::BadConnection(format!("connection task ended: {e}")))?,
+        None => C::establish(&url).await,
+    }
+}
+
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store").field("url", &self.url).finish()
@@ -162,22 +184,122 @@ pub(crate) async fn acquire<T>(
     }
 }
 
+/// Where a PostgreSQL URL points, for messages: never its password.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgTarget {
+    pub host: String,
+    pub port: u16,
+    pub database: String,
+    pub user: String,
+}
+
+impl PgTarget {
+    /// Reads `postgres://[user[:password]@][host][:port][/database][?…]`; what is missing
+    /// takes libpq's default (localhost, 5432, the user's name as the database).
+    pub fn of(url: &str) -> Self {
+        let rest = url.split_once("://").map_or(url, |(_, r)| r);
+        let rest = rest.split(['?', '#']).next().unwrap_or("");
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, hostport) = authority.rsplit_once('@').unwrap_or(("", authority));
+        let user = userinfo.split(':').next().unwrap_or("");
+        let (host, port) = match hostport.strip_prefix('[') {
+            // [IPv6]:port
+            Some(v6) => {
+                let (h, p) = v6.split_once(']').unwrap_or((v6, ""));
+                (h, p.strip_prefix(':').unwrap_or(""))
+            }
+            None => hostport.rsplit_once(':').unwrap_or((hostport, "")),
+        };
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        let user = if user.is_empty() {
+            "postgres".to_owned()
+        } else {
+            decode(user)
+        };
+        Self {
+            host: if host.is_empty() {
+                "localhost".to_owned()
+            } else {
+                decode(host)
+            },
+            port: port.parse().unwrap_or(5432),
+            database: if path.is_empty() {
+                user.clone()
+            } else {
+                decode(path)
+            },
+            user,
+        }
+    }
+}
+
+impl std::fmt::Display for PgTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "host {}, port {}, database \"{}\", user \"{}\"",
+            self.host, self.port, self.database, self.user
+        )
+    }
+}
+
 impl Store {
+    /// One line for an operator when the database cannot be reached at start-up: where
+    /// (host, port, database and user; never the password) and why. The PostgreSQL driver
+    /// reports only "error connecting to server", so the cause of a failed connection is
+    /// taken from a TCP connection attempt of our own (refused, no route, unknown host);
+    /// when that succeeds the driver's message is the cause (authentication, missing
+    /// database). `None` when `error` is not a connection failure.
+    pub async fn unreachable_message(&self, error: &StoreError) -> Option<String> {
+        let driver = match error {
+            StoreError::Connect(e) => e.to_string(),
+            StoreError::MigrationConnect(e) => e.to_string(),
+            StoreError::Timeout(_) => error.to_string(),
+            _ => return None,
+        };
+        Some(match &self.url {
+            DatabaseUrl::Postgres(url) => {
+                let target = PgTarget::of(url);
+                let probe = tokio::time::timeout(
+                    Duration::from_secs(3),
+                    tokio::net::TcpStream::connect((target.host.as_str(), target.port)),
+                )
+                .await;
+                let cause = match probe {
+                    Ok(Ok(_)) => driver,
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => "no answer within 3 s".to_owned(),
+                };
+                format!("cannot connect to PostgreSQL at {target}: {cause} (database.url)")
+            }
+            DatabaseUrl::Sqlite(path) => {
+                format!("cannot open the SQLite database {path}: {driver} (database.url)")
+            }
+        })
+    }
+
     /// Builds the pool for the backend that `database.url` names. Connections are opened
     /// lazily; call [`Store::ping`] to find out whether the database answers.
     pub fn connect(settings: &DatabaseSettings) -> Result<Self, StoreError> {
         let url = DatabaseUrl::parse(settings.url.expose())?;
         let statement_timeout_ms = settings.statement_timeout_ms;
         let size = settings.pool_size as usize;
+        let runtime = tokio::runtime::Handle::try_current().ok();
         let pools = match &url {
             DatabaseUrl::Postgres(pg_url) => {
                 let mut config = ManagerConfig::<AsyncPgConnection>::default();
                 // A dead connection is noticed by `is_broken`; a ping per checkout would cost
                 // a round trip on every notification.
                 config.recycling_method = RecyclingMethod::Fast;
+                let pg_runtime = runtime.clone();
                 config.custom_setup = Box::new(move |url| {
+                    let (runtime, url) = (pg_runtime.clone(), url.to_owned());
                     Box::pin(async move {
-                        let mut conn = AsyncPgConnection::establish(url).await?;
+                        let mut conn: AsyncPgConnection = establish_on(runtime, url).await?;
                         conn.batch_execute(&format!(
                             "SET statement_timeout = {statement_timeout_ms}; \
                              SET TIME ZONE 'UTC'; SET application_name = 'paynotify'"
@@ -202,9 +324,10 @@ impl Store {
                 }
                 let mut config = ManagerConfig::<SqliteAsync>::default();
                 config.recycling_method = RecyclingMethod::Fast;
-                config.custom_setup = Box::new(|path| {
+                config.custom_setup = Box::new(move |path| {
+                    let (runtime, path) = (runtime.clone(), path.to_owned());
                     Box::pin(async move {
-                        let mut conn = SqliteAsync::establish(path).await?;
+                        let mut conn: SqliteAsync = establish_on(runtime, path).await?;
                         // The busy timeout first: the journal-mode pragma itself takes a lock,
                         // and a connection opened while another one writes must wait for it,
                         // not fail. WAL lets readers run beside the one writer; synchronous
@@ -278,5 +401,39 @@ impl Store {
             diesel::sql_query("SELECT 1").execute(conn).await?;
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PgTarget;
+
+    #[test]
+    fn a_postgres_target_names_host_port_database_and_user_but_never_the_password() {
+        let t = PgTarget::of("postgres://app:pw-SECRET@db.internal:6543/pay?sslmode=disable");
+        assert_eq!(
+            (
+                t.host.as_str(),
+                t.port,
+                t.database.as_str(),
+                t.user.as_str()
+            ),
+            ("db.internal", 6543, "pay", "app")
+        );
+        let shown = t.to_string();
+        assert!(!shown.contains("SECRET"), "{shown}");
+        assert_eq!(
+            shown,
+            "host db.internal, port 6543, database \"pay\", user \"app\""
+        );
+        let t = PgTarget::of("postgresql://[::1]/x");
+        assert_eq!(
+            (t.host.as_str(), t.port, t.database.as_str()),
+            ("::1", 5432, "x")
+        );
+        let t = PgTarget::of("postgres://bob@h");
+        assert_eq!((t.port, t.database.as_str()), (5432, "bob"));
+        let t = PgTarget::of("postgres://p%40ss:x@h:1/d");
+        assert_eq!(t.user, "p@ss");
     }
 }

@@ -63,9 +63,25 @@ impl TestDb {
                     std::process::id(),
                     COUNTER.fetch_add(1, Ordering::Relaxed)
                 );
-                conn.batch_execute(&format!("CREATE DATABASE {name}"))
-                    .await
-                    .expect("create test database");
+                // A copy of the migrated template: the migrations ran once for this process.
+                let mut template = migrated_template(&admin, false).await;
+                let mut attempts = 0;
+                loop {
+                    let created = conn
+                        .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {template}"))
+                        .await;
+                    let Err(e) = created else { break };
+                    attempts += 1;
+                    assert!(attempts < 50, "create test database {name}: {e}");
+                    if e.to_string().contains("does not exist") {
+                        // Swept by a run on another schema: build it again.
+                        template = migrated_template(&admin, true).await;
+                    } else {
+                        // The template is briefly in use (another test process building or
+                        // sweeping): try again.
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    }
+                }
                 let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
                 TestDb::Postgres {
                     url: format!("{base}/{name}"),
@@ -199,6 +215,141 @@ impl TestDb {
                 .expect("drop test database");
         }
     }
+}
+
+/// Drops a test's PostgreSQL database when the test ends, passed or failed (its connections
+/// are closed first). Runs on a thread and runtime of its own: `Drop` cannot await, and the
+/// test's runtime may be shutting down.
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let TestDb::Postgres { name, .. } = self else {
+            return;
+        };
+        let name = name.clone();
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                let drop = async {
+                    let mut conn = AsyncPgConnection::establish(&pg_admin_url())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    conn.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .await
+                        .map_err(|e| e.to_string())
+                };
+                tokio::time::timeout(std::time::Duration::from_secs(10), drop)
+                    .await
+                    .map_err(|_| "timed out".to_owned())?
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("test database was not dropped: {dropped:?} (a later run sweeps it)");
+        }
+    }
+}
+
+const TEMPLATE_PREFIX: &str = "paynotify_tmpl_";
+
+/// The migrated template of this process, by name, once built.
+static TEMPLATE: tokio::sync::Mutex<Option<String>> = tokio::sync::Mutex::const_new(None);
+
+/// A short digest of every file under migrations/postgres: a changed schema gets a new
+/// template, never a stale one.
+fn migrations_digest() -> String {
+    fn files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for entry in entries {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                files(&path, out);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/postgres");
+    let mut all = Vec::new();
+    files(&root, &mut all);
+    all.sort();
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    for path in all {
+        let relative = path.strip_prefix(&root).unwrap_or(&path);
+        context.update(relative.to_string_lossy().as_bytes());
+        context.update(&std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())));
+    }
+    paynotify::notice::hex(&context.finish().as_ref()[..8])
+}
+
+/// The name of a database holding exactly the PostgreSQL migrations, which each test
+/// database copies (`CREATE DATABASE … TEMPLATE …`). Built once per process (or again with
+/// `rebuild`, when another run swept it), under an advisory lock so parallel test processes
+/// never build it twice; published by a rename, so nobody copies a half-migrated one.
+/// Templates of other schemas are swept.
+async fn migrated_template(admin: &str, rebuild: bool) -> String {
+    let mut slot = TEMPLATE.lock().await;
+    if let (Some(name), false) = (slot.as_ref(), rebuild) {
+        return name.clone();
+    }
+    let name = format!("{TEMPLATE_PREFIX}{}", migrations_digest());
+    let mut conn = AsyncPgConnection::establish(admin)
+        .await
+        .expect("admin connection");
+    conn.batch_execute("SET lock_timeout = '60s'")
+        .await
+        .expect("lock timeout");
+    conn.batch_execute("SELECT pg_advisory_lock(73110011)")
+        .await
+        .expect("template lock");
+    #[derive(QueryableByName)]
+    struct Name {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        datname: String,
+    }
+    let existing: Vec<Name> = diesel::sql_query(format!(
+        "SELECT datname FROM pg_database WHERE datname LIKE '{TEMPLATE_PREFIX}%'"
+    ))
+    .load(&mut conn)
+    .await
+    .expect("list templates");
+    if !existing.iter().any(|n| n.datname == name) {
+        let building = format!("{name}_b{}", std::process::id());
+        // One statement per call: neither may run inside a transaction block.
+        for statement in [
+            format!("DROP DATABASE IF EXISTS {building} WITH (FORCE)"),
+            format!("CREATE DATABASE {building}"),
+        ] {
+            conn.batch_execute(&statement)
+                .await
+                .expect("create template");
+        }
+        let base = admin.rsplit_once('/').map_or(admin, |(b, _)| b);
+        let mut settings = Settings::default();
+        settings.database.url = Secret::new(format!("{base}/{building}"));
+        let store = Store::connect(&settings.database).expect("template store");
+        store.migrate().await.expect("migrate the template");
+        drop(store);
+        conn.batch_execute(&format!("ALTER DATABASE {building} RENAME TO {name}"))
+            .await
+            .expect("publish template");
+    }
+    for Name { datname } in existing {
+        if datname != name {
+            // Another schema's template (a run of another branch builds its own again if it
+            // still needs it).
+            let _ = conn
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {datname}"))
+                .await;
+        }
+    }
+    conn.batch_execute("SELECT pg_advisory_unlock(73110011)")
+        .await
+        .expect("template unlock");
+    *slot = Some(name.clone());
+    name
 }
 
 /// Databases left by runs that crashed more than an hour ago.
@@ -352,6 +503,38 @@ async fn spawn(
 }
 
 impl TestApp {
+    /// Shuts down in `paynotify serve`'s order: the HTTP server first (its workers and their
+    /// runtimes end), then the jobs, whose relay gives back its leases.
+    pub async fn shutdown(&mut self, drain: std::time::Duration) {
+        self.handle.stop(true).await;
+        if let Some(jobs) = self.jobs.take() {
+            jobs.shutdown(drain).await;
+        }
+    }
+
+    /// Uses the pool from a runtime of its own, as an HTTP worker does, `n` checkouts at a
+    /// time so the pool opens new connections there; returns once that runtime is gone.
+    pub fn use_pool_from_a_worker_runtime(&self, n: usize) {
+        let store = self.store.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("worker runtime");
+            runtime.block_on(async move {
+                let pings = (0..n).map(|_| {
+                    let store = store.clone();
+                    tokio::spawn(async move { store.ping().await })
+                });
+                for ping in pings.collect::<Vec<_>>() {
+                    ping.await.expect("ping task").expect("ping");
+                }
+            });
+        })
+        .join()
+        .expect("worker thread");
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.address)
     }

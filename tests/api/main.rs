@@ -2,6 +2,8 @@
 
 mod alipay;
 mod alipay_vectors;
+mod cli;
+mod container;
 mod gate;
 mod health;
 mod helpers;
@@ -11,8 +13,10 @@ mod notify;
 mod openapi;
 mod orders;
 mod qa;
+mod readme;
 mod relay;
 mod service;
+mod shutdown;
 mod test_channel;
 mod wechat;
 mod wechat_vectors;

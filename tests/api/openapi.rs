@@ -66,3 +66,22 @@ async fn every_endpoint_is_documented_and_the_document_is_served() {
     keys.sort();
     assert_eq!(keys, crate::helpers::ORDER_KEYS);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_callbacks_without_order_no_is_a_documented_400() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let response = app
+        .client
+        .get(app.url("/admin/callbacks"))
+        .bearer_auth(&app.api_token)
+        .send()
+        .await
+        .expect("GET /admin/callbacks");
+    assert_eq!(response.status(), 400);
+    let document: serde_json::Value =
+        serde_json::from_str(&paynotify::routes::openapi::pretty_json()).expect("JSON");
+    assert!(
+        document["paths"]["/admin/callbacks"]["get"]["responses"]["400"].is_object(),
+        "the 400 is in the OpenAPI document"
+    );
+}

@@ -14,6 +14,15 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// Where a child service writes: the test's output with `TEST_LOG`, else nowhere.
+fn child_log() -> std::process::Stdio {
+    if std::env::var_os("TEST_LOG").is_some() {
+        std::process::Stdio::inherit()
+    } else {
+        std::process::Stdio::null()
+    }
+}
+
 struct Service {
     child: Child,
     base: String,
@@ -28,6 +37,9 @@ impl Service {
             .current_dir(dir)
             .env("PAYNOTIFY__SERVER__LISTEN", format!("127.0.0.1:{port}"))
             .env("RUST_LOG", "warn")
+            // Its logs only with TEST_LOG, like the in-process service's.
+            .stderr(child_log())
+            .stdout(child_log())
             .spawn()
             .expect("paynotify serve starts");
         let base = format!("http://127.0.0.1:{port}");

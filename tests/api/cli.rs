@@ -1,0 +1,236 @@
+//! The `paynotify` command as an operator meets it: start-up messages, replay's flag checks,
+//! sandbox-keys' listen address, and what the logs look like in a file.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_paynotify");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A configuration on an SQLite file in `dir`.
+fn sqlite_config(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("c.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[database]\nurl = \"sqlite://{}\"\n",
+            dir.join("data/p.db").display()
+        ),
+    )
+    .expect("write config");
+    path
+}
+
+fn sandbox(dir: &Path, extra: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(["sandbox-keys", "--out"])
+        .arg(dir)
+        .args(extra)
+        .output()
+        .expect("sandbox-keys runs")
+}
+
+#[test]
+fn sandbox_keys_listens_on_another_port_than_the_default_config_unless_told() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = sandbox(dir.path(), &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let config = std::fs::read_to_string(dir.path().join("paynotify.toml")).expect("config");
+    assert!(config.contains("listen = \"127.0.0.1:8081\""), "{config}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("127.0.0.1:8081"));
+
+    let other = tempfile::tempdir().expect("tempdir");
+    let out = sandbox(other.path(), &["--listen", "127.0.0.1:18555"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let config = std::fs::read_to_string(other.path().join("paynotify.toml")).expect("config");
+    assert!(config.contains("listen = \"127.0.0.1:18555\""), "{config}");
+}
+
+#[test]
+fn replay_refuses_a_flag_that_does_not_apply_before_creating_the_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    assert!(sandbox(dir.path(), &[]).status.success());
+    // Anything replay sends would arrive here.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let target = format!("http://{}", listener.local_addr().expect("addr"));
+    let cases: [(&[&str], &str); 3] = [
+        (&["alipay", "--stale"], "--stale"),
+        (&["alipay", "--probe"], "--probe"),
+        (&["wechat", "--refund-fen", "5"], "--refund-fen"),
+    ];
+    for (args, named) in cases {
+        let out = Command::new(BIN)
+            .arg("replay")
+            .args(args)
+            .args(["--order-no", "V1", "--amount-fen", "100", "--create-order"])
+            .args(["--config", "paynotify.toml", "--target", &target])
+            .current_dir(dir.path())
+            .output()
+            .expect("replay runs");
+        assert!(!out.status.success(), "{args:?} is refused");
+        assert!(stderr(&out).contains(named), "{args:?}: {}", stderr(&out));
+        assert!(
+            matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+            "{args:?}: nothing was sent (no order created)"
+        );
+    }
+}
+
+#[test]
+fn start_up_warns_about_environment_variables_that_configure_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = sqlite_config(dir.path());
+    let out = Command::new(BIN)
+        .args(["migrate", "--config"])
+        .arg(&config)
+        .env("PAYNOTIFY_SERVER_LISTEN", "0.0.0.0:9")
+        .output()
+        .expect("migrate runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert!(
+        text.contains("PAYNOTIFY_SERVER_LISTEN is ignored")
+            && text.contains("PAYNOTIFY__SERVER__LISTEN"),
+        "{text}"
+    );
+}
+
+#[test]
+fn an_unreachable_postgres_is_one_line_with_host_port_database_and_cause_never_the_password() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = sqlite_config(dir.path());
+    let port = free_port();
+    for command in ["migrate", "serve"] {
+        let out = Command::new(BIN)
+            .args([command, "--config"])
+            .arg(&config)
+            .env(
+                "PAYNOTIFY__DATABASE__URL",
+                format!("postgres://app:pw-SECRET@127.0.0.1:{port}/paydb"),
+            )
+            .env(
+                "PAYNOTIFY__SERVER__LISTEN",
+                format!("127.0.0.1:{}", free_port()),
+            )
+            .output()
+            .expect("runs");
+        assert!(!out.status.success(), "{command}");
+        let text = stderr(&out);
+        let expected = format!(
+            "cannot connect to PostgreSQL at host 127.0.0.1, port {port}, database \"paydb\", user \"app\": Connection refused"
+        );
+        assert!(text.contains(&expected), "{command}: {text}");
+        assert_eq!(
+            text.matches("cannot connect").count(),
+            1,
+            "{command}: {text}"
+        );
+        assert!(!text.contains("SECRET"), "{command}: {text}");
+    }
+}
+
+/// `paynotify serve` on a sandbox, stderr to a file; one WeChat payment replayed at it;
+/// SIGTERM. Returns the log file's contents.
+fn serve_and_log(dir: &Path, format: &str) -> String {
+    let port = free_port();
+    let log_path = dir.join(format!("serve-{format}.log"));
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config", "paynotify.toml"])
+        .current_dir(dir)
+        .env("PAYNOTIFY__SERVER__LISTEN", format!("127.0.0.1:{port}"))
+        .env("PAYNOTIFY__LOG__FORMAT", format)
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::from(log))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("serve starts");
+    let out = Command::new(BIN)
+        .args(["replay", "wechat", "--config", "paynotify.toml"])
+        .args([
+            "--order-no",
+            &format!("LOG-{format}"),
+            "--amount-fen",
+            "100",
+        ])
+        .args(["--create-order", "--wait", "30"])
+        .args(["--target", &format!("http://127.0.0.1:{port}")])
+        .current_dir(dir)
+        .output()
+        .expect("replay runs");
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().ok().flatten().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("serve did not stop on SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
+    std::fs::read_to_string(&log_path).expect("log")
+}
+
+#[test]
+fn logs_in_a_file_have_no_colour_codes_and_json_lines_parse_with_request_fields() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    assert!(sandbox(dir.path(), &[]).status.success());
+
+    let text = serve_and_log(dir.path(), "text");
+    assert!(text.contains("notification applied"), "{text}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "escape codes in a log file:\n{text}"
+    );
+
+    let json = serve_and_log(dir.path(), "json");
+    let lines: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let serving = lines
+        .iter()
+        .find(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("paynotify serving"))
+        })
+        .unwrap_or_else(|| panic!("a start-up line:\n{json}"));
+    for key in ["backend", "redis_gate", "relay_sink", "jobs", "listen"] {
+        assert!(
+            !serving[key].is_null(),
+            "start-up line lacks {key}: {serving}"
+        );
+    }
+    let applied = lines
+        .iter()
+        .find(|l| l["message"] == "notification applied")
+        .unwrap_or_else(|| panic!("a notification line:\n{json}"));
+    assert_eq!(applied["channel"], "wechat", "{applied}");
+    assert_eq!(applied["out_trade_no"], "LOG-json", "{applied}");
+    assert_eq!(applied["outcome"], "applied", "{applied}");
+    assert!(applied["latency_ms"].is_number(), "{applied}");
+    assert!(
+        applied["span"]["request_id"].is_string(),
+        "the request id: {applied}"
+    );
+}
