@@ -176,6 +176,7 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
 async fn migrate(config: Option<PathBuf>) -> anyhow::Result<()> {
     let settings = load_settings(config.as_deref())?;
     let store = Store::connect(&settings.database)?;
+    store.check_server().await?;
     let applied = match store.migrate().await {
         Ok(applied) => applied,
         Err(e) => return Err(paynotify::startup::explain(&store, e).await.into()),

@@ -87,6 +87,7 @@ impl Application {
         let now = options.clock.now();
         let providers: Arc<[channel::Mount]> = channel::mount_all(settings, now)?.into();
         let store = Store::connect(&settings.database)?;
+        store.check_server().await?;
         if settings.database.auto_migrate {
             let applied = match store.migrate().await {
                 Ok(applied) => applied,

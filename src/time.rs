@@ -24,12 +24,13 @@ use serde::Serialize;
 #[serde(transparent)]
 pub struct Timestamp(DateTime<Utc>);
 
-/// The SQL type a [`Timestamp`] is stored as: `timestamptz` on PostgreSQL, sortable RFC 3339
-/// text on SQLite. Its encodings per backend live with the other SQL types in `store::types`.
+/// The SQL type a [`Timestamp`] is stored as: `timestamptz` on PostgreSQL, `DATETIME(6)` in
+/// UTC on MySQL, sortable RFC 3339 text on SQLite. Its encodings per backend live with the other SQL types in `store::types`.
 #[derive(
     Debug, Clone, Copy, Default, diesel::sql_types::SqlType, diesel::query_builder::QueryId,
 )]
 #[diesel(postgres_type(oid = 1184, array_oid = 1185))]
+#[diesel(mysql_type(name = "DateTime"))]
 #[diesel(sqlite_type(name = "Text"))]
 pub struct UtcTs;
 

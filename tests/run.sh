@@ -47,7 +47,23 @@ MSG
   exit 1
 }
 
+ensure_mysql() {
+  if [ -n "${PAYNOTIFY_TEST_MYSQL_URL:-}" ] || port_open 3306; then return 0; fi
+  if [ -x /usr/sbin/mariadbd ]; then
+    echo "tests/run.sh: starting the local MariaDB"
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+    wait_for_port 3306 && return 0
+  fi
+  cat >&2 <<MSG
+tests/run.sh: MySQL or MariaDB is required on 127.0.0.1:3306 (user root, no password) and is
+not running. Install it (Debian: apt-get install mariadb-server), start it, or point
+PAYNOTIFY_TEST_MYSQL_URL at a server where the tests may create databases.
+MSG
+  exit 1
+}
+
 ensure_postgres
+ensure_mysql
 ensure_redis
 echo "tests/run.sh: PostgreSQL for tests at ${PG_URL%%@*}@…"
 cargo test --locked "$@"

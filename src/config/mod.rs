@@ -475,6 +475,8 @@ fn is_sqlite_memory(path: &str) -> bool {
 #[derive(Clone, PartialEq, Eq)]
 pub enum DatabaseUrl {
     Postgres(String),
+    /// MySQL 8.0+ or MariaDB 10.6+ (InnoDB).
+    Mysql(String),
     /// A file path (relative to the working directory); never an in-memory database.
     Sqlite(String),
 }
@@ -502,20 +504,18 @@ impl DatabaseUrl {
             return Err(invalid("database.url", message));
         }
         if url.starts_with("mysql://") {
-            return Err(invalid(
-                "database.url",
-                "mysql:// is not supported by this build yet; use postgres:// or sqlite://",
-            ));
+            return Ok(Self::Mysql(url.to_owned()));
         }
         Err(invalid(
             "database.url",
-            "must start with postgres://, postgresql:// or sqlite://",
+            "must start with postgres://, postgresql://, mysql:// or sqlite://",
         ))
     }
 
     pub fn backend(&self) -> &'static str {
         match self {
             Self::Postgres(_) => "postgres",
+            Self::Mysql(_) => "mysql",
             Self::Sqlite(_) => "sqlite",
         }
     }
@@ -526,6 +526,7 @@ impl fmt::Debug for DatabaseUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Postgres(_) => f.write_str("Postgres(<redacted>)"),
+            Self::Mysql(_) => f.write_str("Mysql(<redacted>)"),
             Self::Sqlite(path) => write!(f, "Sqlite({path:?})"),
         }
     }

@@ -10,26 +10,16 @@
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::schema::{orders, pay_callback, refund_callback, status_callback};
-use super::statements::{InsertMessage, InsertPayCallback, MarkPaid};
+use super::schema::{orders, pay_callback, refund_callback};
+use super::statements::{
+    InsertMessage, InsertPayCallback, InsertRefundCallback, InsertStatusCallback, MESSAGE_KEY,
+    MarkPaid, PRIMARY, unless_exists,
+};
 use super::{Store, StoreError, with_conn};
 use crate::notice::{AnomalyReason, Digest, Notice, NoticeKind, Outcome, Refund, RefundAmount};
 use crate::order::{Order, OrderStatus};
 use crate::outbox::Message;
 use crate::time::Timestamp;
-
-#[derive(Insertable)]
-#[diesel(table_name = refund_callback)]
-struct NewRefundCallback<'a> {
-    out_refund_no: &'a str,
-    channel: &'a str,
-    out_trade_no: &'a str,
-    refund_id: &'a str,
-    refund_fen: i64,
-    status: &'a str,
-    digest: &'a str,
-    created_at: Timestamp,
-}
 
 /// Ends a transaction early: a database error, or an outcome that must leave nothing behind
 /// (the callback row inserted at the start is rolled back with it).
@@ -71,7 +61,8 @@ macro_rules! insert_anomaly {
     ($conn:expr, $n:expr, $provider_id:expr, $reason:expr, $order:expr, $now:expr) => {{
         let reason = $reason;
         let message = Message::payment_anomaly($n, $provider_id, reason, $order);
-        if InsertMessage::once(&message, $now).execute($conn).await? == 0 {
+        let written = InsertMessage::once(&message, $now).execute($conn).await;
+        if unless_exists(written, MESSAGE_KEY)? == 0 {
             Err(Abort::With(Outcome::Duplicate))
         } else {
             Ok(Outcome::Anomaly(reason))
@@ -201,7 +192,7 @@ impl Store {
         let channel = n.channel.as_str();
         let result = with_conn!(self, conn => {
             conn.transaction::<_, Abort, _>(async |conn| {
-                let inserted = InsertPayCallback {
+                let written = InsertPayCallback {
                     out_trade_no: &n.out_trade_no,
                     channel,
                     transaction_id: &n.transaction_id,
@@ -210,9 +201,10 @@ impl Store {
                     created_at: now,
                 }
                 .execute(conn)
-                .await?;
-                if inserted == 0 {
-                    // Under READ COMMITTED this statement sees the winner's committed row.
+                .await;
+                if unless_exists(written, PRIMARY)? == 0 {
+                    // The insert waited for the winner to commit; under READ COMMITTED (every
+                    // backend's setting here, MySQL's included) this read sees its row.
                     let (seen_txn, seen_digest): (String, String) = pay_callback::table
                         .find((&n.out_trade_no, channel))
                         .select((pay_callback::transaction_id, pay_callback::digest))
@@ -274,7 +266,7 @@ impl Store {
         let reported = match refund.amount {
             RefundAmount::This(fen) | RefundAmount::RunningTotal(fen) => fen,
         };
-        let callback = NewRefundCallback {
+        let callback = InsertRefundCallback {
             out_refund_no: &refund.out_refund_no,
             channel,
             out_trade_no: &n.out_trade_no,
@@ -287,17 +279,8 @@ impl Store {
         let refund_key = (&refund.out_refund_no, channel, &n.out_trade_no);
         let result = with_conn!(self, conn => {
             conn.transaction::<_, Abort, _>(async |conn| {
-                let inserted = diesel::insert_into(refund_callback::table)
-                    .values(&callback)
-                    .on_conflict((
-                        refund_callback::out_refund_no,
-                        refund_callback::channel,
-                        refund_callback::out_trade_no,
-                    ))
-                    .do_nothing()
-                    .execute(conn)
-                    .await?;
-                if inserted == 0 {
+                let written = callback.execute(conn).await;
+                if unless_exists(written, PRIMARY)? == 0 {
                     let seen: String = refund_callback::table
                         .find(refund_key)
                         .select(refund_callback::digest)
@@ -350,13 +333,15 @@ impl Store {
                                 .filter(orders::refunded_fen.between(low, high))
                                 .filter((orders::refunded_fen + fen).le(orders::amount_fen)),
                         )
+                        // The status first: MySQL assigns left to right, each assignment
+                        // seeing the ones before it, and this one must read the old sum.
                         .set((
-                            orders::refunded_fen.eq(orders::refunded_fen + fen),
                             orders::status.eq(diesel::dsl::case_when(
                                 (orders::refunded_fen + fen).ge(orders::amount_fen),
                                 OrderStatus::Refunded.into_sql::<diesel::sql_types::Text>(),
                             )
                             .otherwise(orders::status)),
+                            orders::refunded_fen.eq(orders::refunded_fen + fen),
                         ))
                         .execute(conn)
                         .await?;
@@ -401,24 +386,17 @@ impl Store {
             if known == 0 {
                 return Ok(Outcome::UnknownOrder);
             }
-            let inserted = diesel::insert_into(status_callback::table)
-                .values((
-                    status_callback::out_trade_no.eq(&n.out_trade_no),
-                    status_callback::channel.eq(channel),
-                    status_callback::transaction_id.eq(&n.transaction_id),
-                    status_callback::status.eq(STATUS_CLOSED),
-                    status_callback::amount_fen.eq(n.amount_fen),
-                    status_callback::created_at.eq(now),
-                ))
-                .on_conflict((
-                    status_callback::out_trade_no,
-                    status_callback::channel,
-                    status_callback::transaction_id,
-                    status_callback::status,
-                ))
-                .do_nothing()
-                .execute(conn)
-                .await?;
+            let written = InsertStatusCallback {
+                out_trade_no: &n.out_trade_no,
+                channel,
+                transaction_id: &n.transaction_id,
+                status: STATUS_CLOSED,
+                amount_fen: n.amount_fen,
+                created_at: now,
+            }
+            .execute(conn)
+            .await;
+            let inserted = unless_exists(written, PRIMARY)?;
             Ok(if inserted == 1 { Outcome::Ignored } else { Outcome::Duplicate })
         })
     }

@@ -23,12 +23,15 @@ use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{
+    AsyncConnection, AsyncMysqlConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
+};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
 use crate::config::{ConfigError, DatabaseSettings, DatabaseUrl};
 
 pub const POSTGRES_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
+pub const MYSQL_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
 pub const SQLITE_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/sqlite");
 
 pub type SqliteAsync = SyncConnectionWrapper<SqliteConnection>;
@@ -63,6 +66,11 @@ pub enum StoreError {
     MigrationConnect(#[source] ConnectionError),
     #[error("migrations failed: {0}")]
     Migration(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A database server older than this build needs.
+    #[error(
+        "database server {0} is not supported: MySQL 8.0+ or MariaDB 10.6+ is needed (FOR UPDATE SKIP LOCKED)"
+    )]
+    UnsupportedServer(String),
     /// The task running the work ended before it did (a panic, or the runtime stopping).
     #[error("database task ended early: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -81,12 +89,15 @@ impl StoreError {
                     kind,
                     DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand
                 ) || {
-                    // PostgreSQL's statement_timeout (57014) and SQLite's busy timeout
-                    // carry no kind of their own.
+                    // PostgreSQL's statement_timeout (57014), SQLite's busy timeout and
+                    // InnoDB's lock waits carry no kind of their own.
                     let message = info.message();
                     message.contains("statement timeout")
                         || message.contains("database is locked")
                         || message.contains("database is busy")
+                        // MySQL/MariaDB: a row lock not granted in time, or a deadlock victim.
+                        || message.contains("Lock wait timeout exceeded")
+                        || message.contains("Deadlock found")
                 }
             }
             _ => false,
@@ -96,6 +107,7 @@ impl StoreError {
 
 pub(crate) enum Pools {
     Postgres(Pool<AsyncPgConnection>),
+    Mysql(Pool<AsyncMysqlConnection>),
     Sqlite(Pool<SqliteAsync>),
 }
 
@@ -151,6 +163,12 @@ macro_rules! with_conn {
                 let $dialect = $crate::store::Dialect::Postgres;
                 $body
             }
+            $crate::store::Pools::Mysql(pool) => {
+                let mut pooled = $crate::store::acquire(pool.get(), $store.acquire_timeout).await?;
+                let $conn: &mut diesel_async::AsyncMysqlConnection = &mut pooled;
+                let $dialect = $crate::store::Dialect::Mysql;
+                $body
+            }
             $crate::store::Pools::Sqlite(pool) => {
                 let mut pooled = $crate::store::acquire(pool.get(), $store.acquire_timeout).await?;
                 let $conn: &mut $crate::store::SqliteAsync = &mut pooled;
@@ -167,6 +185,7 @@ macro_rules! with_conn {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
     Postgres,
+    Mysql,
     Sqlite,
 }
 pub(crate) use with_conn;
@@ -276,6 +295,9 @@ impl Store {
                 };
                 format!("cannot connect to PostgreSQL at {target}: {cause} (database.url)")
             }
+            DatabaseUrl::Mysql(_) => {
+                format!("cannot connect to MySQL: {driver} (database.url)")
+            }
             DatabaseUrl::Sqlite(path) => {
                 format!("cannot open the SQLite database {path}: {driver} (database.url)")
             }
@@ -311,6 +333,32 @@ impl Store {
                 });
                 let manager = AsyncDieselConnectionManager::new_with_config(pg_url, config);
                 Pools::Postgres(Pool::builder(manager).max_size(size).build()?)
+            }
+            DatabaseUrl::Mysql(my_url) => {
+                let mut config = ManagerConfig::<AsyncMysqlConnection>::default();
+                config.recycling_method = RecyclingMethod::Fast;
+                let lock_wait_secs = statement_timeout_ms.div_ceil(1000).max(1);
+                let my_runtime = runtime.clone();
+                config.custom_setup = Box::new(move |url| {
+                    let (runtime, url) = (my_runtime.clone(), url.to_owned());
+                    Box::pin(async move {
+                        let mut conn: AsyncMysqlConnection = establish_on(runtime, url).await?;
+                        // UTC for DATETIME(6); READ COMMITTED so a statement after a
+                        // duplicate-key error sees the winner's committed row (under
+                        // REPEATABLE READ the transaction's snapshot could hide it); a row
+                        // lock is waited for no longer than a statement may run.
+                        conn.batch_execute(&format!(
+                            "SET time_zone = '+00:00'; \
+                             SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+                             SET SESSION innodb_lock_wait_timeout = {lock_wait_secs}"
+                        ))
+                        .await
+                        .map_err(ConnectionError::CouldntSetupConfiguration)?;
+                        Ok(conn)
+                    })
+                });
+                let manager = AsyncDieselConnectionManager::new_with_config(my_url, config);
+                Pools::Mysql(Pool::builder(manager).max_size(size).build()?)
             }
             DatabaseUrl::Sqlite(path) => {
                 if let Some(dir) = Path::new(path)
@@ -371,6 +419,18 @@ impl Store {
                         .map(ToString::to_string)
                         .collect()
                 }
+                DatabaseUrl::Mysql(url) => {
+                    let mut conn =
+                        <AsyncConnectionWrapper<AsyncMysqlConnection> as Connection>::establish(
+                            &url,
+                        )
+                        .map_err(StoreError::MigrationConnect)?;
+                    conn.run_pending_migrations(MYSQL_MIGRATIONS)
+                        .map_err(StoreError::Migration)?
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect()
+                }
                 DatabaseUrl::Sqlite(path) => {
                     let mut conn =
                         SqliteConnection::establish(&path).map_err(StoreError::MigrationConnect)?;
@@ -390,9 +450,31 @@ impl Store {
     pub fn pool_status(&self) -> (usize, usize, usize) {
         let s = match &*self.pools {
             Pools::Postgres(pool) => pool.status(),
+            Pools::Mysql(pool) => pool.status(),
             Pools::Sqlite(pool) => pool.status(),
         };
         (s.size.saturating_sub(s.available), s.available, s.waiting)
+    }
+
+    /// Refuses a server this build cannot run on: the relay claims with
+    /// `FOR UPDATE SKIP LOCKED`, which needs MySQL 8.0+ or MariaDB 10.6+.
+    pub async fn check_server(&self) -> Result<(), StoreError> {
+        #[derive(diesel::QueryableByName)]
+        struct Version {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            version: String,
+        }
+        if !matches!(self.url, DatabaseUrl::Mysql(_)) {
+            return Ok(());
+        }
+        let found: Version = with_conn!(self, conn => {
+            diesel::sql_query("SELECT VERSION() AS version").get_result(conn).await?
+        });
+        if mysql_version_supported(&found.version) {
+            Ok(())
+        } else {
+            Err(StoreError::UnsupportedServer(found.version))
+        }
     }
 
     /// `SELECT 1` on a pooled connection: does the database answer?
@@ -404,9 +486,24 @@ impl Store {
     }
 }
 
+/// Whether `SELECT VERSION()` names MySQL 8.0+ or MariaDB 10.6+.
+fn mysql_version_supported(version: &str) -> bool {
+    let mut parts = version
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    let (Some(major), Some(minor)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    if version.to_ascii_lowercase().contains("mariadb") {
+        (major, minor) >= (10, 6)
+    } else {
+        major >= 8
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::PgTarget;
+    use super::{PgTarget, mysql_version_supported};
 
     #[test]
     fn a_postgres_target_names_host_port_database_and_user_but_never_the_password() {
@@ -435,5 +532,26 @@ mod tests {
         assert_eq!((t.port, t.database.as_str()), (5432, "bob"));
         let t = PgTarget::of("postgres://p%40ss:x@h:1/d");
         assert_eq!(t.user, "p@ss");
+    }
+
+    #[test]
+    fn only_servers_with_skip_locked_are_supported() {
+        for ok in [
+            "10.11.19-MariaDB-0+deb12u1",
+            "10.6.0-MariaDB",
+            "11.4.2-MariaDB",
+            "8.0.36",
+            "8.4.0",
+        ] {
+            assert!(mysql_version_supported(ok), "{ok}");
+        }
+        for old in [
+            "10.5.23-MariaDB",
+            "5.7.44-log",
+            "10.3.39-MariaDB",
+            "garbage",
+        ] {
+            assert!(!mysql_version_supported(old), "{old}");
+        }
     }
 }

@@ -5,6 +5,7 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 use serde::Serialize;
 
 use super::schema::{idempotency_key, orders, pay_callback, refund_callback, status_callback};
+use super::statements::{ClaimIdempotencyKey, InsertOrder, PRIMARY, unless_exists};
 use super::{Store, StoreError, with_conn};
 use crate::notice::Digest;
 use crate::order::{NewOrder, Order};
@@ -40,16 +41,6 @@ pub enum CreateResult {
 pub struct IdempotencyKey<'a> {
     pub key: &'a str,
     pub request: &'a Digest,
-}
-
-#[derive(Insertable)]
-#[diesel(table_name = idempotency_key)]
-struct NewIdempotencyKey<'a> {
-    idem_key: &'a str,
-    request_digest: &'a str,
-    response_status: i16,
-    response_body: &'a str,
-    created_at: Timestamp,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Queryable, Selectable)]
@@ -113,19 +104,14 @@ impl Store {
         with_conn!(self, conn => {
             conn.transaction::<_, diesel::result::Error, _>(async |conn| {
                 if let Some(idem) = idempotency {
-                    let claimed = diesel::insert_into(idempotency_key::table)
-                        .values(&NewIdempotencyKey {
-                            idem_key: idem.key,
-                            request_digest: idem.request.as_str(),
-                            response_status: 0,
-                            response_body: "",
-                            created_at: new.created_at,
-                        })
-                        .on_conflict(idempotency_key::idem_key)
-                        .do_nothing()
-                        .execute(conn)
-                        .await?;
-                    if claimed == 0 {
+                    let claimed = ClaimIdempotencyKey {
+                        key: idem.key,
+                        request_digest: idem.request.as_str(),
+                        created_at: new.created_at,
+                    }
+                    .execute(conn)
+                    .await;
+                    if unless_exists(claimed, PRIMARY)? == 0 {
                         let (digest, status, body): (String, i16, String) = idempotency_key::table
                             .find(idem.key)
                             .select((
@@ -142,12 +128,8 @@ impl Store {
                         return Ok(CreateResult::Replayed(StoredResponse { status, body }));
                     }
                 }
-                let inserted = diesel::insert_into(orders::table)
-                    .values(new)
-                    .on_conflict(orders::order_no)
-                    .do_nothing()
-                    .execute(conn)
-                    .await?;
+                let written = InsertOrder { order: new }.execute(conn).await;
+                let inserted = unless_exists(written, PRIMARY)?;
                 let outcome = if inserted == 1 {
                     let order = orders::table
                         .find(&new.order_no)

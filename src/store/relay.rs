@@ -4,7 +4,7 @@
 
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Text};
-use diesel_async::RunQueryDsl;
+use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::schema::{local_message, orders};
 use super::types::{Payload, UtcTs};
@@ -45,6 +45,19 @@ const CLAIM_SQLITE: &str = "UPDATE local_message SET locked_by = $1, locked_unti
        ORDER BY next_attempt_at, id LIMIT $5) \
      RETURNING id, topic, biz_key, payload, attempts, created_at";
 
+/// MySQL has no `RETURNING` and refuses `LIMIT` in an `IN` subquery: the claim is a locking
+/// read of the due ids (`SKIP LOCKED`, MySQL 8.0+ / MariaDB 10.6+), their lease, then a read
+/// of those rows, in one transaction.
+const CLAIM_IDS_MYSQL: &str = "SELECT id FROM local_message \
+     WHERE status = 0 AND next_attempt_at <= ? AND (locked_until IS NULL OR locked_until < ?) \
+     ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED";
+
+#[derive(QueryableByName)]
+struct Id {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
 /// A failed delivery: one more attempt, the error, and the next attempt 2^attempts seconds
 /// after `now` (capped at 10 minutes) with ±25 % jitter, all computed in SQL from the row's
 /// own `attempts`; at `max_attempts` the message is parked dead (status 2) with the error.
@@ -59,23 +72,34 @@ const FAIL_SQLITE: &str = "UPDATE local_message SET attempts = attempts + 1, las
        '+' || (MIN(600, 1 << MIN(attempts, 10)) * (0.75 + (abs(random()) % 1000) / 2000.0)) || ' seconds') || '000Z', \
      locked_by = NULL, locked_until = NULL \
      WHERE id = $4 AND locked_by = $5 AND status = 0";
+/// MySQL assigns left to right, each assignment seeing the ones before it: `attempts` is
+/// incremented last so the others read its old value, as the other backends do.
+const FAIL_MYSQL: &str = "UPDATE local_message SET last_error = ?, \
+     status = CASE WHEN attempts + 1 >= ? THEN 2 ELSE 0 END, \
+     next_attempt_at = DATE_ADD(?, INTERVAL ROUND(LEAST(600, 1 << LEAST(attempts, 10)) * (0.75 + RAND() / 2) * 1000000) MICROSECOND), \
+     locked_by = NULL, locked_until = NULL, attempts = attempts + 1 \
+     WHERE id = ? AND locked_by = ? AND status = 0";
 
 /// Rows the retry windows no longer need, at most `$2` per statement. Callback rows are not
 /// among them: they are what makes a late repeat of a payment or refund a duplicate, so they
 /// live as long as their order. Nor are `PAYMENT_ANOMALY` messages: a second payment under a
 /// recorded key has no callback row, and its anomaly message is what makes its repeats
 /// duplicates. Each is emitted once for the life of its order.
-const PURGE: [(&str, &str); 2] = [
+const PURGE: [(&str, &str, &str); 2] = [
     (
         "local_message",
         "DELETE FROM local_message WHERE id IN (\
            SELECT id FROM local_message WHERE status = 1 AND sent_at < $1 \
            AND topic <> 'PAYMENT_ANOMALY' LIMIT $2)",
+        // MySQL: no LIMIT in an IN subquery, but a single-table DELETE takes one.
+        "DELETE FROM local_message WHERE status = 1 AND sent_at < ? \
+           AND topic <> 'PAYMENT_ANOMALY' LIMIT ?",
     ),
     (
         "idempotency_key",
         "DELETE FROM idempotency_key WHERE idem_key IN (\
            SELECT idem_key FROM idempotency_key WHERE created_at < $1 LIMIT $2)",
+        "DELETE FROM idempotency_key WHERE created_at < ? LIMIT ?",
     ),
 ];
 
@@ -101,6 +125,54 @@ impl Store {
             let sql = match dialect {
                 Dialect::Postgres => CLAIM_POSTGRES,
                 Dialect::Sqlite => CLAIM_SQLITE,
+                Dialect::Mysql => {
+                    return conn
+                        .transaction::<_, diesel::result::Error, _>(async |conn| {
+                            let ids: Vec<Id> = diesel::sql_query(CLAIM_IDS_MYSQL)
+                                .bind::<UtcTs, _>(now)
+                                .bind::<UtcTs, _>(now)
+                                .bind::<BigInt, _>(limit)
+                                .load(conn)
+                                .await?;
+                            let ids: Vec<i64> = ids.into_iter().map(|r| r.id).collect();
+                            if ids.is_empty() {
+                                return Ok(Vec::new());
+                            }
+                            diesel::update(local_message::table.filter(local_message::id.eq_any(&ids)))
+                                .set((
+                                    local_message::locked_by.eq(owner),
+                                    local_message::locked_until.eq(lease_until),
+                                ))
+                                .execute(conn)
+                                .await?;
+                            let rows = local_message::table
+                                .filter(local_message::id.eq_any(&ids))
+                                .order(local_message::id)
+                                .select((
+                                    local_message::id,
+                                    local_message::topic,
+                                    local_message::biz_key,
+                                    local_message::payload,
+                                    local_message::attempts,
+                                    local_message::created_at,
+                                ))
+                                .load::<(i64, String, String, Payload, i32, Timestamp)>(conn)
+                                .await?;
+                            Ok(rows
+                                .into_iter()
+                                .map(|(id, topic, biz_key, payload, attempts, created_at)| Claimed {
+                                    id,
+                                    topic,
+                                    biz_key,
+                                    payload,
+                                    attempts,
+                                    created_at,
+                                })
+                                .collect())
+                        })
+                        .await
+                        .map_err(StoreError::from);
+                }
             };
             let mut rows: Vec<Claimed> = diesel::sql_query(sql)
                 .bind::<Text, _>(owner)
@@ -153,6 +225,7 @@ impl Store {
         with_conn!(self, conn, dialect => {
             let sql = match dialect {
                 Dialect::Postgres => FAIL_POSTGRES,
+                Dialect::Mysql => FAIL_MYSQL,
                 Dialect::Sqlite => FAIL_SQLITE,
             };
             diesel::sql_query(sql)
@@ -246,9 +319,10 @@ impl Store {
         cutoff: Timestamp,
         batch: i64,
     ) -> Result<Vec<(&'static str, usize)>, StoreError> {
-        with_conn!(self, conn => {
+        with_conn!(self, conn, dialect => {
             let mut deleted = Vec::with_capacity(PURGE.len());
-            for (table, sql) in PURGE {
+            for (table, ansi, mysql) in PURGE {
+                let sql = if dialect == Dialect::Mysql { mysql } else { ansi };
                 let n = diesel::sql_query(sql)
                     .bind::<UtcTs, _>(cutoff)
                     .bind::<BigInt, _>(batch)

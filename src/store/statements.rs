@@ -1,19 +1,50 @@
-//! The three statements of a first delivery, written as fixed SQL with typed binds.
+//! The statements whose SQL differs per backend, and the hot ones, written once as fixed SQL
+//! with typed binds.
 //!
 //! Diesel marks every `UPDATE` and every `Insertable` insert on PostgreSQL as unsafe to cache,
 //! so each one costs an extra round trip to prepare it. These statements have fixed SQL text,
 //! are prepared once per connection, and run in one round trip each (measured in
-//! docs/benchmarks.md). The SQL is plain ANSI with `ON CONFLICT`, valid on PostgreSQL and
-//! SQLite; placeholders come from the backend.
+//! docs/benchmarks.md). Placeholders come from the backend.
+//!
+//! Insert-unless-exists, the arbiter of first-vs-duplicate: PostgreSQL and SQLite say
+//! `ON CONFLICT (key) DO NOTHING` and report 0 rows. MySQL has no such clause that is exact:
+//! `INSERT IGNORE` also swallows truncation and type errors, and the affected-rows value of
+//! `ON DUPLICATE KEY UPDATE` (1, 2 or 0, and `CLIENT_FOUND_ROWS` changes it) is ambiguous. So
+//! on MySQL the plain insert fails with error 1062 naming the key — InnoDB rolls back that
+//! statement alone, the transaction goes on — and [`unless_exists`] turns exactly that error,
+//! for exactly that key, into 0 rows.
 
 use diesel::QueryResult;
+use diesel::mysql::Mysql;
 use diesel::pg::Pg;
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
-use diesel::sql_types::{BigInt, Integer, SmallInt, Text};
+use diesel::result::{DatabaseErrorKind, Error};
+use diesel::sql_types::{BigInt, Text};
 use diesel::sqlite::Sqlite;
 
 use super::types::{Json, Payload, UtcTs};
 use crate::time::Timestamp;
+
+/// The unique key a MySQL duplicate-key error names: the primary key, or the outbox's
+/// `(topic, biz_key)`.
+pub const PRIMARY: &str = "PRIMARY";
+pub const MESSAGE_KEY: &str = "local_message_topic_biz_key";
+
+/// The rows an insert-unless-exists wrote: MySQL's duplicate-key error (1062) for `key`
+/// becomes 0, as `ON CONFLICT DO NOTHING` reports elsewhere. Any other error stays an error.
+pub fn unless_exists(result: QueryResult<usize>, key: &str) -> QueryResult<usize> {
+    match result {
+        // "Duplicate entry '…' for key 'PRIMARY'" (MariaDB), "… for key 'orders.PRIMARY'"
+        // (MySQL 8).
+        Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, info))
+            if info.message().ends_with(&format!("'{key}'"))
+                || info.message().ends_with(&format!(".{key}'")) =>
+        {
+            Ok(0)
+        }
+        other => other,
+    }
+}
 
 /// Pushes literal SQL and `[SqlType: value]` binds in order.
 macro_rules! sql {
@@ -28,18 +59,27 @@ macro_rules! sql {
     };
 }
 
-/// Declares a statement: its SQL on every backend, a static query id (so the prepared
-/// statement is cached).
+/// Declares a statement: its SQL on every backend and a static query id (so the prepared
+/// statement is cached). `unless_exists:` is the `ON CONFLICT … DO NOTHING` clause, written on
+/// PostgreSQL and SQLite only (MySQL: see [`unless_exists`]).
 macro_rules! statement {
-    ($name:ident, |$self_:ident, $out:ident| { $($sql:tt)* }) => {
+    ($name:ident, |$self_:ident, $out:ident| { $($sql:tt)* } $(, unless_exists: $conflict:literal)?) => {
         impl QueryFragment<Pg> for $name<'_> {
             fn walk_ast<'b>(&'b $self_, mut $out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
                 sql!($out; $($sql)*);
+                $( $out.push_sql($conflict); )?
                 Ok(())
             }
         }
         impl QueryFragment<Sqlite> for $name<'_> {
             fn walk_ast<'b>(&'b $self_, mut $out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
+                sql!($out; $($sql)*);
+                $( $out.push_sql($conflict); )?
+                Ok(())
+            }
+        }
+        impl QueryFragment<Mysql> for $name<'_> {
+            fn walk_ast<'b>(&'b $self_, mut $out: AstPass<'_, 'b, Mysql>) -> QueryResult<()> {
                 sql!($out; $($sql)*);
                 Ok(())
             }
@@ -51,7 +91,7 @@ macro_rules! statement {
     };
 }
 
-/// Records a payment callback; affects 0 rows when `(out_trade_no, channel)` exists.
+/// Records a payment callback; 0 rows when `(out_trade_no, channel)` exists.
 pub struct InsertPayCallback<'a> {
     pub out_trade_no: &'a str,
     pub channel: &'a str,
@@ -64,9 +104,67 @@ pub struct InsertPayCallback<'a> {
 statement!(InsertPayCallback, |self, out| {
     "INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at) VALUES ("
     [Text: self.out_trade_no] ", " [Text: self.channel] ", " [Text: self.transaction_id] ", "
-    [BigInt: &self.amount_fen] ", " [Text: self.digest] ", " [UtcTs: &self.created_at]
-    ") ON CONFLICT (out_trade_no, channel) DO NOTHING"
-});
+    [BigInt: &self.amount_fen] ", " [Text: self.digest] ", " [UtcTs: &self.created_at] ")"
+}, unless_exists: " ON CONFLICT (out_trade_no, channel) DO NOTHING");
+
+/// Records a refund callback; 0 rows when `(out_refund_no, channel, out_trade_no)` exists.
+pub struct InsertRefundCallback<'a> {
+    pub out_refund_no: &'a str,
+    pub channel: &'a str,
+    pub out_trade_no: &'a str,
+    pub refund_id: &'a str,
+    pub refund_fen: i64,
+    pub status: &'a str,
+    pub digest: &'a str,
+    pub created_at: Timestamp,
+}
+
+statement!(InsertRefundCallback, |self, out| {
+    "INSERT INTO refund_callback (out_refund_no, channel, out_trade_no, refund_id, refund_fen, status, digest, created_at) VALUES ("
+    [Text: self.out_refund_no] ", " [Text: self.channel] ", " [Text: self.out_trade_no] ", "
+    [Text: self.refund_id] ", " [BigInt: &self.refund_fen] ", " [Text: self.status] ", "
+    [Text: self.digest] ", " [UtcTs: &self.created_at] ")"
+}, unless_exists: " ON CONFLICT (out_refund_no, channel, out_trade_no) DO NOTHING");
+
+/// Records a notification that changes no order; 0 rows when it was recorded before.
+pub struct InsertStatusCallback<'a> {
+    pub out_trade_no: &'a str,
+    pub channel: &'a str,
+    pub transaction_id: &'a str,
+    pub status: &'a str,
+    pub amount_fen: i64,
+    pub created_at: Timestamp,
+}
+
+statement!(InsertStatusCallback, |self, out| {
+    "INSERT INTO status_callback (out_trade_no, channel, transaction_id, status, amount_fen, created_at) VALUES ("
+    [Text: self.out_trade_no] ", " [Text: self.channel] ", " [Text: self.transaction_id] ", "
+    [Text: self.status] ", " [BigInt: &self.amount_fen] ", " [UtcTs: &self.created_at] ")"
+}, unless_exists: " ON CONFLICT (out_trade_no, channel, transaction_id, status) DO NOTHING");
+
+/// A new order; 0 rows when `order_no` exists.
+pub struct InsertOrder<'a> {
+    pub order: &'a crate::order::NewOrder,
+}
+
+statement!(InsertOrder, |self, out| {
+    "INSERT INTO orders (order_no, amount_fen, currency, subject, created_at, expire_at) VALUES ("
+    [Text: &self.order.order_no] ", " [BigInt: &self.order.amount_fen] ", "
+    [Text: &self.order.currency] ", " [Text: &self.order.subject] ", "
+    [UtcTs: &self.order.created_at] ", " [UtcTs: &self.order.expire_at] ")"
+}, unless_exists: " ON CONFLICT (order_no) DO NOTHING");
+
+/// Claims an `Idempotency-Key` for a request; 0 rows when the key exists.
+pub struct ClaimIdempotencyKey<'a> {
+    pub key: &'a str,
+    pub request_digest: &'a str,
+    pub created_at: Timestamp,
+}
+
+statement!(ClaimIdempotencyKey, |self, out| {
+    "INSERT INTO idempotency_key (idem_key, request_digest, response_status, response_body, created_at) VALUES ("
+    [Text: self.key] ", " [Text: self.request_digest] ", 0, '', " [UtcTs: &self.created_at] ")"
+}, unless_exists: " ON CONFLICT (idem_key) DO NOTHING");
 
 /// The payment compare-and-set: `WAIT_PAY → PAID` only when amount and currency match.
 pub struct MarkPaid<'a> {
@@ -85,82 +183,43 @@ statement!(MarkPaid, |self, out| {
     [BigInt: &self.amount_fen] " AND currency = " [Text: self.currency]
 });
 
-/// A new pending outbox message. `ONCE = false`: fails on an existing `(topic, biz_key)`
-/// (an event the transaction just earned, so a clash is a bug that must roll it back).
-/// `ONCE = true`: affects 0 rows when the message exists (an anomaly is recorded once).
-pub struct InsertMessage<'a, const ONCE: bool = false> {
+/// A new pending outbox message, an event the transaction just earned: fails on an existing
+/// `(topic, biz_key)`, which rolls the transaction back.
+pub struct InsertMessage<'a> {
     pub topic: &'a str,
     pub biz_key: &'a str,
     pub payload: Payload,
-    pub status: i16,
-    pub attempts: i32,
     pub now: Timestamp,
 }
 
-impl<const ONCE: bool> InsertMessage<'_, ONCE> {
-    fn walk<'b, DB>(&'b self, mut out: AstPass<'_, 'b, DB>) -> QueryResult<()>
-    where
-        DB: diesel::backend::Backend,
-        str: diesel::serialize::ToSql<Text, DB>,
-        i16: diesel::serialize::ToSql<SmallInt, DB>,
-        i32: diesel::serialize::ToSql<Integer, DB>,
-        Payload: diesel::serialize::ToSql<Json, DB>,
-        Timestamp: diesel::serialize::ToSql<UtcTs, DB>,
-        DB: diesel::sql_types::HasSqlType<Json> + diesel::sql_types::HasSqlType<UtcTs>,
-    {
-        sql!(out;
-            "INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) VALUES ("
-            [Text: self.topic] ", " [Text: self.biz_key] ", " [Json: &self.payload] ", "
-            [SmallInt: &self.status] ", " [Integer: &self.attempts] ", " [UtcTs: &self.now] ", "
-            [UtcTs: &self.now] ")"
-        );
-        if ONCE {
-            out.push_sql(" ON CONFLICT (topic, biz_key) DO NOTHING");
-        }
-        Ok(())
-    }
-}
+statement!(InsertMessage, |self, out| {
+    "INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) VALUES ("
+    [Text: self.topic] ", " [Text: self.biz_key] ", " [Json: &self.payload] ", 0, 0, "
+    [UtcTs: &self.now] ", " [UtcTs: &self.now] ")"
+});
 
-impl<const ONCE: bool> QueryFragment<Pg> for InsertMessage<'_, ONCE> {
-    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        self.walk(out)
-    }
-}
+/// A new pending outbox message unless it exists (0 rows): an anomaly is recorded once.
+pub struct InsertMessageOnce<'a>(pub InsertMessage<'a>);
 
-impl<const ONCE: bool> QueryFragment<Sqlite> for InsertMessage<'_, ONCE> {
-    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, Sqlite>) -> QueryResult<()> {
-        self.walk(out)
-    }
-}
+statement!(InsertMessageOnce, |self, out| {
+    "INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) VALUES ("
+    [Text: self.0.topic] ", " [Text: self.0.biz_key] ", " [Json: &self.0.payload] ", 0, 0, "
+    [UtcTs: &self.0.now] ", " [UtcTs: &self.0.now] ")"
+}, unless_exists: " ON CONFLICT (topic, biz_key) DO NOTHING");
 
-impl<const ONCE: bool> QueryId for InsertMessage<'_, ONCE> {
-    type QueryId = InsertMessage<'static, ONCE>;
-    const HAS_STATIC_QUERY_ID: bool = true;
-}
-
-impl<'a, const ONCE: bool> InsertMessage<'a, ONCE> {
-    fn of(message: &'a crate::outbox::Message, now: Timestamp) -> Self {
+impl<'a> InsertMessage<'a> {
+    /// The message, pending from `now`.
+    pub fn pending(message: &'a crate::outbox::Message, now: Timestamp) -> Self {
         Self {
             topic: message.topic.as_str(),
             biz_key: &message.biz_key,
             payload: Payload(message.payload.clone()),
-            status: crate::outbox::status::PENDING,
-            attempts: 0,
             now,
         }
     }
-}
 
-impl<'a> InsertMessage<'a, false> {
-    /// The message, pending from `now`.
-    pub fn pending(message: &'a crate::outbox::Message, now: Timestamp) -> Self {
-        Self::of(message, now)
-    }
-}
-
-impl<'a> InsertMessage<'a, true> {
     /// The message, pending from `now`, unless it exists.
-    pub fn once(message: &'a crate::outbox::Message, now: Timestamp) -> Self {
-        Self::of(message, now)
+    pub fn once(message: &'a crate::outbox::Message, now: Timestamp) -> InsertMessageOnce<'a> {
+        InsertMessageOnce(Self::pending(message, now))
     }
 }

@@ -1,9 +1,11 @@
 //! Two SQL types that let one schema serve every backend: `UtcTs` (timestamptz on PostgreSQL,
-//! sortable RFC 3339 text on SQLite) and `Json` (jsonb on PostgreSQL, text elsewhere).
+//! `DATETIME(6)` in UTC on MySQL, sortable RFC 3339 text on SQLite) and `Json` (jsonb on
+//! PostgreSQL, `JSON` on MySQL, text on SQLite).
 
 use chrono::{DateTime, Utc};
 use diesel::deserialize::{self, FromSql, FromSqlRow};
 use diesel::expression::AsExpression;
+use diesel::mysql::{Mysql, MysqlValue};
 use diesel::pg::{Pg, PgValue};
 use diesel::serialize::{self, IsNull, Output, ToSql};
 use diesel::sql_types;
@@ -16,6 +18,7 @@ pub use crate::time::UtcTs;
     Debug, Clone, Copy, Default, diesel::sql_types::SqlType, diesel::query_builder::QueryId,
 )]
 #[diesel(postgres_type(oid = 3802, array_oid = 3807))]
+#[diesel(mysql_type(name = "String"))]
 #[diesel(sqlite_type(name = "Text"))]
 pub struct Json;
 
@@ -79,5 +82,37 @@ impl FromSql<Json, Sqlite> for Payload {
     fn from_sql(value: SqliteValue<'_, '_, '_>) -> deserialize::Result<Self> {
         let text = <String as FromSql<sql_types::Text, Sqlite>>::from_sql(value)?;
         Ok(Payload(serde_json::from_str(&text)?))
+    }
+}
+
+impl ToSql<UtcTs, Mysql> for Timestamp {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Mysql>) -> serialize::Result {
+        let at = self.as_datetime().naive_utc();
+        <chrono::NaiveDateTime as ToSql<sql_types::Datetime, Mysql>>::to_sql(
+            &at,
+            &mut out.reborrow(),
+        )
+    }
+}
+
+impl FromSql<UtcTs, Mysql> for Timestamp {
+    fn from_sql(value: MysqlValue<'_>) -> deserialize::Result<Self> {
+        let naive =
+            <chrono::NaiveDateTime as FromSql<sql_types::Datetime, Mysql>>::from_sql(value)?;
+        Ok(Timestamp::new(naive.and_utc()))
+    }
+}
+
+impl ToSql<Json, Mysql> for Payload {
+    fn to_sql<'b>(&'b self, out: &mut Output<'b, '_, Mysql>) -> serialize::Result {
+        use std::io::Write;
+        out.write_all(self.0.to_string().as_bytes())?;
+        Ok(IsNull::No)
+    }
+}
+
+impl FromSql<Json, Mysql> for Payload {
+    fn from_sql(value: MysqlValue<'_>) -> deserialize::Result<Self> {
+        Ok(Payload(serde_json::from_slice(value.as_bytes())?))
     }
 }

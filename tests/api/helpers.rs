@@ -8,7 +8,9 @@ use actix_web::dev::ServerHandle;
 use chrono::{TimeZone, Utc};
 use diesel::QueryableByName;
 use diesel::sql_types::BigInt;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{
+    AsyncConnection, AsyncMysqlConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
+};
 use paynotify::config::{Secret, Settings};
 use paynotify::jobs::Jobs;
 use paynotify::metrics::Metrics;
@@ -24,9 +26,16 @@ fn pg_admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
+/// Where the MySQL/MariaDB tests create their databases: root without a password here.
+fn mysql_admin_url() -> String {
+    std::env::var("PAYNOTIFY_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/mysql".to_owned())
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Postgres,
+    Mysql,
     Sqlite,
 }
 
@@ -36,10 +45,56 @@ pub enum TestDb {
         url: String,
         name: String,
     },
+    Mysql {
+        url: String,
+        name: String,
+    },
     Sqlite {
         url: String,
         _dir: tempfile::TempDir,
     },
+}
+
+/// A connection to a MySQL test database (or, with `None`, the admin database).
+async fn mysql_conn(url: &str) -> AsyncMysqlConnection {
+    AsyncMysqlConnection::establish(url)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "MySQL/MariaDB is required for these tests and did not answer at {url}: {e}. \
+             Start it (bash tests/run.sh does) or set PAYNOTIFY_TEST_MYSQL_URL."
+            )
+        })
+}
+
+/// The tests write times as RFC 3339 (`'2026-01-01T00:00:00.000000Z'`), which PostgreSQL and
+/// SQLite take; MySQL's DATETIME wants `'2026-01-01 00:00:00.000000'`.
+fn mysql_times(sql: &str) -> String {
+    let bytes = sql.as_bytes();
+    let mut out = String::with_capacity(sql.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let looks_like_time = bytes[i] == b'\''
+            && bytes.len() > i + 21
+            && bytes[i + 5] == b'-'
+            && bytes[i + 11] == b'T'
+            && bytes[i + 14] == b':';
+        if looks_like_time {
+            if let Some(len) = sql[i + 1..].find('\'') {
+                let inner = &sql[i + 1..i + 1 + len];
+                if let Some(stamp) = inner.strip_suffix('Z') {
+                    out.push('\'');
+                    out.push_str(&stamp.replacen('T', " ", 1));
+                    out.push('\'');
+                    i += len + 2;
+                    continue;
+                }
+            }
+        }
+        out.push(char::from(bytes[i]));
+        i += 1;
+    }
+    out
 }
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -88,6 +143,26 @@ impl TestDb {
                     name,
                 }
             }
+            Backend::Mysql => {
+                let admin = mysql_admin_url();
+                let mut conn = mysql_conn(&admin).await;
+                let name = format!(
+                    "{PG_PREFIX}{}_{}_{}",
+                    Utc::now().timestamp(),
+                    std::process::id(),
+                    COUNTER.fetch_add(1, Ordering::Relaxed)
+                );
+                conn.batch_execute(&format!(
+                    "CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+                ))
+                .await
+                .expect("create test database");
+                let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+                TestDb::Mysql {
+                    url: format!("{base}/{name}"),
+                    name,
+                }
+            }
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().expect("temp dir");
                 let url = format!("sqlite://{}", dir.path().join("paynotify.db").display());
@@ -98,7 +173,9 @@ impl TestDb {
 
     pub fn url(&self) -> &str {
         match self {
-            TestDb::Postgres { url, .. } | TestDb::Sqlite { url, .. } => url,
+            TestDb::Postgres { url, .. }
+            | TestDb::Mysql { url, .. }
+            | TestDb::Sqlite { url, .. } => url,
         }
     }
 
@@ -108,6 +185,10 @@ impl TestDb {
             TestDb::Postgres { url, .. } => {
                 let mut c = AsyncPgConnection::establish(url).await.expect("connect");
                 c.batch_execute(sql).await.expect("sql");
+            }
+            TestDb::Mysql { url, .. } => {
+                let mut c = mysql_conn(url).await;
+                c.batch_execute(&mysql_times(sql)).await.expect("sql");
             }
             TestDb::Sqlite { url, .. } => {
                 let path = url.trim_start_matches("sqlite://");
@@ -139,6 +220,18 @@ impl TestDb {
                     c.batch_execute("COMMIT").await.expect("commit");
                 })
             }
+            TestDb::Mysql { url, .. } => {
+                let mut c = mysql_conn(url).await;
+                let lock = format!(
+                    "START TRANSACTION; SELECT order_no FROM orders WHERE order_no = '{order_no}' FOR UPDATE"
+                );
+                tokio::spawn(async move {
+                    c.batch_execute(&lock).await.expect("lock");
+                    let _ = taken_tx.send(());
+                    tokio::time::sleep(hold).await;
+                    c.batch_execute("COMMIT").await.expect("commit");
+                })
+            }
             TestDb::Sqlite { url, .. } => {
                 let path = url.trim_start_matches("sqlite://").to_owned();
                 let mut c = SqliteAsync::establish(&path).await.expect("connect");
@@ -154,24 +247,37 @@ impl TestDb {
         task
     }
 
-    /// PostgreSQL only: holds an exclusive lock on `table` for `hold` (see `hold_write_lock`).
+    /// PostgreSQL and MySQL: holds a lock on `table` that blocks every write to it, for
+    /// `hold` (see `hold_write_lock`).
     pub async fn hold_table_lock(
         &self,
         table: &str,
         hold: std::time::Duration,
     ) -> tokio::task::JoinHandle<()> {
-        let TestDb::Postgres { url, .. } = self else {
-            panic!("hold_table_lock is for PostgreSQL");
-        };
         let (taken_tx, taken) = tokio::sync::oneshot::channel();
-        let mut c = AsyncPgConnection::establish(url).await.expect("connect");
-        let lock = format!("BEGIN; LOCK TABLE {table} IN EXCLUSIVE MODE");
-        let task = tokio::spawn(async move {
-            c.batch_execute(&lock).await.expect("lock");
-            let _ = taken_tx.send(());
-            tokio::time::sleep(hold).await;
-            c.batch_execute("COMMIT").await.expect("commit");
-        });
+        let task = match self {
+            TestDb::Postgres { url, .. } => {
+                let mut c = AsyncPgConnection::establish(url).await.expect("connect");
+                let lock = format!("BEGIN; LOCK TABLE {table} IN EXCLUSIVE MODE");
+                tokio::spawn(async move {
+                    c.batch_execute(&lock).await.expect("lock");
+                    let _ = taken_tx.send(());
+                    tokio::time::sleep(hold).await;
+                    c.batch_execute("COMMIT").await.expect("commit");
+                })
+            }
+            TestDb::Mysql { url, .. } => {
+                let mut c = mysql_conn(url).await;
+                let lock = format!("LOCK TABLES {table} WRITE");
+                tokio::spawn(async move {
+                    c.batch_execute(&lock).await.expect("lock");
+                    let _ = taken_tx.send(());
+                    tokio::time::sleep(hold).await;
+                    c.batch_execute("UNLOCK TABLES").await.expect("unlock");
+                })
+            }
+            TestDb::Sqlite { .. } => panic!("hold_table_lock is for PostgreSQL and MySQL"),
+        };
         taken.await.expect("lock taken");
         task
     }
@@ -192,6 +298,13 @@ impl TestDb {
                     .await
                     .expect("count")
             }
+            TestDb::Mysql { url, .. } => {
+                let mut c = mysql_conn(url).await;
+                diesel::sql_query(mysql_times(&sql))
+                    .get_result(&mut c)
+                    .await
+                    .expect("count")
+            }
             TestDb::Sqlite { url, .. } => {
                 let path = url.trim_start_matches("sqlite://");
                 let mut c = SqliteAsync::establish(path).await.expect("connect");
@@ -204,8 +317,14 @@ impl TestDb {
         row.n
     }
 
-    /// Drops the database now, even with connections open (PostgreSQL only).
+    /// Drops the database now, even with connections open (PostgreSQL and MySQL).
     pub async fn drop_now(&self) {
+        if let TestDb::Mysql { name, .. } = self {
+            let mut conn = mysql_conn(&mysql_admin_url()).await;
+            conn.batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+                .await
+                .expect("drop test database");
+        }
         if let TestDb::Postgres { name, .. } = self {
             let mut conn = AsyncPgConnection::establish(&pg_admin_url())
                 .await
@@ -222,10 +341,11 @@ impl TestDb {
 /// test's runtime may be shutting down.
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let TestDb::Postgres { name, .. } = self else {
-            return;
+        let (name, mysql) = match self {
+            TestDb::Postgres { name, .. } => (name.clone(), false),
+            TestDb::Mysql { name, .. } => (name.clone(), true),
+            TestDb::Sqlite { .. } => return,
         };
-        let name = name.clone();
         let dropped = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -233,6 +353,15 @@ impl Drop for TestDb {
                 .map_err(|e| e.to_string())?;
             runtime.block_on(async {
                 let drop = async {
+                    if mysql {
+                        let mut conn = AsyncMysqlConnection::establish(&mysql_admin_url())
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        return conn
+                            .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+                            .await
+                            .map_err(|e| e.to_string());
+                    }
                     let mut conn = AsyncPgConnection::establish(&pg_admin_url())
                         .await
                         .map_err(|e| e.to_string())?;
@@ -621,6 +750,14 @@ macro_rules! on_both_backends {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name($crate::helpers::Backend::Postgres).await
+                }
+            )*
+        }
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::helpers::Backend::Mysql).await
                 }
             )*
         }

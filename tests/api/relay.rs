@@ -604,13 +604,31 @@ async fn retention_keeps_callbacks_anomalies_pending_dead_and_recent_rows(backen
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_relays_on_postgres_deliver_every_message_none_lost() {
-    let app = spawn_app(Backend::Postgres).await;
+    two_relays_deliver_every_message_none_lost(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_on_mysql_deliver_every_message_none_lost() {
+    two_relays_deliver_every_message_none_lost(Backend::Mysql).await;
+}
+
+/// Two relays with pools of their own claim side by side (`SKIP LOCKED`); SQLite has one
+/// writer and needs no such test.
+async fn two_relays_deliver_every_message_none_lost(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let rows: Vec<String> = (1..=3000)
+        .map(|g| {
+            format!(
+                "('TEST', 'k{g}', '{{}}', 0, 0, '2026-11-30T08:00:00Z', '2026-11-30T08:00:00Z')"
+            )
+        })
+        .collect();
     app.db
-        .execute(
+        .execute(&format!(
             "INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) \
-             SELECT 'TEST', 'k' || g, '{}', 0, 0, '2026-11-30T08:00:00Z', '2026-11-30T08:00:00Z' \
-             FROM generate_series(1, 3000) g",
-        )
+             VALUES {}",
+            rows.join(", ")
+        ))
         .await;
     let settings = crate::helpers::test_settings(app.db.url());
     let second_pool = paynotify::store::Store::connect(&settings.database).expect("second pool");
