@@ -81,6 +81,8 @@ pub enum SinkKind {
     Log,
     RedisStream,
     Http,
+    /// RabbitMQ (AMQP 0-9-1) with publisher confirms.
+    Amqp,
 }
 
 #[derive(Debug, Deserialize)]
@@ -93,6 +95,10 @@ pub struct RelaySettings {
     pub redis_stream: String,
     pub http_url: String,
     pub http_secret: Secret,
+    /// `amqp://user:password@host:port/vhost` (vhost `/` is `%2f`); may hold a password.
+    pub amqp_url: Secret,
+    /// A durable topic exchange, declared at connection; routing key = the event's topic.
+    pub amqp_exchange: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -163,6 +169,8 @@ impl Default for RelaySettings {
             redis_stream: "paynotify:events".to_owned(),
             http_url: String::new(),
             http_secret: Secret::default(),
+            amqp_url: Secret::default(),
+            amqp_exchange: "paynotify.events".to_owned(),
         }
     }
 }
@@ -301,6 +309,13 @@ impl Settings {
                 ));
             }
             SinkKind::Http => {}
+            SinkKind::Amqp if relay.amqp_url.is_empty() => {
+                return Err(invalid(
+                    "relay.amqp_url",
+                    "must be set when relay.sink = \"amqp\"",
+                ));
+            }
+            SinkKind::Amqp => check_amqp(relay.amqp_url.expose(), &relay.amqp_exchange)?,
         }
         if !(2..=3650).contains(&self.retention.keep_days) {
             return Err(invalid(
@@ -316,6 +331,31 @@ impl Settings {
         }
         Ok(())
     }
+}
+
+/// `relay.amqp_url` and `relay.amqp_exchange`, checked without connecting.
+pub fn check_amqp(url: &str, exchange: &str) -> Result<(), ConfigError> {
+    // The parser's message may quote the URL, password and all: not repeated here.
+    let parsed: lapin::uri::AMQPUri = url.parse().map_err(|_: String| {
+        invalid(
+            "relay.amqp_url",
+            "is not a valid URL (amqp://user:password@host:port/vhost)",
+        )
+    })?;
+    if parsed.scheme != lapin::uri::AMQPScheme::AMQP {
+        return Err(invalid(
+            "relay.amqp_url",
+            "must be an amqp:// URL (no TLS in this build)",
+        ));
+    }
+    // An AMQP short string: at most 255 bytes.
+    if exchange.is_empty() || exchange.len() > 255 {
+        return Err(invalid(
+            "relay.amqp_exchange",
+            "must be between 1 and 255 bytes",
+        ));
+    }
+    Ok(())
 }
 
 const SQLITE_MEMORY_REFUSED: &str = "an in-memory (or temporary) SQLite database is refused: every \

@@ -2,6 +2,7 @@
 
 mod alipay;
 mod alipay_vectors;
+mod amqp;
 mod gate;
 mod health;
 mod helpers;
