@@ -4,6 +4,7 @@ mod alipay;
 mod alipay_vectors;
 mod amqp;
 mod gate;
+mod gate_cluster;
 mod health;
 mod helpers;
 mod keys;
