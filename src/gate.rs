@@ -12,11 +12,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use redis::AsyncCommands;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Value};
 use tokio::sync::OnceCell;
 
-use crate::config::{ConfigError, RedisSettings, invalid};
+use crate::config::{ConfigError, RedisNodes, RedisSettings, invalid};
 use crate::metrics::{GateResult, Metrics};
 use crate::notice::{Notice, NoticeKind, Outcome};
 
@@ -89,11 +91,54 @@ impl Breaker {
     }
 }
 
+/// Where the gate's keys live: one Redis node, or a Redis Cluster.
+enum Client {
+    Single(redis::Client),
+    Cluster(Box<ClusterClient>),
+}
+
+/// A connection to either. Both reconnect by themselves; the cluster connection also follows
+/// `MOVED`/`ASK` redirections and refreshes its slot map. Every gate script touches the keys
+/// of one order, which share a hash tag and so a slot.
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 pub struct Gate {
-    client: redis::Client,
+    client: Client,
     enter: redis::Script,
     leave: redis::Script,
-    connection: OnceCell<ConnectionManager>,
+    connection: OnceCell<Connection>,
     prefix: String,
     timeout: Duration,
     result_ttl_secs: u64,
@@ -138,15 +183,29 @@ impl Gate {
         prefix: &str,
         metrics: Arc<Metrics>,
     ) -> Result<Self, ConfigError> {
-        let client = redis::Client::open(settings.url.expose())
-            .map_err(|e| invalid("redis.url", e.to_string()))?;
+        let timeout = Duration::from_millis(settings.timeout_ms);
+        let client = match RedisNodes::parse(settings.url.expose())? {
+            RedisNodes::Single(url) => Client::Single(
+                redis::Client::open(url).map_err(|e| invalid("redis.url", e.to_string()))?,
+            ),
+            // The same bounds as one node: a slow or dead node costs one timeout, then the
+            // breaker. The client retries a redirection (MOVED/ASK) within the call.
+            RedisNodes::Cluster(nodes) => Client::Cluster(Box::new(
+                ClusterClient::builder(nodes)
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .retries(1)
+                    .build()
+                    .map_err(|e| invalid("redis.url", e.to_string()))?,
+            )),
+        };
         Ok(Self {
             client,
             enter: redis::Script::new(ENTER),
             leave: redis::Script::new(LEAVE),
             connection: OnceCell::new(),
             prefix: prefix.to_owned(),
-            timeout: Duration::from_millis(settings.timeout_ms),
+            timeout,
             result_ttl_secs: settings.result_ttl_secs,
             marker_ttl_ms: settings.marker_ttl_ms,
             breaker: Breaker {
@@ -182,16 +241,24 @@ impl Gate {
         }
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, String> {
+    async fn connection(&self) -> Result<Connection, String> {
         let connect = async {
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(self.timeout))
-                .set_response_timeout(Some(self.timeout))
-                .set_number_of_retries(1);
-            self.client
-                .get_connection_manager_with_config(config)
-                .await
-                .map_err(|e| e.to_string())
+            match &self.client {
+                Client::Single(client) => {
+                    let config = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(self.timeout))
+                        .set_response_timeout(Some(self.timeout))
+                        .set_number_of_retries(1);
+                    client
+                        .get_connection_manager_with_config(config)
+                        .await
+                        .map(Connection::Single)
+                }
+                Client::Cluster(client) => {
+                    client.get_async_connection().await.map(Connection::Cluster)
+                }
+            }
+            .map_err(|e| e.to_string())
         };
         self.connection.get_or_try_init(|| connect).await.cloned()
     }
@@ -199,7 +266,7 @@ impl Gate {
     /// Runs one Redis call under the timeout and the breaker; `None` means "bypass".
     async fn call<T, F, Fut>(&self, what: &'static str, f: F) -> Option<T>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Connection) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
         // A marker we hold is always given back, breaker or not: it would block its key

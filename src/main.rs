@@ -152,6 +152,7 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
         SinkKind::Log => "log",
         SinkKind::RedisStream => "redis-stream",
         SinkKind::Http => "http",
+        SinkKind::Amqp => "amqp",
     };
     tracing::info!(
         backend = app.store().backend(),

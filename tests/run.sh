@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: brings up the local services the tests talk to (when they are installed
-# but down), then runs every test. A service that is missing is a loud failure, never a skip.
+# The test command: brings up the local services the tests talk to (PostgreSQL, Redis,
+# RabbitMQ; when they are installed but down), then runs every test. The Redis Cluster tests
+# start their own redis-server nodes and need redis-cli. A service that is missing is a loud failure, never a skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -62,8 +63,27 @@ MSG
   exit 1
 }
 
+ensure_rabbitmq() {
+  if port_open 5672; then return 0; fi
+  if command -v rabbitmq-server >/dev/null 2>&1; then
+    echo "tests/run.sh: starting the local RabbitMQ"
+    rabbitmq-server -detached
+    # The broker opens its port a few seconds after the VM starts.
+    for _ in $(seq 1 120); do
+      port_open 5672 && return 0
+      sleep 0.5
+    done
+  fi
+  cat >&2 <<MSG
+tests/run.sh: RabbitMQ is required on 127.0.0.1:5672 (guest/guest, rabbitmqctl usable by this
+user) and is not running. Install it (Debian: apt-get install rabbitmq-server) or start it.
+MSG
+  exit 1
+}
+
 ensure_postgres
 ensure_mysql
 ensure_redis
+ensure_rabbitmq
 echo "tests/run.sh: PostgreSQL for tests at ${PG_URL%%@*}@…"
 cargo test --locked "$@"

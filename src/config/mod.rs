@@ -99,6 +99,8 @@ pub enum SinkKind {
     Log,
     RedisStream,
     Http,
+    /// RabbitMQ (AMQP 0-9-1) with publisher confirms.
+    Amqp,
 }
 
 #[derive(Debug, Deserialize)]
@@ -111,6 +113,10 @@ pub struct RelaySettings {
     pub redis_stream: String,
     pub http_url: String,
     pub http_secret: Secret,
+    /// `amqp://user:password@host:port/vhost` (vhost `/` is `%2f`); may hold a password.
+    pub amqp_url: Secret,
+    /// A durable topic exchange, declared at connection; routing key = the event's topic.
+    pub amqp_exchange: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -181,6 +187,8 @@ impl Default for RelaySettings {
             redis_stream: "paynotify:events".to_owned(),
             http_url: String::new(),
             http_secret: Secret::default(),
+            amqp_url: Secret::default(),
+            amqp_exchange: "paynotify.events".to_owned(),
         }
     }
 }
@@ -281,9 +289,11 @@ impl Settings {
             return Err(invalid("database.statement_timeout_ms", "must be positive"));
         }
         let r = &self.redis;
-        if !r.url.is_empty() && !r.url.expose().starts_with("redis://") {
-            return Err(invalid("redis.url", "must be empty or start with redis://"));
-        }
+        let redis_nodes = if r.url.is_empty() {
+            None
+        } else {
+            Some(RedisNodes::parse(r.url.expose())?)
+        };
         for (key, value) in [
             ("redis.timeout_ms", r.timeout_ms),
             ("redis.result_ttl_secs", r.result_ttl_secs),
@@ -311,6 +321,12 @@ impl Settings {
                     "must be set when relay.sink = \"redis-stream\"",
                 ));
             }
+            SinkKind::RedisStream if matches!(redis_nodes, Some(RedisNodes::Cluster(_))) => {
+                return Err(invalid(
+                    "redis.url",
+                    "must name one node when relay.sink = \"redis-stream\" (the stream sink does not use Redis Cluster)",
+                ));
+            }
             SinkKind::RedisStream if relay.redis_stream.is_empty() => {
                 return Err(invalid("relay.redis_stream", "must not be empty"));
             }
@@ -328,6 +344,13 @@ impl Settings {
                 ));
             }
             SinkKind::Http => {}
+            SinkKind::Amqp if relay.amqp_url.is_empty() => {
+                return Err(invalid(
+                    "relay.amqp_url",
+                    "must be set when relay.sink = \"amqp\"",
+                ));
+            }
+            SinkKind::Amqp => check_amqp(relay.amqp_url.expose(), &relay.amqp_exchange)?,
         }
         if !(2..=3650).contains(&self.retention.keep_days) {
             return Err(invalid(
@@ -446,6 +469,93 @@ pub fn unused_env_vars(vars: impl IntoIterator<Item = (String, String)>) -> Vec<
         .collect();
     warnings.sort();
     warnings
+}
+
+/// What `redis.url` names: one node, or the seed nodes of a Redis Cluster.
+#[derive(Clone, PartialEq, Eq)]
+pub enum RedisNodes {
+    /// `redis://[user:password@]host:port[/db]`.
+    Single(String),
+    /// `redis+cluster://[user:password@]host:port[,host:port…]`, or several nodes
+    /// comma-separated (`redis://h1:7000,redis://h2:7001` or `redis://h1:7000,h2:7001`): one
+    /// `redis://` URL per seed node. A node written without credentials takes the first
+    /// node's.
+    Cluster(Vec<String>),
+}
+
+impl RedisNodes {
+    pub fn parse(url: &str) -> Result<Self, ConfigError> {
+        let (cluster, rest) = if let Some(rest) = url.strip_prefix("redis+cluster://") {
+            (true, rest)
+        } else if let Some(rest) = url.strip_prefix("redis://") {
+            (false, rest)
+        } else {
+            return Err(invalid(
+                "redis.url",
+                "must be empty or start with redis:// or redis+cluster://",
+            ));
+        };
+        if !cluster && !rest.contains(',') {
+            return Ok(Self::Single(url.to_owned()));
+        }
+        let parts: Vec<&str> = rest
+            .split(',')
+            .map(|p| p.trim().trim_start_matches("redis://"))
+            .collect();
+        if parts.iter().any(|p| p.is_empty() || p.contains("://")) {
+            return Err(invalid(
+                "redis.url",
+                "a node list is host:port or redis://host:port entries separated by commas",
+            ));
+        }
+        let credentials = parts
+            .first()
+            .and_then(|p| p.rsplit_once('@'))
+            .map(|(userinfo, _)| userinfo);
+        let nodes = parts
+            .iter()
+            .map(|p| match credentials {
+                Some(userinfo) if !p.contains('@') => format!("redis://{userinfo}@{p}"),
+                _ => format!("redis://{p}"),
+            })
+            .collect();
+        Ok(Self::Cluster(nodes))
+    }
+}
+
+impl fmt::Debug for RedisNodes {
+    /// How many nodes; never a password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Single(_) => f.write_str("Single(<redacted>)"),
+            Self::Cluster(nodes) => write!(f, "Cluster({} nodes)", nodes.len()),
+        }
+    }
+}
+
+/// `relay.amqp_url` and `relay.amqp_exchange`, checked without connecting.
+pub fn check_amqp(url: &str, exchange: &str) -> Result<(), ConfigError> {
+    // The parser's message may quote the URL, password and all: not repeated here.
+    let parsed: lapin::uri::AMQPUri = url.parse().map_err(|_: String| {
+        invalid(
+            "relay.amqp_url",
+            "is not a valid URL (amqp://user:password@host:port/vhost)",
+        )
+    })?;
+    if parsed.scheme != lapin::uri::AMQPScheme::AMQP {
+        return Err(invalid(
+            "relay.amqp_url",
+            "must be an amqp:// URL (no TLS in this build)",
+        ));
+    }
+    // An AMQP short string: at most 255 bytes.
+    if exchange.is_empty() || exchange.len() > 255 {
+        return Err(invalid(
+            "relay.amqp_exchange",
+            "must be between 1 and 255 bytes",
+        ));
+    }
+    Ok(())
 }
 
 const SQLITE_MEMORY_REFUSED: &str = "an in-memory (or temporary) SQLite database is refused: every \
@@ -807,6 +917,50 @@ apiv3_key = "0123456789abcdef0123456789SECRET"
         assert_eq!(s.log.format, LogFormat::Json);
         let err = load("[log]\nformat = \"xml\"\n", &[]).unwrap_err();
         assert!(err.to_string().contains("log.format"), "{err}");
+    }
+
+    #[test]
+    fn redis_url_names_one_node_or_a_cluster() {
+        assert_eq!(
+            RedisNodes::parse("redis://127.0.0.1:6379/0").expect("single"),
+            RedisNodes::Single("redis://127.0.0.1:6379/0".into())
+        );
+        let cluster =
+            |nodes: &[&str]| RedisNodes::Cluster(nodes.iter().map(|n| (*n).to_owned()).collect());
+        assert_eq!(
+            RedisNodes::parse("redis+cluster://10.0.0.1:7000").expect("one seed"),
+            cluster(&["redis://10.0.0.1:7000"])
+        );
+        assert_eq!(
+            RedisNodes::parse("redis+cluster://:pw@a:7000,b:7001").expect("seeds"),
+            cluster(&["redis://:pw@a:7000", "redis://:pw@b:7001"])
+        );
+        assert_eq!(
+            RedisNodes::parse("redis://a:7000, redis://b:7001,c:7002").expect("list"),
+            cluster(&["redis://a:7000", "redis://b:7001", "redis://c:7002"])
+        );
+        for bad in [
+            "rediss://a:1",
+            "http://a",
+            "redis://a:1,,b:2",
+            "redis://a:1,http://b:2",
+        ] {
+            let err = RedisNodes::parse(bad).unwrap_err().to_string();
+            assert!(err.contains("redis.url"), "{bad}: {err}");
+        }
+        let err = load(
+            "[redis]\nurl = \"redis+cluster://a:7000,b:7001\"\n[relay]\nsink = \"redis-stream\"\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("redis.url"), "{err}");
+        assert!(
+            !format!(
+                "{:?}",
+                RedisNodes::parse("redis+cluster://:SECRET@a:1").expect("ok")
+            )
+            .contains("SECRET")
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! out (at least once, never zero); a failure backs off in SQL and parks the row dead at
 //! `relay.max_attempts`. Consumers deduplicate on `(topic, biz_key)`.
 
+pub mod amqp;
 pub mod sink;
 
 use std::sync::Arc;

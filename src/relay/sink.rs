@@ -38,6 +38,19 @@ pub enum SinkError {
     Http(#[source] Arc<reqwest::Error>),
     #[error("http: the receiver answered {0}")]
     HttpStatus(u16),
+    #[error("amqp: {0}")]
+    Amqp(#[source] Arc<lapin::Error>),
+    #[error("amqp: no connection within {} ms", .0.as_millis())]
+    AmqpTimeout(Duration),
+    #[error("amqp: the broker refused the message (nack)")]
+    AmqpNack,
+    /// `mandatory` and no queue is bound for the routing key.
+    #[error("amqp: the broker returned the message unroutable ({code} {text})")]
+    AmqpReturned { code: u16, text: String },
+    #[error("amqp: no confirm within {} s", .0.as_secs())]
+    AmqpConfirmTimeout(Duration),
+    #[error("amqp: the channel is not in confirm mode")]
+    AmqpNotConfirmed,
     #[error("the event could not be encoded: {0}")]
     Encode(#[source] Arc<serde_json::Error>),
     /// The batch ended before this event was tried.
@@ -312,5 +325,10 @@ pub fn from_settings(
                 .map_err(|e| invalid("redis.url", e.to_string()))?,
         ),
         SinkKind::Http => Box::new(HttpSink::new(&relay.http_url, &relay.http_secret)?),
+        SinkKind::Amqp => Box::new(super::amqp::AmqpSink::new(
+            relay.amqp_url.expose(),
+            &relay.amqp_exchange,
+            timeout,
+        )?),
     })
 }

@@ -79,17 +79,15 @@ fn mysql_times(sql: &str) -> String {
             && bytes[i + 5] == b'-'
             && bytes[i + 11] == b'T'
             && bytes[i + 14] == b':';
-        if looks_like_time {
-            if let Some(len) = sql[i + 1..].find('\'') {
-                let inner = &sql[i + 1..i + 1 + len];
-                if let Some(stamp) = inner.strip_suffix('Z') {
-                    out.push('\'');
-                    out.push_str(&stamp.replacen('T', " ", 1));
-                    out.push('\'');
-                    i += len + 2;
-                    continue;
-                }
-            }
+        if looks_like_time
+            && let Some(len) = sql[i + 1..].find('\'')
+            && let Some(stamp) = sql[i + 1..i + 1 + len].strip_suffix('Z')
+        {
+            out.push('\'');
+            out.push_str(&stamp.replacen('T', " ", 1));
+            out.push('\'');
+            i += len + 2;
+            continue;
         }
         out.push(char::from(bytes[i]));
         i += 1;

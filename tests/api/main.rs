@@ -2,9 +2,11 @@
 
 mod alipay;
 mod alipay_vectors;
+mod amqp;
 mod cli;
 mod container;
 mod gate;
+mod gate_cluster;
 mod health;
 mod helpers;
 mod keys;

@@ -1,0 +1,496 @@
+//! The RabbitMQ sink against the real broker on 127.0.0.1:5672 (guest/guest). Every test
+//! works in a vhost of its own (created with rabbitmqctl, deleted at the end), so closing
+//! "the broker's connections" closes only the test's own.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use lapin::options::{
+    BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use paynotify::config::{Secret, SinkKind};
+use paynotify::relay::Relay;
+use paynotify::relay::amqp::AmqpSink;
+use paynotify::relay::sink::Sink;
+use paynotify::time::Clock;
+
+use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with_jobs};
+
+static VHOST: AtomicU32 = AtomicU32::new(0);
+const EXCHANGE: &str = "paynotify.events";
+
+fn rabbitmqctl(args: &[&str]) {
+    let out = std::process::Command::new("rabbitmqctl")
+        .arg("-q")
+        .args(args)
+        .output()
+        .expect("rabbitmqctl must be installed (RabbitMQ on 127.0.0.1:5672)");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A vhost of the test's own, with guest's permissions; deleted (queues and all) on drop.
+struct Vhost {
+    name: String,
+}
+
+impl Vhost {
+    fn create() -> Self {
+        let name = format!(
+            "pn-test-{}-{}",
+            std::process::id(),
+            VHOST.fetch_add(1, Ordering::Relaxed)
+        );
+        rabbitmqctl(&["add_vhost", &name]);
+        rabbitmqctl(&["set_permissions", "-p", &name, "guest", ".*", ".*", ".*"]);
+        Self { name }
+    }
+
+    fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:5672/{}", self.name)
+    }
+
+    /// What a broker restart does to this vhost's clients: every connection closed.
+    fn close_connections(&self) {
+        rabbitmqctl(&[
+            "close_all_connections",
+            "--vhost",
+            &self.name,
+            "test: broker connection lost",
+        ]);
+    }
+
+    /// A consumer's channel, with the sink's exchange declared as the sink declares it.
+    async fn channel(&self) -> (Connection, Channel) {
+        let connection = Connection::connect(&self.url(), ConnectionProperties::default())
+            .await
+            .expect("RabbitMQ must run on 127.0.0.1:5672");
+        let channel = connection.create_channel().await.expect("channel");
+        channel
+            .exchange_declare(
+                EXCHANGE.into(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("exchange");
+        (connection, channel)
+    }
+}
+
+impl Drop for Vhost {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("rabbitmqctl")
+            .args(["-q", "delete_vhost", &self.name])
+            .output();
+    }
+}
+
+/// A durable queue bound to the exchange by `routing_key`.
+async fn bound_queue(channel: &Channel, queue: &str, routing_key: &str, arguments: FieldTable) {
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            arguments,
+        )
+        .await
+        .expect("queue");
+    channel
+        .queue_bind(
+            queue.into(),
+            EXCHANGE.into(),
+            routing_key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("bind");
+}
+
+/// One message as a consumer sees it.
+#[derive(Debug)]
+struct Received {
+    routing_key: String,
+    message_id: Option<String>,
+    content_type: Option<String>,
+    delivery_mode: Option<u8>,
+    headers: BTreeMap<String, String>,
+    body: serde_json::Value,
+}
+
+fn header(value: &AMQPValue) -> String {
+    match value {
+        AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+        AMQPValue::LongLongInt(n) => n.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Takes every message now in `queue` (at most `limit`).
+async fn drain(channel: &Channel, queue: &str, limit: usize) -> Vec<Received> {
+    let mut received = Vec::new();
+    while received.len() < limit {
+        let got = channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("basic.get");
+        let Some(message) = got else { break };
+        let d = message.delivery;
+        let p = &d.properties;
+        received.push(Received {
+            routing_key: d.routing_key.as_str().to_owned(),
+            message_id: p.message_id().as_ref().map(|s| s.as_str().to_owned()),
+            content_type: p.content_type().as_ref().map(|s| s.as_str().to_owned()),
+            delivery_mode: *p.delivery_mode(),
+            headers: p
+                .headers()
+                .as_ref()
+                .map(|h| {
+                    h.inner()
+                        .iter()
+                        .map(|(k, v)| (k.as_str().to_owned(), header(v)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            body: serde_json::from_slice(&d.data).expect("JSON body"),
+        });
+    }
+    received
+}
+
+/// Pending outbox rows due now: `(topic, biz_key)` each.
+async fn pending(app: &TestApp, rows: &[(&str, String)]) {
+    let now = app
+        .clock
+        .now()
+        .as_datetime()
+        .format("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string();
+    let values: Vec<String> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, (topic, key))| {
+            format!("('{topic}', '{key}', '{{\"n\":{i}}}', 0, 0, '{now}', '{now}')")
+        })
+        .collect();
+    for chunk in values.chunks(500) {
+        app.db
+            .execute(&format!(
+                "INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) VALUES {}",
+                chunk.join(", ")
+            ))
+            .await;
+    }
+}
+
+fn sink(vhost: &Vhost) -> Arc<AmqpSink> {
+    Arc::new(AmqpSink::new(&vhost.url(), EXCHANGE, Duration::from_secs(5)).expect("sink"))
+}
+
+fn relay(app: &TestApp, sink: Arc<dyn Sink>, batch: u32) -> Relay {
+    Relay::new(
+        app.store.clone(),
+        sink,
+        app.clock.clone(),
+        app.metrics.clone(),
+        batch,
+        16,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_arrives_with_its_headers_and_properties_and_is_marked_sent() {
+    let vhost = Vhost::create();
+    let (_consumer, channel) = vhost.channel().await;
+    bound_queue(&channel, "all", "#", FieldTable::default()).await;
+    let app = spawn_app(Backend::Sqlite).await;
+    let rows: Vec<_> = (0..5).map(|i| ("ORDER_PAID", format!("P-{i}"))).collect();
+    pending(&app, &rows).await;
+
+    let report = relay(&app, sink(&vhost), 100).tick().await.expect("tick");
+    assert_eq!((report.published, report.failed), (5, 0), "{report:?}");
+    assert_eq!(app.db.count("local_message WHERE status = 1").await, 5);
+
+    let received = drain(&channel, "all", 100).await;
+    assert_eq!(received.len(), 5, "{received:?}");
+    let stored = app.store.messages(None, 100).await.expect("messages");
+    for (i, r) in received.iter().enumerate() {
+        let key = format!("P-{i}");
+        let row = stored
+            .iter()
+            .find(|m| m.biz_key == key)
+            .expect("row exists");
+        assert_eq!(r.routing_key, "ORDER_PAID");
+        assert_eq!(r.message_id.as_deref(), Some(&*format!("ORDER_PAID:{key}")));
+        assert_eq!(r.content_type.as_deref(), Some("application/json"));
+        assert_eq!(r.delivery_mode, Some(2), "persistent");
+        let expected: BTreeMap<String, String> = [
+            ("biz_key".to_owned(), key.clone()),
+            ("outbox_id".to_owned(), row.id.to_string()),
+            ("topic".to_owned(), "ORDER_PAID".to_owned()),
+        ]
+        .into();
+        assert_eq!(r.headers, expected);
+        // The body is the event exactly as the http sink posts it.
+        assert_eq!(r.body["id"], row.id);
+        assert_eq!(r.body["topic"], "ORDER_PAID");
+        assert_eq!(r.body["biz_key"], key);
+        assert_eq!(r.body["payload"], serde_json::json!({ "n": i }));
+        assert!(r.body["created_at"].as_str().is_some(), "{:?}", r.body);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_bound_by_routing_key_gets_only_its_topic() {
+    let vhost = Vhost::create();
+    let (_consumer, channel) = vhost.channel().await;
+    bound_queue(&channel, "paid", "ORDER_PAID", FieldTable::default()).await;
+    bound_queue(
+        &channel,
+        "refunded",
+        "ORDER_REFUNDED",
+        FieldTable::default(),
+    )
+    .await;
+    let app = spawn_app(Backend::Sqlite).await;
+    let rows: Vec<_> = (0..6)
+        .map(|i| {
+            let topic = if i % 2 == 0 {
+                "ORDER_PAID"
+            } else {
+                "ORDER_REFUNDED"
+            };
+            (topic, format!("K-{i}"))
+        })
+        .collect();
+    pending(&app, &rows).await;
+
+    let report = relay(&app, sink(&vhost), 100).tick().await.expect("tick");
+    assert_eq!((report.published, report.failed), (6, 0), "{report:?}");
+    let paid = drain(&channel, "paid", 100).await;
+    let refunded = drain(&channel, "refunded", 100).await;
+    let keys = |r: &[Received]| {
+        r.iter()
+            .map(|m| m.body["biz_key"].clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(keys(&paid), ["K-0", "K-2", "K-4"]);
+    assert_eq!(keys(&refunded), ["K-1", "K-3", "K-5"]);
+    assert!(paid.iter().all(|m| m.routing_key == "ORDER_PAID"));
+    assert!(refunded.iter().all(|m| m.routing_key == "ORDER_REFUNDED"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unroutable_event_is_returned_and_stays_pending_until_a_queue_is_bound() {
+    let vhost = Vhost::create();
+    let (_consumer, channel) = vhost.channel().await;
+    let app = spawn_app(Backend::Sqlite).await;
+    pending(&app, &[("ORDER_PAID", "U-1".to_owned())]).await;
+    let sink = sink(&vhost);
+
+    // No queue bound: mandatory, so the broker returns it; the row stays pending.
+    let report = relay(&app, sink.clone(), 100).tick().await.expect("tick");
+    assert_eq!((report.published, report.failed), (0, 1), "{report:?}");
+    let row = &app.store.messages(None, 10).await.expect("messages")[0];
+    assert_eq!((row.status, row.attempts), (0, 1), "{row:?}");
+    let error = row.last_error.clone().unwrap_or_default();
+    assert!(
+        error.contains("returned") && error.contains("312"),
+        "{error}"
+    );
+
+    // Bound now: the retry after the backoff delivers it.
+    bound_queue(&channel, "late", "ORDER_PAID", FieldTable::default()).await;
+    app.clock.advance(3600);
+    let report = relay(&app, sink, 100).tick().await.expect("tick");
+    assert_eq!((report.published, report.failed), (1, 0), "{report:?}");
+    let received = drain(&channel, "late", 10).await;
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].body["biz_key"], "U-1");
+    assert_eq!(app.db.count("local_message WHERE status = 1").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nacked_event_stays_pending() {
+    let vhost = Vhost::create();
+    let (_consumer, channel) = vhost.channel().await;
+    // A queue that holds one message and nacks publishes beyond it.
+    let mut arguments = FieldTable::default();
+    arguments
+        .insert(ShortString::from("x-max-length"), AMQPValue::LongInt(1))
+        .insert(
+            ShortString::from("x-overflow"),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+    bound_queue(&channel, "full", "#", arguments).await;
+    let app = spawn_app(Backend::Sqlite).await;
+    let rows: Vec<_> = (0..3).map(|i| ("ORDER_PAID", format!("N-{i}"))).collect();
+    pending(&app, &rows).await;
+
+    let report = relay(&app, sink(&vhost), 100).tick().await.expect("tick");
+    assert_eq!((report.published, report.failed), (1, 2), "{report:?}");
+    let stored = app.store.messages(None, 10).await.expect("messages");
+    let status = |key: &str| {
+        let m = stored.iter().find(|m| m.biz_key == key).expect("row");
+        (m.status, m.last_error.clone().unwrap_or_default())
+    };
+    assert_eq!(status("N-0").0, 1, "the acked one is sent");
+    for key in ["N-1", "N-2"] {
+        let (s, error) = status(key);
+        assert_eq!(s, 0, "{key} stays pending");
+        assert!(error.contains("nack"), "{key}: {error}");
+    }
+    let received = drain(&channel, "full", 10).await;
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].body["biz_key"], "N-0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_lost_mid_drain_lose_nothing_and_the_sink_reconnects() {
+    const ROWS: usize = 6000;
+    let vhost = Vhost::create();
+    {
+        let (consumer, channel) = vhost.channel().await;
+        bound_queue(&channel, "all", "#", FieldTable::default()).await;
+        let _ = consumer.close(200, "set up".into()).await;
+    }
+    let app = spawn_app(Backend::Postgres).await;
+    let rows: Vec<_> = (0..ROWS)
+        .map(|i| ("ORDER_PAID", format!("L-{i}")))
+        .collect();
+    pending(&app, &rows).await;
+
+    let sink = sink(&vhost);
+    let relay = Arc::new(relay(&app, sink.clone(), 100));
+    let drained = {
+        let (relay, clock) = (relay.clone(), app.clock.clone());
+        tokio::spawn(async move {
+            let (mut published, mut failed) = (0, 0);
+            let started = Instant::now();
+            while published < ROWS && started.elapsed() < Duration::from_secs(60) {
+                let report = relay.tick().await.expect("tick");
+                published += report.published;
+                failed += report.failed;
+                if report.failed > 0 {
+                    // The backoff runs out at once on the test's clock.
+                    clock.advance(3600);
+                }
+            }
+            (published, failed)
+        })
+    };
+    // Close the vhost's connections while the backlog drains, a few times.
+    let mut closes = 0;
+    while !drained.is_finished() && closes < 4 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let v = vhost.name.clone();
+        tokio::task::spawn_blocking(move || {
+            rabbitmqctl(&[
+                "close_all_connections",
+                "--vhost",
+                &v,
+                "test: broker connection lost",
+            ])
+        })
+        .await
+        .expect("close");
+        closes += 1;
+    }
+    let (published, failed) = drained.await.expect("drain");
+    assert_eq!(published, ROWS, "every row marked sent ({failed} failures)");
+    assert!(
+        failed > 0,
+        "a connection was lost with a batch in flight ({closes} closes)"
+    );
+    assert_eq!(
+        app.db.count("local_message WHERE status = 1").await,
+        ROWS as i64
+    );
+
+    // Every biz_key arrived at least once (a lost confirm may repeat one).
+    let (_consumer, channel) = vhost.channel().await;
+    let received = drain(&channel, "all", ROWS * 2).await;
+    let keys: BTreeSet<String> = received
+        .iter()
+        .map(|m| m.body["biz_key"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(keys.len(), ROWS, "{} messages received", received.len());
+    assert!(received.len() >= ROWS);
+    assert!(sink.is_up().await, "reconnected");
+    vhost.close_connections();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_down_at_start_up_does_not_stop_serving_and_readyz_reports_the_sink() {
+    // Nothing listens on port 1: the sink is down, the service serves.
+    let app = spawn_app_with_jobs(Backend::Sqlite, |s| {
+        s.relay.sink = SinkKind::Amqp;
+        s.relay.amqp_url = Secret::new("amqp://guest:guest@127.0.0.1:1/%2f");
+        s.relay.interval_ms = 200;
+    })
+    .await;
+    app.create_order("AM-1", 100).await;
+    let ready = app
+        .client
+        .get(app.url("/readyz"))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(
+        ready.status(),
+        200,
+        "a sink that is down never makes it unready"
+    );
+    let body: serde_json::Value = ready.json().await.expect("json");
+    assert_eq!(body["sink"], "down", "{body}");
+
+    let vhost = Vhost::create();
+    let up = spawn_app_with_jobs(Backend::Sqlite, |s| {
+        s.relay.sink = SinkKind::Amqp;
+        s.relay.amqp_url = Secret::new(vhost.url());
+    })
+    .await;
+    let body: serde_json::Value = up
+        .client
+        .get(up.url("/readyz"))
+        .send()
+        .await
+        .expect("readyz")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(body["sink"], "up", "{body}");
+}
+
+#[test]
+fn amqp_settings_mistakes_are_named() {
+    for (url, exchange, key) in [
+        ("", "paynotify.events", "relay.amqp_url"),
+        ("amqps://h/%2f", "paynotify.events", "relay.amqp_url"),
+        ("not a url", "paynotify.events", "relay.amqp_url"),
+        ("amqp://127.0.0.1/%2f", "", "relay.amqp_exchange"),
+    ] {
+        let mut settings = crate::helpers::test_settings("sqlite://x.db");
+        settings.relay.sink = SinkKind::Amqp;
+        settings.relay.amqp_url = Secret::new(url);
+        settings.relay.amqp_exchange = exchange.to_owned();
+        let err = settings.validate().expect_err(url).to_string();
+        assert!(err.contains(key), "{url} {exchange}: {err}");
+        assert!(!err.contains("guest:"), "no password shown: {err}");
+    }
+}
