@@ -1,15 +1,16 @@
-//! The ledger alone on MySQL/MariaDB: notices per second at 16 concurrent connections, for
-//! first deliveries and for duplicates, next to the same statements as raw SQL transactions
-//! (same driver, same server, same run, no ledger logic around them).
+//! The ledger alone on MariaDB: notices per second at 16 concurrent connections, for first
+//! deliveries and for duplicates, next to mariadb-slap running the same statements as raw SQL
+//! (benches/sql/ledger_*_mysql.sql) on the same server in the same run.
 //!
 //! `cargo bench --bench ledger_mysql` (server at $PAYNOTIFY_BENCH_MYSQL_URL, default
-//! mysql://root@127.0.0.1:3306/mysql).
+//! mysql://root@127.0.0.1:3306/mysql, root without a password for mariadb-slap; MariaDB for
+//! its sequences).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use diesel::sql_types::Text;
+use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncMysqlConnection, RunQueryDsl, SimpleAsyncConnection};
 use paynotify::config::{DatabaseSettings, Secret};
 use paynotify::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Outcome};
@@ -18,7 +19,6 @@ use paynotify::time::{Clock, SystemClock};
 
 const CONCURRENCY: usize = 16;
 const ORDERS: usize = 10_000;
-const DIGEST: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
 fn notice(i: usize) -> Notice {
     Notice {
@@ -65,65 +65,60 @@ where
     ORDERS as f64 / started.elapsed().as_secs_f64()
 }
 
-/// The ledger's statements as raw SQL, one transaction per notice on a connection of the
-/// pool: callback row, order compare-and-set, outbox row (first delivery); callback row
-/// refused as a duplicate, then the winner's digest read (duplicate).
-async fn raw(pool: Arc<Vec<tokio::sync::Mutex<AsyncMysqlConnection>>>, i: usize, first: bool) {
-    let mut conn = pool[i % CONCURRENCY].lock().await;
-    let conn = &mut *conn;
-    let no = format!("B{i}");
-    conn.batch_execute("START TRANSACTION")
-        .await
-        .expect("begin");
-    let inserted = diesel::sql_query(
-        "INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at) \
-         VALUES (?, 'wechat', ?, 100, ?, UTC_TIMESTAMP(6))",
-    )
-    .bind::<Text, _>(&no)
-    .bind::<Text, _>(format!("T{i}"))
-    .bind::<Text, _>(DIGEST)
-    .execute(conn)
-    .await;
-    if first {
-        inserted.expect("callback row");
-        diesel::sql_query(
-            "UPDATE orders SET status = 'PAID', channel = 'wechat', transaction_id = ?, \
-             paid_at = UTC_TIMESTAMP(6) WHERE order_no = ? AND status = 'WAIT_PAY' \
-             AND amount_fen = 100 AND currency = 'CNY'",
-        )
-        .bind::<Text, _>(format!("T{i}"))
-        .bind::<Text, _>(&no)
-        .execute(conn)
-        .await
-        .expect("order");
-        diesel::sql_query(
-            "INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) \
-             VALUES ('ORDER_PAID', ?, ?, 0, 0, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
-        )
-        .bind::<Text, _>(&no)
-        .bind::<Text, _>(format!(
-            r#"{{"order_no":"{no}","channel":"wechat","transaction_id":"T{i}","amount_fen":100,"currency":"CNY"}}"#
-        ))
-        .execute(conn)
-        .await
-        .expect("message");
-    } else {
-        assert!(inserted.is_err(), "a duplicate");
-        #[derive(diesel::QueryableByName)]
-        struct Seen {
-            #[diesel(sql_type = Text)]
-            #[allow(dead_code)]
-            digest: String,
-        }
-        let _: Seen = diesel::sql_query(
-            "SELECT digest FROM pay_callback WHERE out_trade_no = ? AND channel = 'wechat'",
-        )
-        .bind::<Text, _>(&no)
-        .get_result(conn)
-        .await
-        .expect("winner");
+/// The next value of a MariaDB sequence.
+async fn next_value(conn: &mut AsyncMysqlConnection, seq: &str) -> Option<i64> {
+    #[derive(diesel::QueryableByName)]
+    struct Next {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
     }
-    conn.batch_execute("COMMIT").await.expect("commit");
+    let sql = format!("SELECT NEXTVAL({seq}) AS n");
+    diesel::sql_query(sql)
+        .get_result::<Next>(conn)
+        .await
+        .ok()
+        .map(|r| r.n)
+}
+
+/// The same statements as raw SQL, run by `mariadb-slap` (the server's own load client, as
+/// pgbench is for PostgreSQL) from 16 connections, one round trip per statement. Each
+/// transaction takes the next order from `seq`; returns transactions per second.
+async fn slap(
+    conn: &mut AsyncMysqlConnection,
+    schema: &str,
+    script: &str,
+    seq: &str,
+) -> Option<f64> {
+    let before = next_value(conn, seq).await?;
+    let statements = std::fs::read_to_string(script).ok()?.lines().count();
+    let output = std::process::Command::new("mariadb-slap")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-u",
+            "root",
+            "--iterations=1",
+            "--delimiter=;",
+        ])
+        .arg(format!("--create-schema={schema}"))
+        .arg(format!("--concurrency={CONCURRENCY}"))
+        .arg(format!("--number-of-queries={}", ORDERS * statements))
+        .arg("--init-command=SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .arg(format!("--query={script}"))
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let seconds: f64 = text
+        .lines()
+        .find(|l| l.contains("Average number of seconds to run all queries"))?
+        .split(':')
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let done = next_value(conn, seq).await? - before - 1;
+    Some(done as f64 / seconds)
 }
 
 #[tokio::main]
@@ -172,19 +167,12 @@ async fn main() {
     seed.batch_execute("ANALYZE TABLE orders")
         .await
         .expect("analyze");
-    let mut connections = Vec::new();
-    for _ in 0..CONCURRENCY {
-        let mut c = AsyncMysqlConnection::establish(&url)
-            .await
-            .expect("raw conn");
-        c.batch_execute(
-            "SET time_zone = '+00:00'; SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
-        )
-        .await
-        .expect("session");
-        connections.push(tokio::sync::Mutex::new(c));
-    }
-    let pool = Arc::new(connections);
+    seed.batch_execute(&format!(
+        "CREATE SEQUENCE bench_seq START WITH {first}; CREATE SEQUENCE dup_seq START WITH {first}",
+        first = ORDERS + 1
+    ))
+    .await
+    .expect("sequences");
 
     let apply = |expect: Outcome| {
         let store = store.clone();
@@ -197,16 +185,20 @@ async fn main() {
         }
     };
     let first = rate(1, apply(Outcome::Applied)).await;
-    let raw_first = rate(ORDERS + 1, {
-        let pool = pool.clone();
-        move |i| raw(pool.clone(), i, true)
-    })
+    let raw_first = slap(
+        &mut seed,
+        &name,
+        "benches/sql/ledger_first_mysql.sql",
+        "bench_seq",
+    )
     .await;
     let duplicate = rate(1, apply(Outcome::Duplicate)).await;
-    let raw_duplicate = rate(ORDERS + 1, {
-        let pool = pool.clone();
-        move |i| raw(pool.clone(), i, false)
-    })
+    let raw_duplicate = slap(
+        &mut seed,
+        &name,
+        "benches/sql/ledger_duplicate_mysql.sql",
+        "dup_seq",
+    )
     .await;
 
     println!("ledger on MySQL/MariaDB, {CONCURRENCY} connections, {ORDERS} notices per phase");
@@ -214,10 +206,13 @@ async fn main() {
         ("first deliveries", first, raw_first),
         ("duplicates", duplicate, raw_duplicate),
     ] {
-        println!(
-            "{what:<18} paynotify {ours:>8.0}/s   raw SQL {raw:>8.0}/s   ratio {:.2}",
-            ours / raw
-        );
+        match raw {
+            Some(raw) => println!(
+                "{what:<18} paynotify {ours:>8.0}/s   raw SQL (mariadb-slap) {raw:>8.0}/s   ratio {:.2}",
+                ours / raw
+            ),
+            None => println!("{what:<18} paynotify {ours:>8.0}/s   raw SQL: mariadb-slap not run"),
+        }
     }
     drop(store);
     let _ = admin
