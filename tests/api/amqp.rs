@@ -362,7 +362,9 @@ async fn a_nacked_event_stays_pending() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_lost_mid_drain_lose_nothing_and_the_sink_reconnects() {
-    const ROWS: usize = 6000;
+    // Enough backlog that the drain outlasts several closes (rabbitmqctl takes about a
+    // second to act).
+    const ROWS: usize = 12_000;
     let vhost = Vhost::create();
     {
         let (consumer, channel) = vhost.channel().await;
@@ -376,13 +378,14 @@ async fn connections_lost_mid_drain_lose_nothing_and_the_sink_reconnects() {
     pending(&app, &rows).await;
 
     let sink = sink(&vhost);
-    let relay = Arc::new(relay(&app, sink.clone(), 100));
+    // Small batches keep a batch in flight most of the time, so a close lands mid-batch.
+    let relay = Arc::new(relay(&app, sink.clone(), 20));
     let drained = {
         let (relay, clock) = (relay.clone(), app.clock.clone());
         tokio::spawn(async move {
             let (mut published, mut failed) = (0, 0);
             let started = Instant::now();
-            while published < ROWS && started.elapsed() < Duration::from_secs(60) {
+            while published < ROWS && started.elapsed() < Duration::from_secs(180) {
                 let report = relay.tick().await.expect("tick");
                 published += report.published;
                 failed += report.failed;
@@ -394,9 +397,10 @@ async fn connections_lost_mid_drain_lose_nothing_and_the_sink_reconnects() {
             (published, failed)
         })
     };
-    // Close the vhost's connections while the backlog drains, a few times.
+    // Close the vhost's connections while the backlog drains, until a delivery has failed
+    // because of it (a close between two batches only makes the next one reconnect).
     let mut closes = 0;
-    while !drained.is_finished() && closes < 4 {
+    while !drained.is_finished() && app.metrics.relay_failed.get() == 0 && closes < 20 {
         tokio::time::sleep(Duration::from_millis(150)).await;
         let v = vhost.name.clone();
         tokio::task::spawn_blocking(move || {
