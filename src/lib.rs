@@ -13,6 +13,7 @@ pub mod order;
 pub mod outbox;
 pub mod qa;
 pub mod random;
+pub mod receipts;
 pub mod relay;
 pub mod routes;
 pub mod startup;

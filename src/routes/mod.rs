@@ -37,6 +37,10 @@ pub struct AppState {
     pub runtime: tokio::runtime::Handle,
     /// Where the relay delivers (`relay.sink`); `/readyz` reports whether it is up.
     pub sink: Arc<dyn Sink>,
+    /// Where the notify handler leaves what arrived (`receipts.store`).
+    pub receipts: crate::receipts::Receipts,
+    /// Every provider's operations side: re-apply verifies stored requests with these.
+    pub providers: Vec<Arc<dyn crate::channel::Provider>>,
 }
 
 /// Extra routes mounted beside the built-in ones (tests mount a double channel this way).
