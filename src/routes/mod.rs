@@ -87,6 +87,16 @@ pub fn configure(
             web::post().to(admin::redrive),
         )
         .route("/admin/callbacks", web::get().to(admin::callbacks))
+        .route("/admin/receipts", web::get().to(admin::receipts))
+        .route(
+            "/admin/receipts/reapply",
+            web::post().to(admin::reapply_many),
+        )
+        .route("/admin/receipts/{id}", web::get().to(admin::receipt))
+        .route(
+            "/admin/receipts/{id}/reapply",
+            web::post().to(admin::reapply),
+        )
         .route("/openapi.json", web::get().to(openapi::document));
     for mount in providers {
         mount(cfg);

@@ -640,6 +640,13 @@ async fn spawn_on(
 }
 
 impl TestApp {
+    /// Stops this service and builds another on the same database with other settings
+    /// (a configuration fixed and the service restarted).
+    pub async fn rebuild(self, customise: impl FnOnce(&mut Settings)) -> TestApp {
+        self.handle.stop(true).await;
+        spawn_on(Arc::clone(&self.db), customise, false).await
+    }
+
     /// Waits (up to 10 s) until `notify_receipt` holds at least `n` rows; returns the count.
     pub async fn receipts_stored(&self, n: i64) -> i64 {
         for _ in 0..200 {
