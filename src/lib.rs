@@ -4,6 +4,7 @@
 pub mod body_deadline;
 pub mod channel;
 pub mod config;
+pub mod explain;
 pub mod gate;
 pub mod jobs;
 pub mod metrics;

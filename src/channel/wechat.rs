@@ -707,7 +707,7 @@ impl Provider for WechatPay {
             ),
         );
 
-        let signature_ok = if signature.starts_with(PROBE_PREFIX) {
+        let _signature_ok = if signature.starts_with(PROBE_PREFIX) {
             e.push("signature", Verdict::Fail, "a WECHATPAY/SIGNTEST/ probe: WeChat checks that merchants refuse it; refusing it is correct");
             false
         } else {
@@ -830,9 +830,9 @@ impl Provider for WechatPay {
                 } else {
                     e.push("merchant", Verdict::Fail, format!("mchid {} / appid {} are not those configured for this key: recorded as a MERCHANT_MISMATCH anomaly, the order is not paid", notice.merchant.merchant_id, notice.merchant.app_id.as_deref().unwrap_or("-")));
                 }
-                if signature_ok {
-                    e.notice = Some(notice);
-                }
+                // Decoded even when the signature failed: the order checks still tell the
+                // reader whether re-applying it would pay the order.
+                e.notice = Some(notice);
             }
             Err(rejection) => e.push("decoded fields", Verdict::Fail, rejection.to_string()),
         }

@@ -11,6 +11,12 @@ use serde_json::Value;
 use crate::helpers::{Backend, TestApp, metric, spawn_app_with};
 use crate::wechat::{APIV3_A, paid, pay, sandbox, settings};
 
+use std::sync::Arc;
+
+use paynotify::channel::Provider;
+use paynotify::explain::{Report, Request};
+use paynotify::time::Clock;
+
 async fn app(backend: Backend) -> TestApp {
     spawn_app_with(backend, |s| s.wechat = settings()).await
 }
@@ -40,6 +46,8 @@ crate::on_both_backends!(
     a_full_receipt_queue_drops_and_counts_while_notify_still_answers,
     a_wrong_apiv3_key_fixed_then_bulk_reapply_pays_each_order_once,
     the_admin_api_lists_shows_and_reapplies_one_receipt,
+    explain_names_the_reserialised_body_as_the_failing_check,
+    explain_names_an_alipay_body_reencoded_from_gbk_to_utf8,
 );
 
 async fn a_body_reserialised_by_a_proxy_is_refused_and_kept_as_it_arrived(backend: Backend) {
@@ -312,4 +320,185 @@ async fn the_admin_api_lists_shows_and_reapplies_one_receipt(backend: Backend) {
         .await
         .expect("GET");
     assert_eq!(unauthorised.status(), 401);
+}
+
+/// Every provider of `settings`, as `paynotify explain` builds them.
+fn providers(settings: &paynotify::config::Settings, app: &TestApp) -> Vec<Arc<dyn Provider>> {
+    paynotify::channel::mount_all(settings, app.clock.now())
+        .expect("keys load")
+        .into_iter()
+        .map(|m| m.provider)
+        .collect()
+}
+
+/// `paynotify explain --receipt` on the last receipt, as a library call.
+async fn explain_last(app: &TestApp, settings: &paynotify::config::Settings) -> Report {
+    let receipt = all_receipts(app)
+        .await
+        .into_iter()
+        .next()
+        .expect("a receipt");
+    let mut report = paynotify::explain::explain(
+        &providers(settings, app),
+        Request::from_receipt(&receipt).expect("request"),
+    )
+    .expect("explain");
+    paynotify::explain::check_order(&mut report, &app.store)
+        .await
+        .expect("order checks");
+    report
+}
+
+async fn explain_names_the_reserialised_body_as_the_failing_check(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("RE-1", 100).await;
+    let original = paid(&app, &sandbox('A'), "RE-1", 100);
+    assert_eq!(pay(&app, &reserialised(&original)).await.0, 401);
+    app.receipts_stored(1).await;
+    let mut config = crate::helpers::test_settings(app.db.url());
+    config.wechat = settings();
+    let report = explain_last(&app, &config).await;
+    let text = report.to_string();
+    let failed = report.first_failure().expect("a failed check");
+    assert_eq!(failed.name, "signature", "{text}");
+    assert!(
+        failed.detail.contains(
+            "the body is not the bytes WeChat signed: it was re-serialised (whitespace differs)"
+        ),
+        "{text}"
+    );
+    for line in [
+        "header Wechatpay-Serial: present once",
+        "timestamp skew: 0 s",
+        "string to sign: ",
+        "SHA-256 ",
+        "decryption: decrypts",
+    ] {
+        assert!(text.contains(line), "{line} missing from:\n{text}");
+    }
+    // The checks after the signature still run: the order is there, the amount matches.
+    assert!(
+        text.contains("amount: 100 CNY as the order") || !text.contains("decoded fields: event"),
+        "{text}"
+    );
+
+    // The same request unchanged passes every check, order checks included.
+    assert_eq!(
+        pay(&app, &paid(&app, &sandbox('A'), "RE-2", 100)).await.0,
+        404
+    );
+    app.receipts_stored(2).await;
+    app.create_order("RE-2", 100).await;
+    let report = explain_last(&app, &config).await;
+    assert!(report.first_failure().is_none(), "{report}");
+    assert!(
+        report.to_string().contains("amount: 100 CNY as the order"),
+        "{report}"
+    );
+}
+
+async fn explain_names_an_alipay_body_reencoded_from_gbk_to_utf8(backend: Backend) {
+    use crate::alipay::{pay_fields, set};
+    let app = spawn_app_with(backend, |s| s.alipay = crate::alipay::settings()).await;
+    app.create_order("RG-1", 100).await;
+    let mut fields = pay_fields("RG-1", 100, "TRADE_SUCCESS");
+    set(&mut fields, "charset", "gbk");
+    set(&mut fields, "subject", "年货礼盒 A+B");
+    let content = paynotify::qa::forge::alipay::sign_content(&fields, false);
+    let (content, _, _) = encoding_rs::GBK.encode(&content);
+    let sign =
+        paynotify::qa::forge::rsa_sign(&crate::keys::rsa_key("alipay"), &content).expect("sign");
+    fields.push(("sign".into(), sign));
+    fields.push(("sign_type".into(), "RSA2".into()));
+    // A framework decoded the GBK body and encoded it again as UTF-8.
+    let d = Delivery {
+        headers: vec![(
+            "Content-Type".into(),
+            "application/x-www-form-urlencoded; charset=utf-8".into(),
+        )],
+        body: paynotify::qa::forge::alipay::encode_form(&fields),
+    };
+    let (status, body) = crate::alipay::send(&app, &d).await;
+    assert_eq!((status, body.as_str()), (401, "fail"));
+    app.receipts_stored(1).await;
+    let mut config = crate::helpers::test_settings(app.db.url());
+    config.alipay = crate::alipay::settings();
+    let report = explain_last(&app, &config).await;
+    let failed = report.first_failure().expect("a failed check");
+    assert_eq!(failed.name, "signature", "{report}");
+    assert!(
+        failed.detail.contains("re-encoded from GBK to UTF-8"),
+        "{report}"
+    );
+}
+
+/// `paynotify explain` as an operator runs it: on a receipt in the service's database, and
+/// on a raw HTTP request saved to a file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_explain_command_names_the_failing_check_for_a_receipt_and_a_saved_request() {
+    let app = app(Backend::Sqlite).await;
+    app.create_order("RX-1", 100).await;
+    let proxied = reserialised(&paid(&app, &sandbox('A'), "RX-1", 100));
+    assert_eq!(pay(&app, &proxied).await.0, 401);
+    app.receipts_stored(1).await;
+    let id = all_receipts(&app).await[0].id;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("paynotify.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = \"{}\"\n\n[[wechat.merchants]]\nmchid = \"1900000001\"\n\
+             appid = \"wx0000000000000001\"\napiv3_key = \"{APIV3_A}\"\n\n\
+             [[wechat.merchants.platform_keys]]\nserial = \"PUB_KEY_ID_0000000000000000000000000000000A\"\n\
+             public_key_file = \"{}\"\n",
+            app.db.url(),
+            crate::keys::public_key_path("wechat-a").display()
+        ),
+    )
+    .expect("config");
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_paynotify"))
+            .arg("explain")
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .expect("paynotify explain runs")
+    };
+    let expected = "first failing check: signature: the body is not the bytes WeChat signed: \
+                    it was re-serialised (whitespace differs)";
+
+    let out = run(&["--receipt", &id.to_string()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(expected), "{stdout}");
+    assert!(stdout.contains("amount: 100 CNY as the order"), "{stdout}");
+
+    let mut raw = b"POST /notify/wechat/pay HTTP/1.1\r\nHost: pay.example.com\r\n".to_vec();
+    for (name, value) in &proxied.headers {
+        raw.extend(format!("{name}: {value}\r\n").bytes());
+    }
+    raw.extend(b"\r\n");
+    raw.extend(&proxied.body);
+    let file = dir.path().join("request.http");
+    std::fs::write(&file, &raw).expect("request file");
+    let file = file.display().to_string();
+    let out = run(&["--file", &file, "--at", "2026-11-30T08:00:10Z"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(expected), "{stdout}");
+    assert!(stdout.contains("timestamp skew: 10 s"), "{stdout}");
+
+    let out = run(&["--receipt", "999999"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no receipt 999999"));
 }
