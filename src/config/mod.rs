@@ -726,6 +726,28 @@ mod tests {
     }
 
     #[test]
+    fn receipt_settings_default_to_rejected_for_a_week_and_bad_ones_name_their_key() {
+        let s = load("", &[]).expect("defaults");
+        assert_eq!(
+            (s.receipts.store, s.receipts.keep_days, s.receipts.queue),
+            (ReceiptMode::Rejected, 7, 1024)
+        );
+        let s = load("[receipts]\nstore = \"all\"\nkeep_days = 30\n", &[]).expect("all");
+        assert_eq!(
+            (s.receipts.store, s.receipts.keep_days),
+            (ReceiptMode::All, 30)
+        );
+        for (toml, key) in [
+            ("[receipts]\nstore = \"some\"\n", "receipts.store"),
+            ("[receipts]\nkeep_days = 0\n", "receipts.keep_days"),
+            ("[receipts]\nqueue = 0\n", "receipts.queue"),
+        ] {
+            let err = load(toml, &[]).unwrap_err();
+            assert!(err.to_string().contains(key), "{toml}: {err}");
+        }
+    }
+
+    #[test]
     fn a_bad_value_names_its_key() {
         let err = load("[database]\npool_size = \"many\"\n", &[]).unwrap_err();
         assert!(err.to_string().contains("database.pool_size"), "{err}");

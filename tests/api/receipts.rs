@@ -48,6 +48,7 @@ crate::on_both_backends!(
     the_admin_api_lists_shows_and_reapplies_one_receipt,
     explain_names_the_reserialised_body_as_the_failing_check,
     explain_names_an_alipay_body_reencoded_from_gbk_to_utf8,
+    the_retention_job_purges_receipts_after_receipts_keep_days,
 );
 
 async fn a_body_reserialised_by_a_proxy_is_refused_and_kept_as_it_arrived(backend: Backend) {
@@ -501,4 +502,30 @@ async fn the_explain_command_names_the_failing_check_for_a_receipt_and_a_saved_r
     let out = run(&["--receipt", "999999"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no receipt 999999"));
+}
+
+async fn the_retention_job_purges_receipts_after_receipts_keep_days(backend: Backend) {
+    let app = app(backend).await;
+    let mut forged = paid(&app, &sandbox('A'), "RP-1", 100);
+    forged.set_header("Wechatpay-Signature", "AAAA");
+    assert_eq!(pay(&app, &forged).await.0, 401);
+    assert_eq!(app.receipts_stored(1).await, 1);
+
+    app.clock.advance(3 * 86_400);
+    paynotify::jobs::purge(&app.store, app.clock.as_ref(), 7, 7)
+        .await
+        .expect("purge");
+    assert_eq!(
+        app.db.count("notify_receipt").await,
+        1,
+        "inside receipts.keep_days"
+    );
+    paynotify::jobs::purge(&app.store, app.clock.as_ref(), 7, 2)
+        .await
+        .expect("purge");
+    assert_eq!(
+        app.db.count("notify_receipt").await,
+        0,
+        "older than receipts.keep_days"
+    );
 }
