@@ -707,9 +707,8 @@ impl Provider for WechatPay {
             ),
         );
 
-        let _signature_ok = if signature.starts_with(PROBE_PREFIX) {
+        if signature.starts_with(PROBE_PREFIX) {
             e.push("signature", Verdict::Fail, "a WECHATPAY/SIGNTEST/ probe: WeChat checks that merchants refuse it; refusing it is correct");
-            false
         } else {
             match (platform, BASE64.decode(signature)) {
                 (_, Err(_)) => {
@@ -718,11 +717,9 @@ impl Provider for WechatPay {
                         Verdict::Fail,
                         "Wechatpay-Signature is not base64",
                     );
-                    false
                 }
                 (None, Ok(_)) => {
                     e.push("signature", Verdict::Skipped, "no key for this serial");
-                    false
                 }
                 (Some(p), Ok(sig)) => {
                     if p.key.verify(&message, &sig) {
@@ -731,15 +728,13 @@ impl Provider for WechatPay {
                             Verdict::Pass,
                             "verifies with the platform key of this serial",
                         );
-                        true
                     } else {
                         let why = self.why_unsigned(serial, timestamp, nonce, request.body, &sig);
                         e.push("signature", Verdict::Fail, why);
-                        false
                     }
                 }
             }
-        };
+        }
 
         let Some(platform) = platform else {
             e.push(
