@@ -49,17 +49,32 @@ pub async fn expire_orders(
     }
 }
 
-/// The retention job: callback rows of decided orders, sent messages and idempotency keys
-/// older than `keep_days`, in batches with pauses. Pending and dead messages stay.
+/// The retention job: sent messages and idempotency keys older than `keep_days`, and
+/// receipts older than `receipts_keep_days`, in batches with pauses. Pending and dead
+/// messages stay.
 pub async fn purge(
     store: &Store,
     clock: &dyn Clock,
     keep_days: u32,
+    receipts_keep_days: u32,
 ) -> Result<usize, crate::store::StoreError> {
+    let receipts_cutoff = clock
+        .now()
+        .plus_seconds(-i64::from(receipts_keep_days.max(1)) * 86_400);
+    let mut total = 0;
+    loop {
+        let deleted = store
+            .purge_receipts_batch(receipts_cutoff, RETENTION_BATCH)
+            .await?;
+        total += deleted;
+        if (deleted as i64) < RETENTION_BATCH {
+            break;
+        }
+        tokio::time::sleep(RETENTION_PAUSE).await;
+    }
     let cutoff = clock
         .now()
         .plus_seconds(-i64::from(keep_days.max(2)) * 86_400);
-    let mut total = 0;
     loop {
         let deleted = store.purge_batch(cutoff, RETENTION_BATCH).await?;
         let most = deleted.iter().map(|(_, n)| *n).max().unwrap_or(0);
@@ -149,6 +164,7 @@ impl Jobs {
         relay: Arc<Relay>,
         relay_every: Duration,
         keep_days: u32,
+        receipts_keep_days: u32,
     ) -> Result<Self, JobSchedulerError> {
         let scheduler = JobScheduler::new().await?;
         let (s, c, busy) = (store.clone(), Arc::clone(&clock), Arc::new(Mutex::new(())));
@@ -171,7 +187,7 @@ impl Jobs {
             .add(Job::new_repeated_async(RETENTION_EVERY, move |_, _| {
                 let (s, c) = (s.clone(), Arc::clone(&c));
                 unless_busy(&busy, async move {
-                    match purge(&s, c.as_ref(), keep_days).await {
+                    match purge(&s, c.as_ref(), keep_days, receipts_keep_days).await {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(deleted = n, "retention purge"),
                         Err(e) => {

@@ -4,6 +4,7 @@
 pub mod body_deadline;
 pub mod channel;
 pub mod config;
+pub mod explain;
 pub mod gate;
 pub mod jobs;
 pub mod metrics;
@@ -13,6 +14,7 @@ pub mod order;
 pub mod outbox;
 pub mod qa;
 pub mod random;
+pub mod receipts;
 pub mod relay;
 pub mod routes;
 pub mod startup;

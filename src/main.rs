@@ -38,6 +38,8 @@ enum Command {
     },
     /// QA: forge provider-signed notifications with the sandbox keys and send them.
     Replay(ReplayArgs),
+    /// Every check made of one notify request, in order, and the first that failed.
+    Explain(ExplainArgs),
     /// Write a fresh sandbox key set and a matching paynotify.toml into DIR.
     SandboxKeys {
         #[arg(long, value_name = "DIR")]
@@ -47,6 +49,23 @@ enum Command {
         #[arg(long, default_value = "127.0.0.1:8081")]
         listen: std::net::SocketAddr,
     },
+}
+
+#[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("request").required(true).args(["receipt", "file"])))]
+struct ExplainArgs {
+    /// A stored receipt (`GET /admin/receipts`), read from the configured database.
+    #[arg(long, value_name = "ID")]
+    receipt: Option<i64>,
+    /// A raw HTTP request (request line, headers, blank line, body byte for byte).
+    #[arg(long, value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// With --file: when the request arrived (RFC 3339), for the timestamp check; default now.
+    #[arg(long, value_name = "TIME")]
+    at: Option<String>,
+    /// The service's configuration: its keys, and its database for the order checks.
+    #[arg(long)]
+    config: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -110,6 +129,7 @@ async fn main() -> ExitCode {
         Command::Serve { config } => serve(config).await,
         Command::Migrate { config } => migrate(config).await,
         Command::Replay(args) => replay(args).await,
+        Command::Explain(args) => explain(args).await,
         Command::SandboxKeys { out, listen } => {
             paynotify::telemetry::init();
             sandbox_keys(&out, listen)
@@ -187,6 +207,60 @@ async fn migrate(config: Option<PathBuf>) -> anyhow::Result<()> {
         applied.len(),
         store.backend()
     );
+    Ok(())
+}
+
+async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
+    use paynotify::channel::{Provider, Verdict};
+    use paynotify::explain::{self, ExplainError, Request};
+    use paynotify::time::{Clock, SystemClock};
+
+    let settings = load_settings(args.config.as_deref())?;
+    let now = match &args.at {
+        None => SystemClock.now(),
+        Some(text) => chrono::DateTime::parse_from_rfc3339(text)
+            .map(|t| paynotify::time::Timestamp::new(t.with_timezone(&chrono::Utc)))
+            .with_context(|| format!("--at {text:?} is not RFC 3339"))?,
+    };
+    let providers: Vec<Arc<dyn Provider>> = paynotify::channel::mount_all(&settings, now)?
+        .into_iter()
+        .map(|m| m.provider)
+        .collect();
+    let store = Store::connect(&settings.database)?;
+    let request = match (args.receipt, &args.file) {
+        (Some(id), _) => {
+            let receipt = match store.receipt(id).await {
+                Ok(receipt) => receipt.ok_or(ExplainError::NoReceipt(id))?,
+                Err(e) => return Err(paynotify::startup::explain(&store, e).await.into()),
+            };
+            Request::from_receipt(&receipt)?
+        }
+        (None, Some(path)) => {
+            let raw =
+                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            Request::from_http(&raw, &path.display().to_string(), now)?
+        }
+        (None, None) => anyhow::bail!("give --receipt ID or --file FILE"),
+    };
+    let mut report = explain::explain(&providers, request)?;
+    if report.explanation.notice.is_some() {
+        let reachable = tokio::time::timeout(Duration::from_secs(3), store.ping())
+            .await
+            .is_ok_and(|r| r.is_ok());
+        let checked = if reachable {
+            explain::check_order(&mut report, &store).await
+        } else {
+            Ok(())
+        };
+        if !reachable || checked.is_err() {
+            report.explanation.push(
+                "order",
+                Verdict::Skipped,
+                "the database is not reachable (database.url): amount and state not checked against the order",
+            );
+        }
+    }
+    print!("{report}");
     Ok(())
 }
 

@@ -105,6 +105,24 @@ impl GateResult {
     }
 }
 
+/// What became of a receipt: the `result` label of `paynotify_receipts_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReceiptResult {
+    /// Stored in `notify_receipt`.
+    Written,
+    /// Not stored: the writer's queue was full, or its insert failed.
+    Dropped,
+}
+
+impl ReceiptResult {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Written => "written",
+            Self::Dropped => "dropped",
+        }
+    }
+}
+
 /// A started request: [`RequestTimer::observe`] records its latency under fixed labels.
 pub struct RequestTimer {
     histogram: Histogram,
@@ -142,6 +160,8 @@ pub struct Metrics {
     pub db_pool: IntGaugeVec,
     /// 1 while the Redis gate's breaker is open (Redis bypassed), else 0.
     pub gate_breaker_open: IntGauge,
+    /// Receipts by [`ReceiptResult`].
+    pub receipts: IntCounterVec,
 }
 
 /// The `route` label of a request that matched no registered route.
@@ -263,8 +283,14 @@ impl Metrics {
             "paynotify_gate_breaker_open",
             "1 while the Redis gate is bypassed after repeated failures",
         );
+        let receipts = counter(
+            "paynotify_receipts_total",
+            "Notify receipts written to notify_receipt, or dropped (queue full, insert failed)",
+            &["result"],
+        );
         Self {
             registry,
+            receipts,
             notifications,
             rejections,
             anomalies,
@@ -291,6 +317,13 @@ impl Metrics {
                 .with_label_values(&[channel.as_str(), reason.as_str()])
                 .inc();
         }
+    }
+
+    /// Counts `n` receipts written or dropped.
+    pub fn receipts(&self, result: ReceiptResult, n: usize) {
+        self.receipts
+            .with_label_values(&[result.label()])
+            .inc_by(n as u64);
     }
 
     /// Counts a notification refused before the ledger.

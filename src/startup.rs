@@ -14,6 +14,7 @@ use crate::config::{ConfigError, Settings};
 use crate::gate::Gate;
 use crate::jobs::Jobs;
 use crate::metrics::Metrics;
+use crate::receipts::Receipts;
 use crate::relay::{Relay, Sink, sink};
 use crate::routes::{self, AppState, ExtraRoutes};
 use crate::store::{Store, StoreError};
@@ -85,7 +86,12 @@ impl Application {
     pub async fn build(settings: &Settings, options: Options) -> Result<Self, StartupError> {
         // Keys first: a bad key file should stop start-up before anything connects.
         let now = options.clock.now();
-        let providers: Arc<[channel::Mount]> = channel::mount_all(settings, now)?.into();
+        let (providers, operated): (Vec<channel::Mount>, Vec<Arc<dyn channel::Provider>>) =
+            channel::mount_all(settings, now)?
+                .into_iter()
+                .map(|m| (m.mount, m.provider))
+                .unzip();
+        let providers: Arc<[channel::Mount]> = providers.into();
         let store = Store::connect(&settings.database)?;
         store.check_server().await?;
         if settings.database.auto_migrate {
@@ -137,6 +143,8 @@ impl Application {
             expire_after_secs: settings.orders.expire_after_secs,
             runtime: tokio::runtime::Handle::current(),
             sink: Arc::clone(&sink),
+            receipts: Receipts::start(&settings.receipts, store.clone(), Arc::clone(&metrics)),
+            providers: operated,
         });
         let limits = routes::Limits {
             max_body: settings.server.max_body_bytes,
@@ -216,6 +224,7 @@ impl Application {
             relay,
             Duration::from_millis(settings.relay.interval_ms),
             settings.retention.keep_days,
+            settings.receipts.keep_days,
         )
         .await
         .map_err(StartupError::from)

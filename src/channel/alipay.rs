@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use utoipa::OpenApi;
 
 use super::keys::{self, RsaVerifier};
-use super::{Answer, Channel, Inbound, Mount, Rejection, Reply};
+use super::{Answer, Channel, Explanation, Inbound, Mounted, Provider, Rejection, Reply, Verdict};
 use crate::config::value::{ConfigError, invalid};
 use crate::money::yuan_to_fen;
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
@@ -352,6 +352,212 @@ impl Channel for Alipay {
     }
 }
 
+/// `bytes` read as `from` and written as `to` (`None` when they are not valid `from`).
+fn transcode(bytes: &[u8], from_gbk: bool) -> Option<Vec<u8>> {
+    if from_gbk {
+        let (text, had_errors) = encoding_rs::GBK.decode_without_bom_handling(bytes);
+        (!had_errors).then(|| text.into_owned().into_bytes())
+    } else {
+        let text = std::str::from_utf8(bytes).ok()?;
+        let (encoded, _, had_errors) = encoding_rs::GBK.encode(text);
+        (!had_errors).then(|| encoded.into_owned())
+    }
+}
+
+impl Alipay {
+    /// Why a `sign` that does not verify over the fields received would have verified.
+    fn why_unsigned(&self, app: &App, form: &Form, signature: &[u8]) -> String {
+        let verifies = |form: &Form| {
+            app.key.verify(&form.sign_content(false), signature)
+                || app.key.verify(&form.sign_content(true), signature)
+        };
+        let non_ascii = form.0.iter().any(|(_, v)| !v.is_ascii());
+        let declared = form
+            .get("charset")
+            .map(|c| String::from_utf8_lossy(c).to_ascii_lowercase())
+            .unwrap_or_else(|| "utf-8 (absent)".to_owned());
+        if non_ascii {
+            for (from_gbk, what) in [(false, "GBK to UTF-8"), (true, "UTF-8 to GBK")] {
+                let recoded: Option<Vec<_>> = form
+                    .0
+                    .iter()
+                    .map(|(k, v)| Some((k.clone(), transcode(v, from_gbk)?)))
+                    .collect();
+                if let Some(fields) = recoded
+                    && verifies(&Form(fields))
+                {
+                    return format!(
+                        "the body is not the bytes Alipay signed: it was re-encoded from {what} \
+                         on the way (charset={declared}); Alipay signs the bytes of the charset \
+                         it sends, so pass the raw body through unchanged"
+                    );
+                }
+            }
+        }
+        let mut others: Vec<&str> = self
+            .apps
+            .values()
+            .filter(|other| other.app_id != app.app_id)
+            .filter(|other| {
+                other.key.verify(&form.sign_content(false), signature)
+                    || other.key.verify(&form.sign_content(true), signature)
+            })
+            .map(|other| other.app_id.as_str())
+            .collect();
+        others.sort_unstable();
+        if let Some(other) = others.first() {
+            return format!(
+                "signed with the Alipay public key configured for app {other}, not for app {}: \
+                 alipay.apps[].alipay_public_key_file is swapped",
+                app.app_id
+            );
+        }
+        "the sign does not verify over the fields received: a field was changed, added or \
+         removed on the way, the body was re-encoded, or the key configured in \
+         alipay.apps[].alipay_public_key_file is not Alipay's public key for this app (the \
+         app's own public key is a common mistake)"
+            .to_owned()
+    }
+}
+
+impl Provider for Alipay {
+    fn channel(&self) -> ChannelId {
+        ChannelId::Alipay
+    }
+
+    fn admit(&self, request: &Inbound<'_>) -> Result<Notice, Rejection> {
+        super::admit(self, request)
+    }
+
+    fn explain(&self, request: &Inbound<'_>) -> Explanation {
+        let mut e = Explanation::default();
+        let form = match Form::parse(request.body) {
+            Ok(form) => {
+                e.push(
+                    "form",
+                    Verdict::Pass,
+                    format!("{} fields, each once", form.0.len()),
+                );
+                form
+            }
+            Err(rejection) => {
+                e.push("form", Verdict::Fail, rejection.to_string());
+                return e;
+            }
+        };
+        let content_type = request
+            .headers
+            .get("content-type")
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .unwrap_or_default();
+        let declared = form
+            .get("charset")
+            .map(|c| String::from_utf8_lossy(c).to_ascii_lowercase());
+        let utf8 = form.0.iter().all(|(_, v)| std::str::from_utf8(v).is_ok());
+        e.push(
+            "charset",
+            Verdict::Info,
+            format!(
+                "charset field {}, Content-Type {content_type:?}; the decoded values {} valid UTF-8",
+                declared.as_deref().unwrap_or("absent (utf-8)"),
+                if utf8 { "are" } else { "are not" }
+            ),
+        );
+        let Some(app_id) = form.get("app_id") else {
+            e.push("app_id", Verdict::Fail, "missing parameter app_id");
+            return e;
+        };
+        let app_id = String::from_utf8_lossy(app_id).into_owned();
+        let Some(app) = self.apps.get(&app_id) else {
+            let mut known: Vec<&String> = self.apps.keys().collect();
+            known.sort();
+            e.push(
+                "app_id",
+                Verdict::Fail,
+                format!("{app_id} is not a configured app (configured: {known:?}): add it to alipay.apps"),
+            );
+            return e;
+        };
+        e.push("app_id", Verdict::Pass, format!("{app_id} is configured"));
+        match form.get("sign_type") {
+            None | Some(b"RSA2") => e.push("sign_type", Verdict::Pass, "RSA2"),
+            Some(other) => e.push(
+                "sign_type",
+                Verdict::Fail,
+                format!("unsupported sign_type {}", String::from_utf8_lossy(other)),
+            ),
+        }
+        let content = form.sign_content(false);
+        e.push(
+            "string to sign",
+            Verdict::Info,
+            format!(
+                "{} bytes, SHA-256 {}: \"{}\"",
+                content.len(),
+                super::sha256_hex(&content),
+                super::shown(&content)
+            ),
+        );
+        let signature = match form.get("sign").filter(|s| !s.is_empty()) {
+            None => {
+                e.push("signature", Verdict::Fail, "missing sign");
+                return e;
+            }
+            Some(sign) => match BASE64.decode(sign) {
+                Ok(signature) => signature,
+                Err(_) => {
+                    e.push("signature", Verdict::Fail, "sign is not base64");
+                    return e;
+                }
+            },
+        };
+        let verified = app.key.verify(&content, &signature)
+            || (form.0.iter().any(|(_, v)| v.is_empty())
+                && app.key.verify(&form.sign_content(true), &signature));
+        if !verified {
+            let why = self.why_unsigned(app, &form, &signature);
+            e.push("signature", Verdict::Fail, why);
+            return e;
+        }
+        e.push(
+            "signature",
+            Verdict::Pass,
+            format!("verifies with the Alipay public key of app {app_id}"),
+        );
+        match super::admit(self, request) {
+            Ok(notice) => {
+                e.push(
+                    "decoded fields",
+                    Verdict::Info,
+                    format!(
+                        "out_trade_no {}, trade_no {}, amount_fen {}, seller_id {}, app_id {}",
+                        notice.out_trade_no,
+                        notice.transaction_id,
+                        notice.amount_fen,
+                        notice.merchant.merchant_id,
+                        notice.merchant.app_id.as_deref().unwrap_or("-")
+                    ),
+                );
+                if notice.merchant_matches {
+                    e.push(
+                        "merchant",
+                        Verdict::Pass,
+                        "seller_id and app_id are those configured",
+                    );
+                } else {
+                    e.push("merchant", Verdict::Fail, format!(
+                        "seller_id {} is not the one configured for app {app_id}: recorded as a MERCHANT_MISMATCH anomaly, the order is not paid",
+                        notice.merchant.merchant_id
+                    ));
+                }
+                e.notice = Some(notice);
+            }
+            Err(rejection) => e.push("decoded fields", Verdict::Fail, rejection.to_string()),
+        }
+        e
+    }
+}
+
 crate::routes::notify::notify_handler!(
     #[utoipa::path(post, path = "/notify/alipay", tag = "notify",
     description = "Alipay asynchronous notification (trade_status_sync): payments, refunds, closes. Authenticated by the RSA2 `sign` field; the body is read raw whatever its Content-Type.",
@@ -374,13 +580,16 @@ crate::routes::notify::notify_handler!(
 pub struct NotifyApi;
 
 /// Loads the apps' keys (once, at start-up) and mounts the notify route.
-pub fn mount(settings: &AlipaySettings, now: Timestamp) -> Result<Mount, ConfigError> {
-    let channel = web::Data::new(Alipay::from_settings(settings, now)?);
-    Ok(Box::new(move |cfg: &mut web::ServiceConfig| {
+pub fn mount(settings: &AlipaySettings, now: Timestamp) -> Result<Mounted, ConfigError> {
+    let built = Arc::new(Alipay::from_settings(settings, now)?);
+    let provider: Arc<dyn Provider> = built.clone();
+    let channel = web::Data::from(built);
+    let mount: super::Mount = Box::new(move |cfg: &mut web::ServiceConfig| {
         cfg.service(
             web::resource("/notify/alipay")
                 .app_data(channel.clone())
                 .route(web::post().to(alipay)),
         );
-    }))
+    });
+    Ok(Mounted { mount, provider })
 }

@@ -128,13 +128,122 @@ pub trait Channel: Send + Sync + 'static {
     fn render(&self, reply: Reply<'_>) -> Answer;
 }
 
+/// Verification, decoding and the length checks: everything between the raw request and a
+/// notice the ledger may apply. The notify handler and re-apply both go through it.
+pub fn admit<C: Channel + ?Sized>(channel: &C, request: &Inbound<'_>) -> Result<Notice, Rejection> {
+    channel
+        .verify(request)
+        .and_then(|v| channel.decode(v))
+        .and_then(|n| n.check_lengths().map_err(Rejection::BadRequest).map(|()| n))
+}
+
+/// How one check of [`Provider::explain`] went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    Fail,
+    /// Facts shown for the reader (the string to sign, decoded fields).
+    Info,
+    /// Not run: an earlier check it depends on failed.
+    Skipped,
+}
+
+impl Verdict {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Pass => "ok",
+            Self::Fail => "FAIL",
+            Self::Info => "info",
+            Self::Skipped => "skip",
+        }
+    }
+}
+
+/// One check of a notification, in the order the channel makes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub name: String,
+    pub verdict: Verdict,
+    /// What was found, in plain words.
+    pub detail: String,
+}
+
+impl Check {
+    pub fn new(name: impl Into<String>, verdict: Verdict, detail: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            verdict,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Every check a channel makes of one request, and the notice when they all passed.
+#[derive(Debug, Clone, Default)]
+pub struct Explanation {
+    pub checks: Vec<Check>,
+    pub notice: Option<Notice>,
+}
+
+impl Explanation {
+    pub fn push(&mut self, name: impl Into<String>, verdict: Verdict, detail: impl Into<String>) {
+        self.checks.push(Check::new(name, verdict, detail));
+    }
+
+    /// The first check that failed.
+    pub fn first_failure(&self) -> Option<&Check> {
+        self.checks.iter().find(|c| c.verdict == Verdict::Fail)
+    }
+}
+
+/// The SHA-256 of `bytes`, lower-case hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Bytes shown on one line: text with `\n`, `\r`, `\t` and quotes escaped, other bytes
+/// that are not UTF-8 as `\xNN`.
+pub fn shown(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() + 16);
+    for chunk in bytes.utf8_chunks() {
+        out.extend(chunk.valid().chars().flat_map(char::escape_debug));
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// A provider as the operations side sees it: re-verify a stored request with the keys
+/// configured now, and explain every check made of it.
+pub trait Provider: Send + Sync + 'static {
+    fn channel(&self) -> ChannelId;
+
+    /// [`admit`]: verify and decode exactly as the notify route does.
+    fn admit(&self, request: &Inbound<'_>) -> Result<Notice, Rejection>;
+
+    /// Every check of `request` in order, each with what it found; the first failure in
+    /// plain words (a re-serialised body, a re-encoded charset, a wrong key).
+    fn explain(&self, request: &Inbound<'_>) -> Explanation;
+}
+
 /// Registers a provider's notify routes (with its channel as their app data) on each worker.
 pub type Mount = Box<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
+
+/// A provider built from its settings: its routes and its operations side.
+pub struct Mounted {
+    pub mount: Mount,
+    pub provider: std::sync::Arc<dyn Provider>,
+}
 
 /// How the service knows a provider: it builds the provider's channel from its settings
 /// (loading keys once, at start-up) and describes its notify routes.
 pub struct Registration {
-    pub build: fn(&Settings, Timestamp) -> Result<Mount, ConfigError>,
+    pub build: fn(&Settings, Timestamp) -> Result<Mounted, ConfigError>,
     pub openapi: fn() -> utoipa::openapi::OpenApi,
 }
 
@@ -151,6 +260,6 @@ pub const PROVIDERS: [Registration; 2] = [
 ];
 
 /// Builds every provider's routes; the first bad key or setting stops start-up.
-pub fn mount_all(settings: &Settings, now: Timestamp) -> Result<Vec<Mount>, ConfigError> {
+pub fn mount_all(settings: &Settings, now: Timestamp) -> Result<Vec<Mounted>, ConfigError> {
     PROVIDERS.iter().map(|p| (p.build)(settings, now)).collect()
 }

@@ -30,6 +30,8 @@ pub struct Settings {
     pub orders: OrderSettings,
     pub relay: RelaySettings,
     pub retention: RetentionSettings,
+    /// `[receipts]`: what arrived at the notify URLs, kept for diagnosis (src/receipts.rs).
+    pub receipts: ReceiptSettings,
     pub sandbox: SandboxSettings,
     pub log: LogSettings,
 }
@@ -123,6 +125,39 @@ pub struct RelaySettings {
 #[serde(deny_unknown_fields, default)]
 pub struct RetentionSettings {
     pub keep_days: u32,
+}
+
+/// Which notify requests leave a receipt (`receipts.store`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReceiptMode {
+    /// Only requests that were not answered with the provider's success.
+    #[default]
+    Rejected,
+    /// Every request.
+    All,
+    /// None.
+    Off,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReceiptSettings {
+    pub store: ReceiptMode,
+    /// Receipts older than this are purged by the retention job.
+    pub keep_days: u32,
+    /// Receipts waiting for the writer; when full, new ones are dropped and counted.
+    pub queue: usize,
+}
+
+impl Default for ReceiptSettings {
+    fn default() -> Self {
+        Self {
+            store: ReceiptMode::Rejected,
+            keep_days: 7,
+            queue: 1024,
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -358,6 +393,12 @@ impl Settings {
                 "must be between 2 (providers retry for up to 25 hours) and 3650",
             ));
         }
+        if !(1..=3650).contains(&self.receipts.keep_days) {
+            return Err(invalid("receipts.keep_days", "must be between 1 and 3650"));
+        }
+        if !(1..=1_000_000).contains(&self.receipts.queue) {
+            return Err(invalid("receipts.queue", "must be between 1 and 1000000"));
+        }
         if self.orders.expire_after_secs > 30 * 24 * 3600 {
             return Err(invalid(
                 "orders.expire_after_secs",
@@ -412,7 +453,7 @@ const OTHER_PAYNOTIFY_VARS: [&str; 3] = [
 ];
 
 /// The sections of the configuration, for suggesting the spelling of a mistyped variable.
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 11] = [
     "server",
     "database",
     "redis",
@@ -421,6 +462,7 @@ const SECTIONS: [&str; 10] = [
     "orders",
     "relay",
     "retention",
+    "receipts",
     "sandbox",
     "log",
 ];
@@ -681,6 +723,28 @@ mod tests {
     fn an_unknown_section_is_named() {
         let err = load("[serverr]\nlisten = \"127.0.0.1:1\"\n", &[]).unwrap_err();
         assert!(err.to_string().contains("serverr"), "{err}");
+    }
+
+    #[test]
+    fn receipt_settings_default_to_rejected_for_a_week_and_bad_ones_name_their_key() {
+        let s = load("", &[]).expect("defaults");
+        assert_eq!(
+            (s.receipts.store, s.receipts.keep_days, s.receipts.queue),
+            (ReceiptMode::Rejected, 7, 1024)
+        );
+        let s = load("[receipts]\nstore = \"all\"\nkeep_days = 30\n", &[]).expect("all");
+        assert_eq!(
+            (s.receipts.store, s.receipts.keep_days),
+            (ReceiptMode::All, 30)
+        );
+        for (toml, key) in [
+            ("[receipts]\nstore = \"some\"\n", "receipts.store"),
+            ("[receipts]\nkeep_days = 0\n", "receipts.keep_days"),
+            ("[receipts]\nqueue = 0\n", "receipts.queue"),
+        ] {
+            let err = load(toml, &[]).unwrap_err();
+            assert!(err.to_string().contains(key), "{toml}: {err}");
+        }
     }
 
     #[test]

@@ -1,14 +1,21 @@
 //! Operations endpoints behind the bearer token: the outbox by status, redriving a dead
-//! message, and every callback recorded for an order.
+//! message, every callback recorded for an order, and the receipts of notify requests with
+//! their re-apply.
 
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
+use super::notify::settle_notice;
 use super::{ApiError, Authorized, ErrorBody, detach};
+use crate::channel::{Inbound, Reply};
+use crate::metrics::Refusal;
 use crate::outbox::status;
+use crate::receipts::{decode_body, header_map};
 use crate::store::outbox::StoredMessage;
+use crate::store::receipts::{ReceiptFilter, StoredReceipt};
+use crate::time::Timestamp;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -104,5 +111,217 @@ pub async fn callbacks(
         "payments": callbacks.payments,
         "refunds": callbacks.refunds,
         "statuses": callbacks.statuses,
+    })))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiptsQuery {
+    /// `wechat`, `alipay`, …
+    pub channel: Option<String>,
+    /// What became of it: `bad_signature`, `stale`, `bad_request`, `undecryptable`,
+    /// `too_large`, `body_timeout`, or a ledger outcome (`applied`, `unknown_order`, …).
+    pub outcome: Option<String>,
+    /// The `out_trade_no` decoded from it (refused requests before decryption have none).
+    pub order_no: Option<String>,
+    /// RFC 3339: received at or after.
+    pub since: Option<String>,
+    /// 1 to 1000; default 50 (listing) or 100 (bulk re-apply).
+    pub limit: Option<i64>,
+}
+
+impl ReceiptsQuery {
+    fn filter(&self, default_limit: i64, oldest_first: bool) -> Result<ReceiptFilter, ApiError> {
+        let limit = self.limit.unwrap_or(default_limit);
+        if !(1..=1000).contains(&limit) {
+            return Err(ApiError::BadRequest("limit: between 1 and 1000".to_owned()));
+        }
+        let since = match &self.since {
+            None => None,
+            Some(text) => Some(
+                chrono::DateTime::parse_from_rfc3339(text)
+                    .map(|t| Timestamp::new(t.with_timezone(&chrono::Utc)))
+                    .map_err(|e| ApiError::BadRequest(format!("since: RFC 3339 ({e})")))?,
+            ),
+        };
+        Ok(ReceiptFilter {
+            channel: self.channel.clone(),
+            outcome: self.outcome.clone(),
+            order_no: self.order_no.clone(),
+            since,
+            limit,
+            oldest_first,
+        })
+    }
+}
+
+#[utoipa::path(get, path = "/admin/receipts", tag = "operations", params(ReceiptsQuery),
+    responses(
+        (status = 200, description = "Receipts of notify requests, newest first", body = Vec<StoredReceipt>),
+        (status = 400, description = "Bad since or limit (or an unknown query parameter)", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn receipts(
+    _: Authorized,
+    state: web::Data<AppState>,
+    query: web::Query<ReceiptsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let filter = query.filter(50, false)?;
+    let store = state.store.clone();
+    let rows = detach(&state, async move { store.receipts(&filter).await }).await?;
+    Ok(HttpResponse::Ok().json(rows))
+}
+
+/// The body as text when it is UTF-8 without control characters (tabs and line ends aside).
+fn printable(body: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?;
+    text.chars()
+        .all(|c| !c.is_control() || matches!(c, '\n' | '\r' | '\t'))
+        .then(|| text.to_owned())
+}
+
+#[utoipa::path(get, path = "/admin/receipts/{id}", tag = "operations",
+    params(("id" = i64, Path)),
+    responses(
+        (status = 200, description = "The receipt with its headers, body_b64, and body_text when the body is printable", body = Object),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 404, description = "No such receipt (or purged after receipts.keep_days)", body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn receipt(
+    _: Authorized,
+    state: web::Data<AppState>,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let receipt = load_receipt(&state, id.into_inner()).await?;
+    let body_text = decode_body(&receipt.body_b64).and_then(|b| printable(&b));
+    let mut value = serde_json::to_value(&receipt)
+        .map_err(|e| ApiError::Unprocessable(format!("receipt not representable: {e}")))?;
+    value["body_text"] = body_text.map_or(serde_json::Value::Null, serde_json::Value::String);
+    Ok(HttpResponse::Ok().json(value))
+}
+
+async fn load_receipt(state: &web::Data<AppState>, id: i64) -> Result<StoredReceipt, ApiError> {
+    let store = state.store.clone();
+    detach(state, async move { store.receipt(id).await })
+        .await?
+        .ok_or_else(|| ApiError::NotFound("no such receipt".to_owned()))
+}
+
+/// What one re-apply did.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Reapplied {
+    pub id: i64,
+    /// A ledger outcome (`applied`, `duplicate`, `anomaly`, `unknown_order`, …) or why it
+    /// is still refused (`bad_signature`, `undecryptable`, …).
+    pub outcome: String,
+    pub detail: Option<String>,
+    pub out_trade_no: Option<String>,
+}
+
+/// Verifies a stored request again with the keys configured now, at the time it arrived
+/// (the receipt proves when: no timestamp window), and applies it through the gate and
+/// the ledger like a delivery.
+async fn reapply_receipt(
+    state: &web::Data<AppState>,
+    receipt: &StoredReceipt,
+) -> Result<Reapplied, ApiError> {
+    let refused = |outcome: &str, detail: String| Reapplied {
+        id: receipt.id,
+        outcome: outcome.to_owned(),
+        detail: Some(detail),
+        out_trade_no: None,
+    };
+    let provider = state
+        .providers
+        .iter()
+        .find(|p| p.channel().as_str() == receipt.channel);
+    let result = match (provider, decode_body(&receipt.body_b64)) {
+        (None, _) => refused(
+            "no_channel",
+            format!("channel {} is not configured", receipt.channel),
+        ),
+        (_, None) => refused("bad_request", "the stored body is not base64".to_owned()),
+        (Some(provider), Some(body)) => {
+            let headers = header_map(&receipt.headers.0);
+            let inbound = Inbound {
+                headers: &headers,
+                body: &body,
+                now: receipt.received_at,
+            };
+            match provider.admit(&inbound) {
+                Err(rejection) => refused(Refusal::from(&rejection).label(), rejection.to_string()),
+                Ok(notice) => {
+                    let now = state.clock.now();
+                    let (counted, reply) =
+                        settle_notice(state, &notice, now, std::time::Instant::now()).await;
+                    Reapplied {
+                        id: receipt.id,
+                        outcome: counted.label().to_owned(),
+                        detail: match reply {
+                            Reply::Success => None,
+                            Reply::Failure { message, .. } => Some(message.to_owned()),
+                        },
+                        out_trade_no: Some(notice.out_trade_no),
+                    }
+                }
+            }
+        }
+    };
+    let (store, id, outcome, now) = (
+        state.store.clone(),
+        receipt.id,
+        result.outcome.clone(),
+        state.clock.now(),
+    );
+    detach(state, async move {
+        store.mark_reapplied(id, &outcome, now).await
+    })
+    .await?;
+    tracing::info!(id, outcome = %result.outcome, "receipt re-applied");
+    Ok(result)
+}
+
+#[utoipa::path(post, path = "/admin/receipts/{id}/reapply", tag = "operations",
+    params(("id" = i64, Path)),
+    responses(
+        (status = 200, description = "Verified again with the keys configured now (without the timestamp window: the receipt proves when it arrived) and applied through the ledger; `outcome` says what happened", body = Reapplied),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 404, description = "No such receipt", body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn reapply(
+    _: Authorized,
+    state: web::Data<AppState>,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, ApiError> {
+    let receipt = load_receipt(&state, id.into_inner()).await?;
+    Ok(HttpResponse::Ok().json(reapply_receipt(&state, &receipt).await?))
+}
+
+#[utoipa::path(post, path = "/admin/receipts/reapply", tag = "operations", params(ReceiptsQuery),
+    responses(
+        (status = 200, description = "Each matching receipt (oldest first, at most `limit`, default 100) re-applied as by /admin/receipts/{id}/reapply: `count`, `outcomes` by outcome, and `results`", body = Object),
+        (status = 400, description = "Bad since or limit", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn reapply_many(
+    _: Authorized,
+    state: web::Data<AppState>,
+    query: web::Query<ReceiptsQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let filter = query.filter(100, true)?;
+    let store = state.store.clone();
+    let rows = detach(&state, async move { store.receipts(&filter).await }).await?;
+    let mut results = Vec::with_capacity(rows.len());
+    let mut outcomes = std::collections::BTreeMap::<String, u64>::new();
+    for receipt in &rows {
+        let result = reapply_receipt(&state, receipt).await?;
+        *outcomes.entry(result.outcome.clone()).or_default() += 1;
+        results.push(result);
+    }
+    Ok(HttpResponse::Ok().json(json!({
+        "count": results.len(),
+        "outcomes": outcomes,
+        "results": results,
     })))
 }

@@ -37,6 +37,10 @@ pub struct AppState {
     pub runtime: tokio::runtime::Handle,
     /// Where the relay delivers (`relay.sink`); `/readyz` reports whether it is up.
     pub sink: Arc<dyn Sink>,
+    /// Where the notify handler leaves what arrived (`receipts.store`).
+    pub receipts: crate::receipts::Receipts,
+    /// Every provider's operations side: re-apply verifies stored requests with these.
+    pub providers: Vec<Arc<dyn crate::channel::Provider>>,
 }
 
 /// Extra routes mounted beside the built-in ones (tests mount a double channel this way).
@@ -83,6 +87,16 @@ pub fn configure(
             web::post().to(admin::redrive),
         )
         .route("/admin/callbacks", web::get().to(admin::callbacks))
+        .route("/admin/receipts", web::get().to(admin::receipts))
+        .route(
+            "/admin/receipts/reapply",
+            web::post().to(admin::reapply_many),
+        )
+        .route("/admin/receipts/{id}", web::get().to(admin::receipt))
+        .route(
+            "/admin/receipts/{id}/reapply",
+            web::post().to(admin::reapply),
+        )
         .route("/openapi.json", web::get().to(openapi::document));
     for mount in providers {
         mount(cfg);

@@ -3,14 +3,15 @@
 
 use actix_web::error::PayloadError;
 use actix_web::http::StatusCode;
-use actix_web::{HttpRequest, HttpResponse, web};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 
 use super::AppState;
-use crate::channel::{Answer, Channel, Inbound, Rejection, Reply};
+use crate::channel::{Answer, Channel, Inbound, Rejection, Reply, admit};
 use crate::gate::Decision;
 use crate::metrics::{Counted, Refusal};
 use crate::notice::{Notice, Outcome};
 use crate::store::StoreError;
+use crate::store::receipts::NewReceipt;
 use crate::time::Timestamp;
 
 /// Declares a provider's notify handler under a name of its own, so its OpenAPI attribute
@@ -108,37 +109,97 @@ fn unreadable(e: &actix_web::Error) -> (Refusal, u16, &'static str) {
     }
 }
 
+/// What a notify request came to, for its receipt.
+struct Verdict {
+    /// A ledger outcome, a gate or database result, or a refusal (the metrics' labels).
+    outcome: &'static str,
+    detail: Option<String>,
+    out_trade_no: Option<String>,
+}
+
+impl Verdict {
+    fn refused(why: Refusal, detail: String) -> Self {
+        Self {
+            outcome: why.label(),
+            detail: Some(detail),
+            out_trade_no: None,
+        }
+    }
+
+    fn of_notice(outcome: &'static str, notice: &Notice) -> Self {
+        Self {
+            outcome,
+            detail: None,
+            out_trade_no: (!notice.out_trade_no.is_empty()).then(|| notice.out_trade_no.clone()),
+        }
+    }
+}
+
 /// Handles `POST` on a provider's notify URL. The body arrives as raw bytes, bounded by
-/// `server.max_body_bytes` (413 in the provider's shape when larger).
+/// `server.max_body_bytes` (413 in the provider's shape when larger). What arrived and what
+/// it was answered goes to the receipt queue (`receipts.store`) without waiting.
 pub async fn notify<C: Channel>(
     channel: web::Data<C>,
     state: web::Data<AppState>,
     request: HttpRequest,
     body: Result<web::Bytes, actix_web::Error>,
 ) -> HttpResponse {
+    let received_at = state.clock.now();
+    let body = body.map_err(|e| {
+        let (why, status, message) = unreadable(&e);
+        tracing::warn!(channel = %channel.id(), error = %e, "notification rejected: {message}");
+        (why, status, message, e.to_string())
+    });
+    let (response, verdict) = match &body {
+        Ok(bytes) => handle(&channel, &state, &request, bytes, received_at).await,
+        Err((why, status, message, error)) => {
+            state.metrics.refused(channel.id(), *why);
+            let response = respond(channel.render(Reply::Failure {
+                status: *status,
+                message,
+            }));
+            (response, Verdict::refused(*why, error.clone()))
+        }
+    };
+    if state.receipts.wants(response.status().is_success()) {
+        let bytes: &[u8] = body.as_ref().map_or(&[], |b| b.as_ref());
+        state.receipts.submit(NewReceipt {
+            channel: channel.id().as_str().to_owned(),
+            received_at,
+            peer: request.peer_addr().map(|a| a.to_string()),
+            request_id: request
+                .extensions()
+                .get::<tracing_actix_web::RequestId>()
+                .map(ToString::to_string),
+            headers: crate::receipts::headers_payload(request.headers()),
+            body_b64: crate::receipts::encode_body(bytes),
+            body_bytes: i32::try_from(bytes.len()).unwrap_or(i32::MAX),
+            status: i16::try_from(response.status().as_u16()).unwrap_or(i16::MAX),
+            outcome: verdict.outcome.to_owned(),
+            detail: verdict.detail,
+            out_trade_no: verdict.out_trade_no,
+        });
+    }
+    response
+}
+
+/// Verify, decode, settle and answer one notification whose body was read.
+async fn handle<C: Channel>(
+    channel: &web::Data<C>,
+    state: &web::Data<AppState>,
+    request: &HttpRequest,
+    body: &[u8],
+    now: Timestamp,
+) -> (HttpResponse, Verdict) {
     let id = channel.id();
     let answer = |reply: Reply<'_>| respond(channel.render(reply));
     let started = std::time::Instant::now();
-    let body = match body {
-        Ok(body) => body,
-        Err(e) => {
-            let (why, status, message) = unreadable(&e);
-            tracing::warn!(channel = %id, error = %e, "notification rejected: {message}");
-            state.metrics.refused(id, why);
-            return answer(Reply::Failure { status, message });
-        }
-    };
-    let now = state.clock.now();
     let inbound = Inbound {
         headers: request.headers(),
-        body: &body,
+        body,
         now,
     };
-    let decoded = channel
-        .verify(&inbound)
-        .and_then(|v| channel.decode(v))
-        .and_then(|n| n.check_lengths().map_err(Rejection::BadRequest).map(|()| n));
-    let notice = match decoded {
+    let notice = match admit(channel.as_ref(), &inbound) {
         Ok(notice) => notice,
         Err(rejection) => {
             if let Rejection::Undecryptable(_) = rejection {
@@ -147,14 +208,33 @@ pub async fn notify<C: Channel>(
             } else {
                 tracing::warn!(channel = %id, reason = Refusal::from(&rejection).label(), detail = %rejection, "notification rejected");
             }
-            state.metrics.refused(id, Refusal::from(&rejection));
+            let why = Refusal::from(&rejection);
+            state.metrics.refused(id, why);
             let message = rejection.to_string();
-            return answer(Reply::Failure {
+            let response = answer(Reply::Failure {
                 status: rejection.status(),
                 message: &message,
             });
+            return (response, Verdict::refused(why, message));
         }
     };
+    let (counted, reply) = settle_notice(state, &notice, now, started).await;
+    let mut verdict = Verdict::of_notice(counted.label(), &notice);
+    if let Reply::Failure { message, .. } = reply {
+        verdict.detail = Some(message.to_owned());
+    }
+    (answer(reply), verdict)
+}
+
+/// Gate and ledger for a verified notice, run to its end even if the provider hangs up;
+/// what it came to and the reply. Re-apply (`routes::admin`) goes through here too.
+pub async fn settle_notice(
+    state: &web::Data<AppState>,
+    notice: &Notice,
+    now: Timestamp,
+    started: std::time::Instant,
+) -> (Counted, Reply<'static>) {
+    let id = notice.channel;
     // From here the notice is the provider's word: settle it to the end even if the provider
     // hangs up (WeChat does after 5 s), so no transaction or connection is left half done.
     let settled = {
@@ -169,14 +249,17 @@ pub async fn notify<C: Channel>(
         Ok(Settled::Cached) => {
             // The same content was applied before: the same answer, no database.
             state.metrics.notified(id, Counted::DuplicateCached);
-            return answer(Reply::Success);
+            return (Counted::DuplicateCached, Reply::Success);
         }
         Ok(Settled::Busy) => {
             state.metrics.notified(id, Counted::InFlight);
-            return answer(Reply::Failure {
-                status: 503,
-                message: "the same notification is being processed; retry",
-            });
+            return (
+                Counted::InFlight,
+                Reply::Failure {
+                    status: 503,
+                    message: "the same notification is being processed; retry",
+                },
+            );
         }
         Ok(Settled::Applied(result)) => result,
         Err(e) => Err(StoreError::Task(e)),
@@ -193,7 +276,7 @@ pub async fn notify<C: Channel>(
                 latency_ms = started.elapsed().as_secs_f64() * 1000.0,
                 "notification applied"
             );
-            answer(reply_for(outcome))
+            (Counted::Ledger(outcome), reply_for(outcome))
         }
         Err(e) => {
             // Either way nothing was stored and the provider retries; 503 when the database
@@ -205,7 +288,7 @@ pub async fn notify<C: Channel>(
             };
             state.metrics.notified(id, counted);
             tracing::error!(channel = %id, out_trade_no = %notice.out_trade_no, error = %e, "notification not stored; the provider will retry");
-            answer(Reply::Failure { status, message })
+            (counted, Reply::Failure { status, message })
         }
     }
 }

@@ -7,6 +7,7 @@
 pub mod ledger;
 pub mod orders;
 pub mod outbox;
+pub mod receipts;
 pub mod relay;
 pub mod schema;
 mod statements;

@@ -103,6 +103,14 @@ const PURGE: [(&str, &str, &str); 2] = [
     ),
 ];
 
+/// Receipts (`notify_receipt`) received before `$1`, at most `$2` per statement; their
+/// window is `receipts.keep_days`, not the retry windows'.
+const PURGE_RECEIPTS: (&str, &str) = (
+    "DELETE FROM notify_receipt WHERE id IN (\
+       SELECT id FROM notify_receipt WHERE received_at < $1 LIMIT $2)",
+    "DELETE FROM notify_receipt WHERE received_at < ? LIMIT ?",
+);
+
 /// What the relay metrics report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OutboxStats {
@@ -331,6 +339,23 @@ impl Store {
                 deleted.push((table, n));
             }
             Ok(deleted)
+        })
+    }
+
+    /// Deletes up to `batch` receipts received before `cutoff`; returns how many.
+    pub async fn purge_receipts_batch(
+        &self,
+        cutoff: Timestamp,
+        batch: i64,
+    ) -> Result<usize, StoreError> {
+        with_conn!(self, conn, dialect => {
+            let (ansi, mysql) = PURGE_RECEIPTS;
+            let sql = if dialect == Dialect::Mysql { mysql } else { ansi };
+            Ok(diesel::sql_query(sql)
+                .bind::<UtcTs, _>(cutoff)
+                .bind::<BigInt, _>(batch)
+                .execute(conn)
+                .await?)
         })
     }
 }

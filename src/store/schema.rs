@@ -97,7 +97,30 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::store::types::{Json, UtcTs};
+
+    notify_receipt (id) {
+        id -> BigInt,
+        channel -> Text,
+        received_at -> UtcTs,
+        peer -> Nullable<Text>,
+        request_id -> Nullable<Text>,
+        headers -> Json,
+        body_b64 -> Text,
+        body_bytes -> Integer,
+        status -> SmallInt,
+        outcome -> Text,
+        detail -> Nullable<Text>,
+        out_trade_no -> Nullable<Text>,
+        reapplied_at -> Nullable<UtcTs>,
+        reapply_outcome -> Nullable<Text>,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(
+    notify_receipt,
     orders,
     pay_callback,
     refund_callback,

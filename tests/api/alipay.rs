@@ -18,9 +18,9 @@ const SELLER: &str = "2088000000000001";
 const CERT_APP: &str = "2021000000000002";
 const CERT_SELLER: &str = "2088000000000002";
 
-type Fields = Vec<(String, String)>;
+pub(crate) type Fields = Vec<(String, String)>;
 
-fn settings() -> AlipaySettings {
+pub(crate) fn settings() -> AlipaySettings {
     rsa_key("alipay");
     AlipaySettings {
         apps: vec![
@@ -52,7 +52,7 @@ async fn app(backend: Backend) -> TestApp {
     spawn_app_with(backend, |s| s.alipay = settings()).await
 }
 
-fn set(fields: &mut Fields, key: &str, value: &str) {
+pub(crate) fn set(fields: &mut Fields, key: &str, value: &str) {
     match fields.iter_mut().find(|(k, _)| k == key) {
         Some(field) => field.1 = value.to_owned(),
         None => fields.push((key.to_owned(), value.to_owned())),
@@ -63,7 +63,7 @@ fn signed(fields: Fields) -> Delivery {
     sandbox().notification(fields, false).expect("forge")
 }
 
-fn pay_fields(order_no: &str, fen: i64, status: &str) -> Fields {
+pub(crate) fn pay_fields(order_no: &str, fen: i64, status: &str) -> Fields {
     alipay::payment(
         &sandbox(),
         order_no,
@@ -73,7 +73,7 @@ fn pay_fields(order_no: &str, fen: i64, status: &str) -> Fields {
     )
 }
 
-async fn send(app: &TestApp, d: &Delivery) -> (u16, String) {
+pub(crate) async fn send(app: &TestApp, d: &Delivery) -> (u16, String) {
     post_delivery(app, "/notify/alipay", d).await
 }
 

@@ -512,7 +512,8 @@ pub struct TestApp {
     pub store: Store,
     pub clock: Arc<ManualClock>,
     pub client: reqwest::Client,
-    pub db: TestDb,
+    /// Shared with a service rebuilt on the same database (`TestApp::rebuild`).
+    pub db: Arc<TestDb>,
     pub api_token: String,
     pub metrics: Arc<Metrics>,
     handle: ServerHandle,
@@ -582,7 +583,16 @@ async fn spawn(
     with_jobs: bool,
 ) -> TestApp {
     paynotify::telemetry::init_for_tests();
-    let db = TestDb::create(backend).await;
+    let db = Arc::new(TestDb::create(backend).await);
+    spawn_on(db, customise, with_jobs).await
+}
+
+/// The service on an existing test database.
+async fn spawn_on(
+    db: Arc<TestDb>,
+    customise: impl FnOnce(&mut Settings),
+    with_jobs: bool,
+) -> TestApp {
     let mut settings = test_settings(db.url());
     customise(&mut settings);
     settings.validate().expect("test settings are valid");
@@ -630,6 +640,25 @@ async fn spawn(
 }
 
 impl TestApp {
+    /// Stops this service and builds another on the same database with other settings
+    /// (a configuration fixed and the service restarted).
+    pub async fn rebuild(self, customise: impl FnOnce(&mut Settings)) -> TestApp {
+        self.handle.stop(true).await;
+        spawn_on(Arc::clone(&self.db), customise, false).await
+    }
+
+    /// Waits (up to 10 s) until `notify_receipt` holds at least `n` rows; returns the count.
+    pub async fn receipts_stored(&self, n: i64) -> i64 {
+        for _ in 0..200 {
+            let stored = self.db.count("notify_receipt").await;
+            if stored >= n {
+                return stored;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        self.db.count("notify_receipt").await
+    }
+
     /// Shuts down in `paynotify serve`'s order: the HTTP server first (its workers and their
     /// runtimes end), then the jobs, whose relay gives back its leases.
     pub async fn shutdown(&mut self, drain: std::time::Duration) {
@@ -777,6 +806,7 @@ pub fn metric(app: &TestApp, name: &str, labels: &[&str]) -> u64 {
         "paynotify_notify_rejections_total" => &app.metrics.rejections,
         "paynotify_anomalies_total" => &app.metrics.anomalies,
         "paynotify_gate_total" => &app.metrics.gate,
+        "paynotify_receipts_total" => &app.metrics.receipts,
         other => panic!("unknown metric {other}"),
     };
     Metrics::count(vec, labels)

@@ -308,7 +308,7 @@ async fn late_repeats_after_retention_are_duplicates(backend: Backend) {
         .execute("UPDATE local_message SET status = 1, sent_at = created_at")
         .await;
     app.clock.advance(90 * 86_400);
-    paynotify::jobs::purge(&app.store, app.clock.as_ref(), 7)
+    paynotify::jobs::purge(&app.store, app.clock.as_ref(), 7, 7)
         .await
         .expect("purge");
 

@@ -16,6 +16,7 @@ mod openapi;
 mod orders;
 mod qa;
 mod readme;
+mod receipts;
 mod relay;
 mod service;
 mod shutdown;

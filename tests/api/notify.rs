@@ -202,7 +202,7 @@ async fn an_order_whose_caller_hangs_up_is_still_created(backend: Backend) {
     );
     // PostgreSQL, MySQL: a row lock does not block an insert of another order, so lock the
     // table.
-    let lock = match &app.db {
+    let lock = match &*app.db {
         crate::helpers::TestDb::Postgres { .. } | crate::helpers::TestDb::Mysql { .. } => {
             app.db
                 .hold_table_lock("orders", std::time::Duration::from_millis(1500))

@@ -534,7 +534,7 @@ async fn retention_keeps_callbacks_anomalies_pending_dead_and_recent_rows(backen
         .await
         .expect("tick");
 
-    let deleted = purge(&app.store, app.clock.as_ref(), 7)
+    let deleted = purge(&app.store, app.clock.as_ref(), 7, 7)
         .await
         .expect("purge");
     // Three old sent messages (not the anomaly), one idempotency key.

@@ -16,12 +16,12 @@ use crate::keys::{certificate, public_key_path, rsa_key};
 
 const KEY_A: &str = "PUB_KEY_ID_0000000000000000000000000000000A";
 const KEY_B: &str = "PUB_KEY_ID_0000000000000000000000000000000B";
-const APIV3_A: &str = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA1";
+pub(crate) const APIV3_A: &str = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA1";
 const APIV3_B: &str = "BBBBBBBBBBBBBBBBBBBBBBBBBBBBBBB2";
 
 const CERT_SERIAL: &str = "5157F09EFDC096DE15EBE81A47057A7232F1B8E1";
 
-fn settings() -> WechatSettings {
+pub(crate) fn settings() -> WechatSettings {
     rsa_key("wechat-a");
     rsa_key("wechat-b");
     WechatSettings {
@@ -60,7 +60,7 @@ fn settings() -> WechatSettings {
     }
 }
 
-fn sandbox(which: char) -> Sandbox {
+pub(crate) fn sandbox(which: char) -> Sandbox {
     let (serial, private_key, mchid, appid, apiv3) = match which {
         'A' => (
             KEY_A,
@@ -101,7 +101,7 @@ fn now(app: &TestApp) -> i64 {
     app.clock.now().unix_seconds()
 }
 
-fn paid(app: &TestApp, s: &Sandbox, order_no: &str, total: i64) -> Delivery {
+pub(crate) fn paid(app: &TestApp, s: &Sandbox, order_no: &str, total: i64) -> Delivery {
     let plaintext = wechat::transaction(s, order_no, &format!("42{order_no}"), total);
     s.notification("TRANSACTION.SUCCESS", &plaintext, now(app))
         .expect("forge")
@@ -111,7 +111,7 @@ async fn send(app: &TestApp, route: &str, d: &Delivery) -> (u16, String) {
     post_delivery(app, route, d).await
 }
 
-async fn pay(app: &TestApp, d: &Delivery) -> (u16, String) {
+pub(crate) async fn pay(app: &TestApp, d: &Delivery) -> (u16, String) {
     send(app, "/notify/wechat/pay", d).await
 }
 

@@ -1,0 +1,531 @@
+//! Receipts: what arrived at a notify URL is kept when it was refused (or always, or never),
+//! written off the hot path, never holding a configured secret; re-applied once fixed.
+
+use std::time::{Duration, Instant};
+
+use paynotify::config::{ReceiptMode, Secret};
+use paynotify::qa::forge::Delivery;
+use paynotify::store::receipts::{ReceiptFilter, StoredReceipt};
+use serde_json::Value;
+
+use crate::helpers::{Backend, TestApp, metric, spawn_app_with};
+use crate::wechat::{APIV3_A, paid, pay, sandbox, settings};
+
+use std::sync::Arc;
+
+use paynotify::channel::Provider;
+use paynotify::explain::{Report, Request};
+use paynotify::time::Clock;
+
+async fn app(backend: Backend) -> TestApp {
+    spawn_app_with(backend, |s| s.wechat = settings()).await
+}
+
+/// A "proxy" that parses the JSON body and pretty-prints it before passing it on.
+fn reserialised(d: &Delivery) -> Delivery {
+    let value: serde_json::Value = serde_json::from_slice(&d.body).expect("JSON body");
+    let mut d = d.clone();
+    d.body = serde_json::to_vec_pretty(&value).expect("pretty");
+    d
+}
+
+async fn all_receipts(app: &TestApp) -> Vec<StoredReceipt> {
+    app.store
+        .receipts(&ReceiptFilter {
+            limit: 1000,
+            ..ReceiptFilter::default()
+        })
+        .await
+        .expect("receipts")
+}
+
+crate::on_both_backends!(
+    a_body_reserialised_by_a_proxy_is_refused_and_kept_as_it_arrived,
+    accepted_notifications_leave_no_receipt_unless_store_is_all,
+    receipts_never_contain_configured_secrets,
+    a_full_receipt_queue_drops_and_counts_while_notify_still_answers,
+    a_wrong_apiv3_key_fixed_then_bulk_reapply_pays_each_order_once,
+    the_admin_api_lists_shows_and_reapplies_one_receipt,
+    explain_names_the_reserialised_body_as_the_failing_check,
+    explain_names_an_alipay_body_reencoded_from_gbk_to_utf8,
+    the_retention_job_purges_receipts_after_receipts_keep_days,
+);
+
+async fn a_body_reserialised_by_a_proxy_is_refused_and_kept_as_it_arrived(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("RC-1", 19900).await;
+    let proxied = reserialised(&paid(&app, &sandbox('A'), "RC-1", 19900));
+    let (status, _) = pay(&app, &proxied).await;
+    assert_eq!(status, 401);
+    assert_eq!(app.receipts_stored(1).await, 1);
+    let receipt = &all_receipts(&app).await[0];
+    assert_eq!(receipt.channel, "wechat");
+    assert_eq!(
+        (receipt.status, receipt.outcome.as_str()),
+        (401, "bad_signature")
+    );
+    assert_eq!(
+        paynotify::receipts::decode_body(&receipt.body_b64).as_deref(),
+        Some(proxied.body.as_slice()),
+        "the raw body, byte for byte"
+    );
+    assert_eq!(receipt.body_bytes as usize, proxied.body.len());
+    let headers = &receipt.headers.0;
+    assert_eq!(
+        headers["wechatpay-serial"][0],
+        proxied.header("Wechatpay-Serial").expect("serial")
+    );
+    assert_eq!(headers["content-type"][0], "application/json");
+    assert!(receipt.request_id.is_some() && receipt.peer.is_some());
+    assert_eq!(metric(&app, "paynotify_receipts_total", &["written"]), 1);
+}
+
+async fn accepted_notifications_leave_no_receipt_unless_store_is_all(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("RC-2", 100).await;
+    assert_eq!(
+        pay(&app, &paid(&app, &sandbox('A'), "RC-2", 100)).await.0,
+        204
+    );
+    // A refused one after it: once it is stored, the accepted one would have been too.
+    let mut forged = paid(&app, &sandbox('A'), "RC-2", 100);
+    forged.set_header("Wechatpay-Signature", "AAAA");
+    assert_eq!(pay(&app, &forged).await.0, 401);
+    assert_eq!(app.receipts_stored(1).await, 1);
+    assert_eq!(all_receipts(&app).await[0].outcome, "bad_signature");
+
+    let all = spawn_app_with(backend, |s| {
+        s.wechat = settings();
+        s.receipts.store = ReceiptMode::All;
+    })
+    .await;
+    all.create_order("RC-3", 100).await;
+    assert_eq!(
+        pay(&all, &paid(&all, &sandbox('A'), "RC-3", 100)).await.0,
+        204
+    );
+    assert_eq!(all.receipts_stored(1).await, 1);
+    let receipt = &all_receipts(&all).await[0];
+    assert_eq!(
+        (
+            receipt.status,
+            receipt.outcome.as_str(),
+            receipt.out_trade_no.as_deref()
+        ),
+        (204, "applied", Some("RC-3"))
+    );
+
+    let off = spawn_app_with(backend, |s| {
+        s.wechat = settings();
+        s.receipts.store = ReceiptMode::Off;
+    })
+    .await;
+    assert_eq!(pay(&off, &forged).await.0, 401);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(off.db.count("notify_receipt").await, 0);
+}
+
+async fn receipts_never_contain_configured_secrets(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.wechat = settings();
+        s.receipts.store = ReceiptMode::All;
+    })
+    .await;
+    app.create_order("RC-S", 100).await;
+    let s = sandbox('A');
+    let mut sent = vec![paid(&app, &s, "RC-S", 100)];
+    sent.push(reserialised(&paid(&app, &s, "RC-S", 100)));
+    let mut bearer = paid(&app, &s, "RC-S", 100);
+    // A caller that sends the API token along: the Authorization header is not kept.
+    bearer.set_header("Authorization", format!("Bearer {}", app.api_token));
+    sent.push(bearer);
+    for d in &sent {
+        pay(&app, d).await;
+    }
+    assert_eq!(app.receipts_stored(3).await, 3);
+    let secrets = [APIV3_A.to_owned(), app.api_token.clone()];
+    for receipt in all_receipts(&app).await {
+        let row = serde_json::to_string(&receipt).expect("row as JSON");
+        let body = paynotify::receipts::decode_body(&receipt.body_b64).expect("body");
+        let body = String::from_utf8_lossy(&body);
+        for secret in &secrets {
+            assert!(
+                !row.contains(secret.as_str()),
+                "receipt row holds a secret: {row}"
+            );
+            assert!(
+                !body.contains(secret.as_str()),
+                "receipt body holds a secret"
+            );
+        }
+    }
+}
+
+async fn a_full_receipt_queue_drops_and_counts_while_notify_still_answers(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.wechat = settings();
+        s.receipts.queue = 2;
+    })
+    .await;
+    // The writer's insert waits behind this lock, so nothing leaves the queue.
+    let hold = Duration::from_secs(3);
+    let lock = match backend {
+        Backend::Sqlite => app.db.hold_write_lock("none", hold).await,
+        _ => app.db.hold_table_lock("notify_receipt", hold).await,
+    };
+    let mut forged = paid(&app, &sandbox('A'), "RC-Q", 100);
+    forged.set_header("Wechatpay-Signature", "AAAA");
+    assert_eq!(pay(&app, &forged).await.0, 401);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    for _ in 0..20 {
+        let one = Instant::now();
+        assert_eq!(pay(&app, &forged).await.0, 401);
+        assert!(
+            one.elapsed() < Duration::from_millis(500),
+            "notify waited on receipts"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "answered while the lock was held"
+    );
+    assert!(
+        metric(&app, "paynotify_receipts_total", &["dropped"]) >= 17,
+        "dropped: {}",
+        metric(&app, "paynotify_receipts_total", &["dropped"])
+    );
+    lock.await.expect("lock task");
+    assert!(app.receipts_stored(3).await >= 1);
+}
+
+async fn post_admin(app: &TestApp, path: &str) -> (u16, Value) {
+    let response = app
+        .client
+        .post(app.url(path))
+        .bearer_auth(&app.api_token)
+        .send()
+        .await
+        .expect("admin POST");
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("JSON"))
+}
+
+async fn get_admin(app: &TestApp, path: &str) -> (u16, Value) {
+    let response = app
+        .client
+        .get(app.url(path))
+        .bearer_auth(&app.api_token)
+        .send()
+        .await
+        .expect("admin GET");
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("JSON"))
+}
+
+/// 32 bytes, but not the key WeChat encrypts with.
+const WRONG_APIV3: &str = "ZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZZ1";
+
+async fn a_wrong_apiv3_key_fixed_then_bulk_reapply_pays_each_order_once(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.wechat = settings();
+        s.wechat.merchants[0].apiv3_key = Secret::new(WRONG_APIV3);
+    })
+    .await;
+    let orders: Vec<String> = (1..=5).map(|i| format!("RK-{i}")).collect();
+    for order_no in &orders {
+        app.create_order(order_no, 300).await;
+        let (status, _) = pay(&app, &paid(&app, &sandbox('A'), order_no, 300)).await;
+        assert_eq!(status, 500, "undecryptable: WeChat retries");
+    }
+    assert_eq!(app.receipts_stored(5).await, 5);
+
+    // The key is fixed and the service restarted, hours later: past WeChat's 5-minute
+    // window, which a re-apply does not apply (the receipt proves when it arrived).
+    let app = app.rebuild(|s| s.wechat = settings()).await;
+    app.clock.advance(3 * 3600);
+    let bulk = "/admin/receipts/reapply?outcome=undecryptable&since=2026-11-30T00:00:00Z&limit=100";
+    let (status, first) = post_admin(&app, bulk).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["count"], 5, "{first}");
+    assert_eq!(
+        first["outcomes"],
+        serde_json::json!({ "applied": 5 }),
+        "{first}"
+    );
+    for order_no in &orders {
+        assert_eq!(app.status_of(order_no).await, "PAID");
+    }
+    assert_eq!(app.messages("ORDER_PAID").await, 5);
+
+    let (status, second) = post_admin(&app, bulk).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        second["outcomes"],
+        serde_json::json!({ "duplicate": 5 }),
+        "{second}"
+    );
+    assert_eq!(
+        app.messages("ORDER_PAID").await,
+        5,
+        "each order paid exactly once"
+    );
+    assert_eq!(app.db.count("pay_callback").await, 5);
+    assert_eq!(
+        app.db
+            .count("notify_receipt WHERE reapply_outcome = 'duplicate'")
+            .await,
+        5
+    );
+}
+
+async fn the_admin_api_lists_shows_and_reapplies_one_receipt(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("RA-1", 100).await;
+    let proxied = reserialised(&paid(&app, &sandbox('A'), "RA-1", 100));
+    assert_eq!(pay(&app, &proxied).await.0, 401);
+    app.receipts_stored(1).await;
+
+    let (status, list) =
+        get_admin(&app, "/admin/receipts?channel=wechat&outcome=bad_signature").await;
+    assert_eq!(status, 200);
+    assert_eq!(list.as_array().map(Vec::len), Some(1), "{list}");
+    let id = list[0]["id"].as_i64().expect("id");
+    let (status, none) = get_admin(&app, "/admin/receipts?outcome=applied").await;
+    assert_eq!((status, none.as_array().map(Vec::len)), (200, Some(0)));
+    let (status, _) = get_admin(&app, "/admin/receipts?since=yesterday").await;
+    assert_eq!(status, 400);
+
+    let (status, one) = get_admin(&app, &format!("/admin/receipts/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        one["body_text"].as_str().map(str::as_bytes),
+        Some(proxied.body.as_slice())
+    );
+    assert_eq!(
+        one["headers"]["wechatpay-nonce"][0],
+        proxied.header("Wechatpay-Nonce").expect("nonce")
+    );
+
+    // The re-serialised body still does not verify: re-apply says so and changes nothing.
+    let (status, again) = post_admin(&app, &format!("/admin/receipts/{id}/reapply")).await;
+    assert_eq!(status, 200);
+    assert_eq!(again["outcome"], "bad_signature", "{again}");
+    assert_eq!(app.status_of("RA-1").await, "WAIT_PAY");
+    let (status, _) = post_admin(&app, "/admin/receipts/999999/reapply").await;
+    assert_eq!(status, 404);
+    let unauthorised = app
+        .client
+        .get(app.url("/admin/receipts"))
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(unauthorised.status(), 401);
+}
+
+/// Every provider of `settings`, as `paynotify explain` builds them.
+fn providers(settings: &paynotify::config::Settings, app: &TestApp) -> Vec<Arc<dyn Provider>> {
+    paynotify::channel::mount_all(settings, app.clock.now())
+        .expect("keys load")
+        .into_iter()
+        .map(|m| m.provider)
+        .collect()
+}
+
+/// `paynotify explain --receipt` on the last receipt, as a library call.
+async fn explain_last(app: &TestApp, settings: &paynotify::config::Settings) -> Report {
+    let receipt = all_receipts(app)
+        .await
+        .into_iter()
+        .next()
+        .expect("a receipt");
+    let mut report = paynotify::explain::explain(
+        &providers(settings, app),
+        Request::from_receipt(&receipt).expect("request"),
+    )
+    .expect("explain");
+    paynotify::explain::check_order(&mut report, &app.store)
+        .await
+        .expect("order checks");
+    report
+}
+
+async fn explain_names_the_reserialised_body_as_the_failing_check(backend: Backend) {
+    let app = app(backend).await;
+    app.create_order("RE-1", 100).await;
+    let original = paid(&app, &sandbox('A'), "RE-1", 100);
+    assert_eq!(pay(&app, &reserialised(&original)).await.0, 401);
+    app.receipts_stored(1).await;
+    let mut config = crate::helpers::test_settings(app.db.url());
+    config.wechat = settings();
+    let report = explain_last(&app, &config).await;
+    let text = report.to_string();
+    let failed = report.first_failure().expect("a failed check");
+    assert_eq!(failed.name, "signature", "{text}");
+    assert!(
+        failed.detail.contains(
+            "the body is not the bytes WeChat signed: it was re-serialised (whitespace differs)"
+        ),
+        "{text}"
+    );
+    for line in [
+        "header Wechatpay-Serial: present once",
+        "timestamp skew: 0 s",
+        "string to sign: ",
+        "SHA-256 ",
+        "decryption: decrypts",
+    ] {
+        assert!(text.contains(line), "{line} missing from:\n{text}");
+    }
+    // The checks after the signature still run: the order is there, the amount matches.
+    assert!(
+        text.contains("amount: 100 CNY as the order") || !text.contains("decoded fields: event"),
+        "{text}"
+    );
+
+    // The same request unchanged passes every check, order checks included.
+    assert_eq!(
+        pay(&app, &paid(&app, &sandbox('A'), "RE-2", 100)).await.0,
+        404
+    );
+    app.receipts_stored(2).await;
+    app.create_order("RE-2", 100).await;
+    let report = explain_last(&app, &config).await;
+    assert!(report.first_failure().is_none(), "{report}");
+    assert!(
+        report.to_string().contains("amount: 100 CNY as the order"),
+        "{report}"
+    );
+}
+
+async fn explain_names_an_alipay_body_reencoded_from_gbk_to_utf8(backend: Backend) {
+    use crate::alipay::{pay_fields, set};
+    let app = spawn_app_with(backend, |s| s.alipay = crate::alipay::settings()).await;
+    app.create_order("RG-1", 100).await;
+    let mut fields = pay_fields("RG-1", 100, "TRADE_SUCCESS");
+    set(&mut fields, "charset", "gbk");
+    set(&mut fields, "subject", "年货礼盒 A+B");
+    let content = paynotify::qa::forge::alipay::sign_content(&fields, false);
+    let (content, _, _) = encoding_rs::GBK.encode(&content);
+    let sign =
+        paynotify::qa::forge::rsa_sign(&crate::keys::rsa_key("alipay"), &content).expect("sign");
+    fields.push(("sign".into(), sign));
+    fields.push(("sign_type".into(), "RSA2".into()));
+    // A framework decoded the GBK body and encoded it again as UTF-8.
+    let d = Delivery {
+        headers: vec![(
+            "Content-Type".into(),
+            "application/x-www-form-urlencoded; charset=utf-8".into(),
+        )],
+        body: paynotify::qa::forge::alipay::encode_form(&fields),
+    };
+    let (status, body) = crate::alipay::send(&app, &d).await;
+    assert_eq!((status, body.as_str()), (401, "fail"));
+    app.receipts_stored(1).await;
+    let mut config = crate::helpers::test_settings(app.db.url());
+    config.alipay = crate::alipay::settings();
+    let report = explain_last(&app, &config).await;
+    let failed = report.first_failure().expect("a failed check");
+    assert_eq!(failed.name, "signature", "{report}");
+    assert!(
+        failed.detail.contains("re-encoded from GBK to UTF-8"),
+        "{report}"
+    );
+}
+
+/// `paynotify explain` as an operator runs it: on a receipt in the service's database, and
+/// on a raw HTTP request saved to a file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_explain_command_names_the_failing_check_for_a_receipt_and_a_saved_request() {
+    let app = app(Backend::Sqlite).await;
+    app.create_order("RX-1", 100).await;
+    let proxied = reserialised(&paid(&app, &sandbox('A'), "RX-1", 100));
+    assert_eq!(pay(&app, &proxied).await.0, 401);
+    app.receipts_stored(1).await;
+    let id = all_receipts(&app).await[0].id;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("paynotify.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nurl = \"{}\"\n\n[[wechat.merchants]]\nmchid = \"1900000001\"\n\
+             appid = \"wx0000000000000001\"\napiv3_key = \"{APIV3_A}\"\n\n\
+             [[wechat.merchants.platform_keys]]\nserial = \"PUB_KEY_ID_0000000000000000000000000000000A\"\n\
+             public_key_file = \"{}\"\n",
+            app.db.url(),
+            crate::keys::public_key_path("wechat-a").display()
+        ),
+    )
+    .expect("config");
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_paynotify"))
+            .arg("explain")
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .expect("paynotify explain runs")
+    };
+    let expected = "first failing check: signature: the body is not the bytes WeChat signed: \
+                    it was re-serialised (whitespace differs)";
+
+    let out = run(&["--receipt", &id.to_string()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(expected), "{stdout}");
+    assert!(stdout.contains("amount: 100 CNY as the order"), "{stdout}");
+
+    let mut raw = b"POST /notify/wechat/pay HTTP/1.1\r\nHost: pay.example.com\r\n".to_vec();
+    for (name, value) in &proxied.headers {
+        raw.extend(format!("{name}: {value}\r\n").bytes());
+    }
+    raw.extend(b"\r\n");
+    raw.extend(&proxied.body);
+    let file = dir.path().join("request.http");
+    std::fs::write(&file, &raw).expect("request file");
+    let file = file.display().to_string();
+    let out = run(&["--file", &file, "--at", "2026-11-30T08:00:10Z"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(expected), "{stdout}");
+    assert!(stdout.contains("timestamp skew: 10 s"), "{stdout}");
+
+    let out = run(&["--receipt", "999999"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no receipt 999999"));
+}
+
+async fn the_retention_job_purges_receipts_after_receipts_keep_days(backend: Backend) {
+    let app = app(backend).await;
+    let mut forged = paid(&app, &sandbox('A'), "RP-1", 100);
+    forged.set_header("Wechatpay-Signature", "AAAA");
+    assert_eq!(pay(&app, &forged).await.0, 401);
+    assert_eq!(app.receipts_stored(1).await, 1);
+
+    app.clock.advance(3 * 86_400);
+    paynotify::jobs::purge(&app.store, app.clock.as_ref(), 7, 7)
+        .await
+        .expect("purge");
+    assert_eq!(
+        app.db.count("notify_receipt").await,
+        1,
+        "inside receipts.keep_days"
+    );
+    paynotify::jobs::purge(&app.store, app.clock.as_ref(), 7, 2)
+        .await
+        .expect("purge");
+    assert_eq!(
+        app.db.count("notify_receipt").await,
+        0,
+        "older than receipts.keep_days"
+    );
+}
