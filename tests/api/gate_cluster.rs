@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use actix_web::http::StatusCode;
 use tokio::sync::Barrier;
 
-use crate::helpers::{Backend, TestApp, metric, spawn_app_with};
+use crate::helpers::{Backend, TestApp, eventually, metric, spawn_app_with};
 use crate::test_channel::{TestNotification, deliver};
 
 /// Three cluster masters on 127.0.0.1; every node is killed on drop.
@@ -44,21 +44,6 @@ async fn node(port: u16) -> redis::aio::MultiplexedConnection {
         .get_multiplexed_async_connection()
         .await
         .expect("node answers")
-}
-
-async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = Instant::now();
-    while started.elapsed() < limit {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    check().await
 }
 
 impl OwnCluster {

@@ -873,3 +873,19 @@ pub async fn stream_entries(redis_url: &str, stream: &str) -> Vec<(String, Vec<(
         .await
         .expect("xrange")
 }
+
+/// Polls `check` every 50 ms for at most `limit`; true once it held.
+pub async fn eventually<F, Fut>(limit: std::time::Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while started.elapsed() < limit {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    check().await
+}

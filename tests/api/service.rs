@@ -11,7 +11,9 @@ use paynotify::store::outbox::StoredMessage;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with, spawn_app_with_jobs};
+use crate::helpers::{
+    Backend, TestApp, eventually, spawn_app, spawn_app_with, spawn_app_with_jobs,
+};
 use crate::test_channel::{TestNotification, deliver};
 
 crate::on_both_backends!(
@@ -137,22 +139,6 @@ async fn paid_order(app: &TestApp, order_no: &str) {
     )
     .await;
     assert_eq!(status, 204, "{order_no}: {body}");
-}
-
-/// Polls `check` every 50 ms for at most `limit`; true once it held.
-async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = Instant::now();
-    while started.elapsed() < limit {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    check().await
 }
 
 fn wall_clock_seconds() -> i64 {
