@@ -54,6 +54,9 @@ chaos_begin() {
   chmod 755 "$T"
   : >"$T/codes"
   trap chaos_cleanup EXIT
+  # run-all's timeout sends TERM: exit through the EXIT trap, which stops everything.
+  trap 'exit 143' TERM INT
+  echo load >"$T/phase"
   log "working in $T"
 }
 
@@ -134,7 +137,15 @@ pg_start() {
   PGDATA=$T/pg/data
   as_pg "$PGBIN/initdb" -D "$PGDATA" -U postgres -A trust -E UTF8 --no-sync >"$T/pg/initdb.log" 2>&1 ||
     die "initdb failed: $(tail -n 3 "$T/pg/initdb.log")"
-  pg_ctl_ -o "-p $PG_PORT -k $T/pg -c listen_addresses=127.0.0.1 -c max_connections=200" start ||
+  # In the configuration file, not on the command line: every later start (after a stop
+  # fault) must come up on this port again, never on the default 5432.
+  cat >>"$PGDATA/postgresql.conf" <<CONF
+port = $PG_PORT
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$T/pg'
+max_connections = 200
+CONF
+  pg_ctl_ start ||
     die "PostgreSQL did not start: $(tail -n 5 "$T/pg/log")"
   psql_ postgres -c "CREATE DATABASE paynotify" >/dev/null || die "CREATE DATABASE failed"
   DB_URL="postgres://postgres@127.0.0.1:$PG_PORT/paynotify"
@@ -276,15 +287,16 @@ post() {
 
 # deliver NAME URL...: a provider's delivery of NAME: retried on every non-2xx (bounded by
 # CHAOS_TRIES), each attempt going to the next URL in turn, like a load balancer. Every answer
-# is appended to $T/codes as "CODE PHASE" ($PHASE, default "load"). Fails after CHAOS_TRIES.
+# is appended to $T/codes as "CODE PHASE" (the phase is what set_phase wrote last). Fails after CHAOS_TRIES.
 deliver() {
   local name=$1
   shift
   local -a urls=("$@")
-  local i code
+  local i code phase
   for i in $(seq 0 $((CHAOS_TRIES - 1))); do
     code=$(post "$name" "${urls[$((i % ${#urls[@]}))]}")
-    echo "$code ${PHASE:-load}" >>"$T/codes"
+    read -r phase <"$T/phase"
+    echo "$code $phase" >>"$T/codes"
     case $code in 2??) return 0 ;; esac
     sleep "$CHAOS_RETRY_DELAY"
   done
@@ -306,6 +318,10 @@ run_workers() {
   for w in "${pids[@]}"; do wait "$w" || rc=1; done
   return $rc
 }
+
+# set_phase NAME: tags the answers that follow (e.g. the fault in progress).
+set_phase() { echo "$1" >"$T/phase"; }
+readyz() { curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$1/readyz"; }
 
 # codes_summary: the answers seen, by code, e.g. "204×500 200×500 503×12".
 codes_summary() {
@@ -352,7 +368,7 @@ check_ledger() {
   if [ -s "$T/gave-up" ]; then
     fail "the sender gave up on $(wc -l <"$T/gave-up") deliveries: $(head -n 5 "$T/gave-up" | tr '\n' ' ')"
   fi
-  log "ledger: $n orders, each paid once, one callback row and one ORDER_PAID each"
+  [ "$CHAOS_FAILED" = 0 ] && log "ledger: $n orders, each paid once, one callback row and one ORDER_PAID each"
 }
 
 # wait_drained SECS: every outbox row sent (status 1) within SECS.
@@ -373,7 +389,7 @@ check_stream() {
   missing=$(comm -23 "$T/want-keys" "$T/stream-keys" | wc -l)
   [ "$missing" = 0 ] ||
     fail "$missing of $n ORDER_PAID events never reached the stream (e.g. $(comm -23 "$T/want-keys" "$T/stream-keys" | head -n 3 | tr '\n' ' '))"
-  log "stream: $STREAM_ENTRIES entries, all $n biz_keys present"
+  [ "$missing" = 0 ] && log "stream: $STREAM_ENTRIES entries, all $n biz_keys present"
 }
 
 # check_log_events PREFIX N LOGFILE...: with the log sink, every biz_key appears in an event line.
