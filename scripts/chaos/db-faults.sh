@@ -62,7 +62,7 @@ for _ in 1 2 3 4 5; do
 done
 pg_ctl_ start || fail "start failed"
 set_phase recovered
-wait_until 30 test "$(readyz "$U")" = 200 || fail "/readyz not 200 within 30 s of the database's return"
+wait_until 30 ready "$U" || fail "/readyz not 200 within 30 s of the database's return"
 sleep 2
 for k in 1 2 3; do
   set_phase terminate

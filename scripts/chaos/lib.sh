@@ -322,6 +322,9 @@ run_workers() {
 # set_phase NAME: tags the answers that follow (e.g. the fault in progress).
 set_phase() { echo "$1" >"$T/phase"; }
 readyz() { curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$1/readyz"; }
+ready() { [ "$(readyz "$1")" = 200 ]; }
+# answers_at_least N: N answers recorded so far (for wait_until).
+answers_at_least() { [ "$(wc -l <"$T/codes")" -ge "$1" ]; }
 
 # codes_summary: the answers seen, by code, e.g. "204×500 200×500 503×12".
 codes_summary() {
