@@ -165,7 +165,7 @@ redis_start() {
   local port=${1:-$(free_port)}
   REDIS_PORT=$port
   mkdir -p "$T/redis-$port"
-  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --enable-debug-command local \
     --dir "$T/redis-$port" --logfile "$T/redis-$port/log" >/dev/null 2>&1 </dev/null &
   REDIS_PID[$port]=$!
   track $!
