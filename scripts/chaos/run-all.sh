@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every fault scenario (or the fast subset with --fast) and ends with "N passed, M failed".
-#   scripts/chaos/run-all.sh            every scenario at full size
+#   scripts/chaos/run-all.sh            every scenario at full size (the soak alone takes 10 min)
 #   scripts/chaos/run-all.sh --fast     two-instances, db-faults and sqlite-storm, a few dozen orders
 #   scripts/chaos/run-all.sh NAME...    only these scenarios (file names without .sh)
 # Each scenario starts its own PostgreSQL, Redis and paynotify processes on free ports under a
@@ -9,7 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 
-ALL=(two-instances db-faults redis-faults process-death sqlite-storm hostile-input)
+ALL=(two-instances db-faults redis-faults process-death sqlite-storm hostile-input soak)
 FAST=(two-instances db-faults sqlite-storm)
 if [ "${1:-}" = --fast ]; then
   shift
