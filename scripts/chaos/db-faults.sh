@@ -7,7 +7,7 @@
 # Checks: only 2xx and 503 answered (no 500), /readyz 503 while the database is stopped and
 # 200 after, every order paid exactly once, every event published.
 #   CHAOS_ORDERS (default 300), CHAOS_WORKERS (default 4), CHAOS_WINDOW (seconds the load
-#   is spread over, default 30).
+#   is spread over, default 30), CHAOS_GATE=1 (the Redis gate on, a redis-server of its own).
 source "$(dirname "$0")/lib.sh"
 chaos_begin db-faults
 ORDERS=${CHAOS_ORDERS:-300}
@@ -21,6 +21,12 @@ sandbox_init
 capture_start
 PN_ENV=(PAYNOTIFY__DATABASE__AUTO_MIGRATE=false PAYNOTIFY__RELAY__SINK=log
   PAYNOTIFY__RELAY__INTERVAL_MS=200)
+if [ "${CHAOS_GATE:-0}" = 1 ]; then
+  # The same faults with the Redis gate on (its own redis-server).
+  REDIS_PORT=""
+  redis_start
+  PN_ENV+=(PAYNOTIFY__REDIS__URL="redis://127.0.0.1:$REDIS_PORT")
+fi
 pn_migrate
 pn_start a "$(free_port)"
 U=$(pn_url a)

@@ -320,7 +320,7 @@ run_workers() {
 }
 
 # set_phase NAME: tags the answers that follow (e.g. the fault in progress).
-set_phase() { echo "$1" >"$T/phase"; }
+set_phase() { echo "$1" >"$T/phase.new" && mv "$T/phase.new" "$T/phase"; }
 readyz() { curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$1/readyz"; }
 ready() { [ "$(readyz "$1")" = 200 ]; }
 # answers_at_least N: N answers recorded so far (for wait_until).
