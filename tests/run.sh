@@ -2,6 +2,8 @@
 # The test command: brings up the local services the tests talk to (PostgreSQL, Redis,
 # RabbitMQ; when they are installed but down), then runs every test. The Redis Cluster tests
 # start their own redis-server nodes and need redis-cli. A service that is missing is a loud failure, never a skip.
+# Then the fast fault suite (scripts/chaos/run-all.sh --fast), which also needs initdb/pg_ctl,
+# sqlite3 and python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -87,3 +89,10 @@ ensure_redis
 ensure_rabbitmq
 echo "tests/run.sh: PostgreSQL for tests at ${PG_URL%%@*}@…"
 cargo test --locked "$@"
+
+# The fast part of the fault suite (docs/reliability.md): two instances on one database,
+# database faults, an SQLite storm, on a PostgreSQL cluster, Redis and service processes of its
+# own (never the services above). Only for a whole run: a test filter skips it.
+if [ $# -eq 0 ]; then
+  PAYNOTIFY_BIN="${CARGO_TARGET_DIR:-target}/debug/paynotify" bash scripts/chaos/run-all.sh --fast
+fi

@@ -1,0 +1,414 @@
+# shellcheck shell=bash
+# Helpers shared by the fault scenarios under scripts/chaos/. Source it; never run it.
+#
+# Every scenario starts what it needs on ports of its own (127.0.0.1 only) with its data under
+# one temporary directory: a throw-away PostgreSQL cluster (initdb + pg_ctl), its own
+# redis-server, its own paynotify processes. chaos_begin installs an EXIT trap that stops all of
+# them. Nothing here touches the shared services on the standard ports.
+#
+# Environment:
+#   PAYNOTIFY_BIN      the binary (default: $CARGO_TARGET_DIR/debug/paynotify, else target/debug)
+#   CHAOS_KEEP=1       keep the temporary directory (logs, databases) after the run
+#   CHAOS_TRIES        attempts per delivery before the sender gives up (default 80)
+#   CHAOS_RETRY_DELAY  seconds between attempts (default 0.25)
+
+set -uo pipefail
+
+CHAOS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(cd "$CHAOS_DIR/../.." && pwd)
+PAYNOTIFY_BIN=${PAYNOTIFY_BIN:-${CARGO_TARGET_DIR:-$REPO_DIR/target}/debug/paynotify}
+# Not for the children: paynotify warns about every PAYNOTIFY… variable it does not know.
+export -n PAYNOTIFY_BIN
+PGBIN=${PGBIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
+CHAOS_TRIES=${CHAOS_TRIES:-80}
+CHAOS_RETRY_DELAY=${CHAOS_RETRY_DELAY:-0.25}
+
+SCENARIO=""
+T=""
+CHAOS_FAILED=0
+declare -a CHAOS_PIDS=()
+declare -A PN_PID=() PN_PORT=() PN_ENVS=() REDIS_PID=()
+declare -a PN_ENV=()
+PGDATA=""
+PG_PORT=""
+DB_URL=""
+
+log() { echo "[$(date +%T)] ${SCENARIO}: $*" >&2; }
+fail() {
+  log "FAIL: $*"
+  CHAOS_FAILED=1
+}
+die() {
+  fail "$*"
+  exit 1
+}
+
+# chaos_begin NAME: the temporary directory $T and the EXIT trap.
+chaos_begin() {
+  SCENARIO=$1
+  [ -x "$PAYNOTIFY_BIN" ] || {
+    echo "$SCENARIO: no paynotify binary at $PAYNOTIFY_BIN (cargo build, or set PAYNOTIFY_BIN)" >&2
+    exit 2
+  }
+  T=$(mktemp -d "${TMPDIR:-/tmp}/chaos-$SCENARIO.XXXXXX")
+  chmod 755 "$T"
+  : >"$T/codes"
+  trap chaos_cleanup EXIT
+  # run-all's timeout sends TERM: exit through the EXIT trap, which stops everything.
+  trap 'exit 143' TERM INT
+  echo load >"$T/phase"
+  log "working in $T"
+}
+
+chaos_cleanup() {
+  local rc=$?
+  set +e
+  local pid
+  for pid in "${CHAOS_PIDS[@]}"; do
+    kill -CONT "$pid" 2>/dev/null
+    kill -TERM "$pid" 2>/dev/null
+  done
+  for pid in "${CHAOS_PIDS[@]}"; do
+    for _ in $(seq 1 50); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null
+  done
+  if [ -n "$PGDATA" ] && [ -f "$PGDATA/postmaster.pid" ]; then
+    as_pg "$PGBIN/pg_ctl" -D "$PGDATA" -m immediate -w -t 20 stop >/dev/null 2>&1
+  fi
+  wait 2>/dev/null
+  if [ "${CHAOS_KEEP:-0}" = 1 ] || [ "$CHAOS_FAILED" = 1 ] || [ "$rc" != 0 ]; then
+    log "kept $T"
+  else
+    rm -rf "$T"
+  fi
+}
+
+# chaos_end: prints the verdict line run-all.sh reads; the exit status says it too.
+chaos_end() {
+  if [ "$CHAOS_FAILED" = 0 ]; then
+    echo "RESULT $SCENARIO: PASS"
+    exit 0
+  fi
+  echo "RESULT $SCENARIO: FAIL"
+  exit 1
+}
+
+track() { CHAOS_PIDS+=("$1"); }
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# Bounded wait: wait_until SECONDS COMMAND...
+wait_until() {
+  local secs=$1
+  shift
+  local end=$((SECONDS + secs))
+  while ! "$@"; do
+    [ "$SECONDS" -ge "$end" ] && return 1
+    sleep 0.1
+  done
+}
+
+# --- PostgreSQL of our own --------------------------------------------------------------
+
+# initdb refuses root: run the cluster as the postgres user then.
+as_pg() {
+  if [ "$(id -u)" = 0 ]; then
+    runuser -u postgres -- "$@"
+  else
+    "$@"
+  fi
+}
+
+pg_ctl_() { as_pg "$PGBIN/pg_ctl" -D "$PGDATA" -l "$T/pg/log" -w -t 60 "$@" >>"$T/pg/ctl.log" 2>&1; }
+
+# pg_start: a fresh cluster on a free port; sets PG_PORT, PGDATA and DB_URL.
+pg_start() {
+  [ -x "$PGBIN/initdb" ] || die "no PostgreSQL binaries under $PGBIN (set PGBIN)"
+  PG_PORT=$(free_port)
+  mkdir -p "$T/pg"
+  [ "$(id -u)" = 0 ] && chown postgres "$T/pg"
+  PGDATA=$T/pg/data
+  as_pg "$PGBIN/initdb" -D "$PGDATA" -U postgres -A trust -E UTF8 --no-sync >"$T/pg/initdb.log" 2>&1 ||
+    die "initdb failed: $(tail -n 3 "$T/pg/initdb.log")"
+  # In the configuration file, not on the command line: every later start (after a stop
+  # fault) must come up on this port again, never on the default 5432.
+  cat >>"$PGDATA/postgresql.conf" <<CONF
+port = $PG_PORT
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$T/pg'
+max_connections = 200
+CONF
+  pg_ctl_ start ||
+    die "PostgreSQL did not start: $(tail -n 5 "$T/pg/log")"
+  psql_ postgres -c "CREATE DATABASE paynotify" >/dev/null || die "CREATE DATABASE failed"
+  DB_URL="postgres://postgres@127.0.0.1:$PG_PORT/paynotify"
+  log "PostgreSQL on 127.0.0.1:$PG_PORT"
+}
+
+psql_() {
+  local db=$1
+  shift
+  psql -X -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -d "$db" -v ON_ERROR_STOP=1 "$@"
+}
+
+# --- Redis of our own -------------------------------------------------------------------
+
+# redis_start [PORT]: sets REDIS_PORT; REDIS_PID[port] holds the process.
+redis_start() {
+  local port=${1:-$(free_port)}
+  REDIS_PORT=$port
+  mkdir -p "$T/redis-$port"
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --enable-debug-command local \
+    --dir "$T/redis-$port" --logfile "$T/redis-$port/log" >/dev/null 2>&1 </dev/null &
+  REDIS_PID[$port]=$!
+  track $!
+  wait_until 10 redis_ping "$port" || die "redis-server on $port did not answer"
+}
+redis_ping() { [ "$(redis-cli -p "$1" ping 2>/dev/null)" = PONG ]; }
+rcli() {
+  local port=$1
+  shift
+  redis-cli -p "$port" "$@"
+}
+
+# --- paynotify ----------------------------------------------------------------------------
+
+# sandbox_init: provider-side sandbox keys and config in $T/sbx; TOKEN is its api_token.
+sandbox_init() {
+  "$PAYNOTIFY_BIN" sandbox-keys --out "$T/sbx" --listen 127.0.0.1:1 >/dev/null 2>"$T/sbx.err" ||
+    die "sandbox-keys failed: $(cat "$T/sbx.err")"
+  TOKEN=$(sed -n 's/^api_token = "\(.*\)"$/\1/p' "$T/sbx/paynotify.toml")
+  mkdir -p "$T/cap"
+}
+
+# pn_migrate: apply the migrations once (instances start with auto_migrate off).
+pn_migrate() {
+  (cd "$T/sbx" && env "${PN_ENV[@]}" PAYNOTIFY__DATABASE__URL="$DB_URL" \
+    "$PAYNOTIFY_BIN" migrate --config paynotify.toml) >>"$T/migrate.log" 2>&1 ||
+    die "migrate failed: $(tail -n 3 "$T/migrate.log")"
+}
+
+# pn_start NAME PORT [VAR=VALUE...]: one instance on 127.0.0.1:PORT with $PN_ENV plus the
+# extra variables; waits (30 s at most) for /healthz. Logs: $T/pn-NAME.log.
+pn_start() {
+  local name=$1 port=$2
+  shift 2
+  PN_PORT[$name]=$port
+  PN_ENVS[$name]="$*"
+  (
+    cd "$T/sbx" || exit 1
+    exec env RUST_LOG="${CHAOS_RUST_LOG:-info}" "${PN_ENV[@]}" \
+      PAYNOTIFY__DATABASE__URL="$DB_URL" PAYNOTIFY__SERVER__LISTEN="127.0.0.1:$port" "$@" \
+      "$PAYNOTIFY_BIN" serve --config paynotify.toml
+  ) >>"$T/pn-$name.log" 2>&1 &
+  PN_PID[$name]=$!
+  track $!
+  wait_until 30 pn_alive "$name" || die "paynotify $name did not come up: $(tail -n 5 "$T/pn-$name.log")"
+}
+pn_alive() { curl -s -o /dev/null --max-time 1 "http://127.0.0.1:${PN_PORT[$1]}/healthz"; }
+pn_url() { echo "http://127.0.0.1:${PN_PORT[$1]}"; }
+# pn_restart NAME: the same instance again, same port and variables.
+pn_restart() {
+  local name=$1
+  # shellcheck disable=SC2086
+  pn_start "$name" "${PN_PORT[$name]}" ${PN_ENVS[$name]}
+}
+pn_kill9() { kill -KILL "${PN_PID[$1]}" 2>/dev/null; wait "${PN_PID[$1]}" 2>/dev/null; }
+# pn_term NAME [SECS]: SIGTERM and wait; fails when it is still running after SECS (default 20).
+pn_term() {
+  local pid=${PN_PID[$1]} secs=${2:-20}
+  kill -TERM "$pid" 2>/dev/null
+  local end=$((SECONDS + secs))
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$SECONDS" -ge "$end" ]; then
+      kill -KILL "$pid" 2>/dev/null
+      return 1
+    fi
+    sleep 0.1
+  done
+  wait "$pid" 2>/dev/null
+  return 0
+}
+pn_rss_kb() { awk '/^VmRSS:/{print $2}' "/proc/${PN_PID[$1]}/status" 2>/dev/null; }
+pn_fds() { ls "/proc/${PN_PID[$1]}/fd" 2>/dev/null | wc -l; }
+
+# create_orders PREFIX N BASE_URL: orders PREFIX-00001 … through POST /orders (retried).
+create_orders() {
+  local prefix=$1 n=$2 base=$3 i no code
+  for i in $(seq 1 "$n"); do
+    no=$(printf '%s-%05d' "$prefix" "$i")
+    for _ in $(seq 1 40); do
+      code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 -XPOST "$base/orders" \
+        -H "Authorization: Bearer $TOKEN" -H "Idempotency-Key: ck-$no" \
+        -H 'content-type: application/json' \
+        -d "{\"order_no\":\"$no\",\"amount_fen\":$(amount_of "$no"),\"currency\":\"CNY\",\"subject\":\"chaos\"}")
+      case $code in 201 | 200) break ;; esac
+      sleep 0.25
+    done
+    case $code in 201 | 200) ;; *) die "could not create order $no (last answer $code)" ;; esac
+  done
+}
+order_no() { printf '%s-%05d' "$1" "$2"; }
+amount_of() { echo $((100 + 10#${1##*-} % 9000)); }
+# Even orders are paid through WeChat Pay, odd ones through Alipay.
+kind_of() { if [ $((10#${1##*-} % 2)) = 0 ]; then echo wechat; else echo alipay; fi; }
+
+# forge ORDER NAME: a freshly signed payment notification for ORDER, recorded as
+# $T/cap/NAME.{path,hdr,body} by capture.py (started by capture_start).
+forge() {
+  local no=$1 name=$2 out
+  out=$(cd "$T/sbx" && "$PAYNOTIFY_BIN" replay "$(kind_of "$no")" --config paynotify.toml \
+    --order-no "$no" --amount-fen "$(amount_of "$no")" \
+    --target "http://127.0.0.1:$CAPTURE_PORT/$name" 2>&1)
+  [ -s "$T/cap/$name.path" ] || die "forging $no failed: $out"
+}
+
+capture_start() {
+  CAPTURE_PORT=$(free_port)
+  python3 "$CHAOS_DIR/capture.py" "$CAPTURE_PORT" "$T/cap" 2>>"$T/capture.log" &
+  track $!
+  wait_until 10 port_open "$CAPTURE_PORT" || die "capture.py did not start"
+}
+
+# post NAME BASE_URL: sends the recorded notification NAME once; prints the HTTP status
+# (000: no answer).
+post() {
+  local name=$1 base=$2
+  curl -s -o /dev/null -w '%{http_code}' --max-time 15 -XPOST -H "@$T/cap/$name.hdr" \
+    --data-binary "@$T/cap/$name.body" "$base$(cat "$T/cap/$name.path")"
+}
+
+# deliver NAME URL...: a provider's delivery of NAME: retried on every non-2xx (bounded by
+# CHAOS_TRIES), each attempt going to the next URL in turn, like a load balancer. Every answer
+# is appended to $T/codes as "CODE PHASE" (the phase is what set_phase wrote last). Fails after CHAOS_TRIES.
+deliver() {
+  local name=$1
+  shift
+  local -a urls=("$@")
+  local i code phase
+  for i in $(seq 0 $((CHAOS_TRIES - 1))); do
+    code=$(post "$name" "${urls[$((i % ${#urls[@]}))]}")
+    read -r phase <"$T/phase"
+    echo "$code $phase" >>"$T/codes"
+    case $code in 2??) return 0 ;; esac
+    sleep "$CHAOS_RETRY_DELAY"
+  done
+  echo "$name" >>"$T/gave-up"
+  return 1
+}
+
+# run_workers W FUNCTION ARGS...: FUNCTION W-INDEX ARGS... in W background workers; waits
+# for those only (never for the services started in the background).
+run_workers() {
+  local w n=$1 f=$2
+  shift 2
+  local -a pids=()
+  for w in $(seq 0 $((n - 1))); do
+    "$f" "$w" "$@" &
+    pids+=($!)
+  done
+  local rc=0
+  for w in "${pids[@]}"; do wait "$w" || rc=1; done
+  return $rc
+}
+
+# set_phase NAME: tags the answers that follow (e.g. the fault in progress).
+set_phase() { echo "$1" >"$T/phase.new" && mv "$T/phase.new" "$T/phase"; }
+readyz() { curl -s -o /dev/null -w '%{http_code}' --max-time 5 "$1/readyz"; }
+ready() { [ "$(readyz "$1")" = 200 ]; }
+# answers_at_least N: N answers recorded so far (for wait_until).
+answers_at_least() { [ "$(wc -l <"$T/codes")" -ge "$1" ]; }
+
+# codes_summary: the answers seen, by code, e.g. "204×500 200×500 503×12".
+codes_summary() {
+  awk '{n[$1]++} END {for (c in n) printf "%s×%d ", c, n[c]}' "$T/codes" | sed 's/ $//'
+}
+# codes_outside ALLOWED_REGEX: the answers whose code does not match, with counts.
+codes_outside() {
+  awk -v ok="$1" '$1 !~ ok {n[$1" ("$2")"]++} END {for (c in n) printf "%s×%d ", c, n[c]}' "$T/codes"
+}
+
+# --- checks -------------------------------------------------------------------------------
+
+# sql QUERY: one value, on the scenario's database (PostgreSQL or SQLite).
+sql() {
+  case $DB_URL in
+  postgres://*) psql_ paynotify -At -c "$1" ;;
+  sqlite://*) sqlite3 -cmd '.timeout 5000' "${DB_URL#sqlite://}" "$1" ;;
+  esac
+}
+
+# check_ledger PREFIX N: every order PREFIX-* paid exactly once: N orders PAID, N callback
+# rows, N ORDER_PAID events, one per order, and nothing else (no anomaly, refund or status
+# row, no other event).
+check_ledger() {
+  local prefix=$1 n=$2 like="$1-%" v
+  v=$(sql "SELECT count(*) FROM orders WHERE order_no LIKE '$like'")
+  [ "$v" = "$n" ] || fail "$v orders, expected $n"
+  v=$(sql "SELECT count(*) FROM orders WHERE order_no LIKE '$like' AND status = 'PAID'")
+  [ "$v" = "$n" ] || fail "$v of $n orders PAID: lost payments (unpaid: $(sql "SELECT string_agg(order_no, ' ') FROM (SELECT order_no FROM orders WHERE order_no LIKE '$like' AND status <> 'PAID' LIMIT 10) x" 2>/dev/null))"
+  v=$(sql "SELECT count(*) FROM pay_callback WHERE out_trade_no LIKE '$like'")
+  [ "$v" = "$n" ] || fail "$v pay_callback rows, expected $n"
+  v=$(sql "SELECT count(*) FROM (SELECT out_trade_no FROM pay_callback WHERE out_trade_no LIKE '$like' GROUP BY out_trade_no HAVING count(*) > 1) x")
+  [ "$v" = 0 ] || fail "$v orders with more than one callback row"
+  v=$(sql "SELECT count(*) FROM local_message WHERE topic = 'ORDER_PAID' AND biz_key LIKE '$like'")
+  [ "$v" = "$n" ] || fail "$v ORDER_PAID events, expected $n (double-apply or lost)"
+  v=$(sql "SELECT count(DISTINCT biz_key) FROM local_message WHERE topic = 'ORDER_PAID' AND biz_key LIKE '$like'")
+  [ "$v" = "$n" ] || fail "$v distinct ORDER_PAID biz_keys, expected $n"
+  v=$(sql "SELECT count(*) FROM local_message WHERE topic <> 'ORDER_PAID'")
+  [ "$v" = 0 ] || fail "$v other events: $(sql "SELECT string_agg(topic || ' ' || biz_key, ', ') FROM (SELECT topic, biz_key FROM local_message WHERE topic <> 'ORDER_PAID' LIMIT 5) x")"
+  v=$(sql "SELECT (SELECT count(*) FROM refund_callback) + (SELECT count(*) FROM status_callback)")
+  [ "$v" = 0 ] || fail "$v refund/status callback rows, expected 0"
+  v=$(sql "SELECT count(*) FROM orders o JOIN pay_callback c ON c.out_trade_no = o.order_no WHERE o.order_no LIKE '$like' AND (c.amount_fen <> o.amount_fen OR o.channel <> c.channel)")
+  [ "$v" = 0 ] || fail "$v orders whose callback does not match the order"
+  if [ -s "$T/gave-up" ]; then
+    fail "the sender gave up on $(wc -l <"$T/gave-up") deliveries: $(head -n 5 "$T/gave-up" | tr '\n' ' ')"
+  fi
+  [ "$CHAOS_FAILED" = 0 ] && log "ledger: $n orders, each paid once, one callback row and one ORDER_PAID each"
+}
+
+# wait_drained SECS: every outbox row sent (status 1) within SECS.
+outbox_drained() { [ "$(sql "SELECT count(*) FROM local_message WHERE status <> 1" 2>/dev/null)" = 0 ]; }
+wait_drained() {
+  wait_until "${1:-60}" outbox_drained ||
+    fail "outbox not drained: $(sql "SELECT status, count(*), max(attempts) FROM local_message GROUP BY status")"
+}
+
+# check_stream REDIS_PORT PREFIX N: every ORDER_PAID biz_key of PREFIX-* reached the stream
+# paynotify:events on that Redis at least once. Sets STREAM_ENTRIES.
+check_stream() {
+  local port=$1 prefix=$2 n=$3 missing
+  rcli "$port" --raw XRANGE paynotify:events - + |
+    awk 'prev == "biz_key" {print} {prev = $0}' | sort -u >"$T/stream-keys"
+  STREAM_ENTRIES=$(rcli "$port" XLEN paynotify:events)
+  for i in $(seq 1 "$n"); do order_no "$prefix" "$i"; echo; done | sort >"$T/want-keys"
+  missing=$(comm -23 "$T/want-keys" "$T/stream-keys" | wc -l)
+  [ "$missing" = 0 ] ||
+    fail "$missing of $n ORDER_PAID events never reached the stream (e.g. $(comm -23 "$T/want-keys" "$T/stream-keys" | head -n 3 | tr '\n' ' '))"
+  [ "$missing" = 0 ] && log "stream: $STREAM_ENTRIES entries, all $n biz_keys present"
+}
+
+# check_log_events PREFIX N LOGFILE...: with the log sink, every biz_key appears in an event line.
+check_log_events() {
+  local prefix=$1 n=$2
+  shift 2
+  grep -ho 'paynotify::events.*biz_key=[^ ]*' "$@" | sed 's/.*biz_key=//' | sort -u >"$T/log-keys"
+  for i in $(seq 1 "$n"); do order_no "$prefix" "$i"; echo; done | sort >"$T/want-keys"
+  local missing
+  missing=$(comm -23 "$T/want-keys" "$T/log-keys" | wc -l)
+  [ "$missing" = 0 ] || fail "$missing of $n events never published by the log sink"
+}
+
+# check_no_500 LOGFILE...: no 500 answered and no panic logged.
+check_logs_clean() {
+  local hits
+  hits=$(grep -hE 'panicked|PANIC' "$@" | head -n 3)
+  [ -z "$hits" ] || fail "panic in the service log: $hits"
+}

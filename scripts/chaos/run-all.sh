@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs every fault scenario (or the fast subset with --fast) and ends with "N passed, M failed".
+#   scripts/chaos/run-all.sh            every scenario at full size (the soak alone takes 10 min)
+#   scripts/chaos/run-all.sh --fast     two-instances, db-faults and sqlite-storm, a few dozen orders
+#   scripts/chaos/run-all.sh NAME...    only these scenarios (file names without .sh)
+# Each scenario starts its own PostgreSQL, Redis and paynotify processes on free ports under a
+# temporary directory and stops them at the end; the shared services are never touched.
+# PAYNOTIFY_BIN names the binary (default: target/debug/paynotify; build it first).
+set -uo pipefail
+cd "$(dirname "$0")"
+
+ALL=(two-instances db-faults redis-faults process-death sqlite-storm hostile-input soak)
+FAST=(two-instances db-faults sqlite-storm)
+if [ "${1:-}" = --fast ]; then
+  shift
+  export CHAOS_ORDERS=${CHAOS_ORDERS:-30} CHAOS_FAST=1
+  names=("${FAST[@]}")
+elif [ $# -gt 0 ]; then
+  names=("$@")
+else
+  names=("${ALL[@]}")
+fi
+
+passed=0
+failed=0
+failures=()
+for name in "${names[@]}"; do
+  script=./$name.sh
+  if [ ! -f "$script" ]; then
+    echo "run-all: no scenario $name" >&2
+    failed=$((failed + 1))
+    failures+=("$name")
+    continue
+  fi
+  echo "=== $name" >&2
+  started=$SECONDS
+  # A bound on each scenario, whatever happens inside it.
+  if timeout -k 10 "${CHAOS_SCENARIO_TIMEOUT:-1200}" bash "$script"; then
+    passed=$((passed + 1))
+    echo "=== $name: passed in $((SECONDS - started)) s" >&2
+  else
+    failed=$((failed + 1))
+    failures+=("$name")
+    echo "=== $name: FAILED after $((SECONDS - started)) s" >&2
+  fi
+done
+[ "$failed" = 0 ] || echo "failed: ${failures[*]}" >&2
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
