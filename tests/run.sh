@@ -94,5 +94,8 @@ cargo test --locked "$@"
 # database faults, an SQLite storm, on a PostgreSQL cluster, Redis and service processes of its
 # own (never the services above). Only for a whole run: a test filter skips it.
 if [ $# -eq 0 ]; then
-  PAYNOTIFY_BIN="${CARGO_TARGET_DIR:-target}/debug/paynotify" bash scripts/chaos/run-all.sh --fast
+  cargo build --locked --bin paynotify
+  target_dir="${CARGO_TARGET_DIR:-target}"
+  case "$target_dir" in /*) ;; *) target_dir="$PWD/$target_dir" ;; esac
+  PAYNOTIFY_BIN="$target_dir/debug/paynotify" bash scripts/chaos/run-all.sh --fast
 fi
