@@ -889,3 +889,15 @@ where
     }
     check().await
 }
+
+/// A storm of deliveries during a fault: more than 50 answers, each an acknowledgement (204)
+/// or "retry" (503), never anything else.
+pub fn assert_storm_answers(statuses: &[actix_web::http::StatusCode]) {
+    use actix_web::http::StatusCode;
+    assert!(statuses.len() > 50, "a storm: {}", statuses.len());
+    let unexpected: Vec<_> = statuses
+        .iter()
+        .filter(|s| **s != StatusCode::NO_CONTENT && **s != StatusCode::SERVICE_UNAVAILABLE)
+        .collect();
+    assert!(unexpected.is_empty(), "{unexpected:?}");
+}
