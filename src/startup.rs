@@ -119,7 +119,7 @@ impl Application {
         let sink_timeout = Duration::from_millis(settings.redis.timeout_ms.max(1000));
         let sink: Arc<dyn Sink> = Arc::from(sink::from_settings(
             &settings.relay,
-            &settings.redis.url,
+            &settings.redis,
             sink_timeout,
         )?);
 

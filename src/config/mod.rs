@@ -113,6 +113,10 @@ pub struct RelaySettings {
     pub batch_size: u32,
     pub max_attempts: u32,
     pub redis_stream: String,
+    /// The Redis that holds the stream (`sink = "redis-stream"`); empty: `redis.url`. Give the
+    /// stream a Redis of its own when the gate's Redis keeps nothing on disk: a flushed or
+    /// restarted stream loses events the outbox has already marked sent.
+    pub redis_url: Secret,
     pub http_url: String,
     pub http_secret: Secret,
     /// `amqp://user:password@host:port/vhost` (vhost `/` is `%2f`); may hold a password.
@@ -212,6 +216,18 @@ impl Default for OrderSettings {
     }
 }
 
+impl RelaySettings {
+    /// The key and URL of the Redis the stream sink writes to: `relay.redis_url` when set,
+    /// else `redis.url`.
+    pub fn stream_url<'a>(&'a self, redis: &'a RedisSettings) -> (&'static str, &'a Secret) {
+        if self.redis_url.is_empty() {
+            ("redis.url", &redis.url)
+        } else {
+            ("relay.redis_url", &self.redis_url)
+        }
+    }
+}
+
 impl Default for RelaySettings {
     fn default() -> Self {
         Self {
@@ -220,6 +236,7 @@ impl Default for RelaySettings {
             batch_size: 100,
             max_attempts: 16,
             redis_stream: "paynotify:events".to_owned(),
+            redis_url: Secret::default(),
             http_url: String::new(),
             http_secret: Secret::default(),
             amqp_url: Secret::default(),
@@ -324,11 +341,9 @@ impl Settings {
             return Err(invalid("database.statement_timeout_ms", "must be positive"));
         }
         let r = &self.redis;
-        let redis_nodes = if r.url.is_empty() {
-            None
-        } else {
-            Some(RedisNodes::parse(r.url.expose())?)
-        };
+        if !r.url.is_empty() {
+            RedisNodes::parse(r.url.expose())?;
+        }
         for (key, value) in [
             ("redis.timeout_ms", r.timeout_ms),
             ("redis.result_ttl_secs", r.result_ttl_secs),
@@ -350,15 +365,20 @@ impl Settings {
         }
         match relay.sink {
             SinkKind::Log => {}
-            SinkKind::RedisStream if r.url.is_empty() => {
+            SinkKind::RedisStream if relay.stream_url(r).1.is_empty() => {
                 return Err(invalid(
-                    "redis.url",
-                    "must be set when relay.sink = \"redis-stream\"",
+                    "relay.redis_url",
+                    "(or redis.url) must be set when relay.sink = \"redis-stream\"",
                 ));
             }
-            SinkKind::RedisStream if matches!(redis_nodes, Some(RedisNodes::Cluster(_))) => {
+            SinkKind::RedisStream
+                if matches!(
+                    RedisNodes::parse(relay.stream_url(r).1.expose()),
+                    Ok(RedisNodes::Cluster(_))
+                ) =>
+            {
                 return Err(invalid(
-                    "redis.url",
+                    relay.stream_url(r).0,
                     "must name one node when relay.sink = \"redis-stream\" (the stream sink does not use Redis Cluster)",
                 ));
             }
@@ -981,6 +1001,43 @@ apiv3_key = "0123456789abcdef0123456789SECRET"
         assert_eq!(s.log.format, LogFormat::Json);
         let err = load("[log]\nformat = \"xml\"\n", &[]).unwrap_err();
         assert!(err.to_string().contains("log.format"), "{err}");
+    }
+
+    #[test]
+    fn the_stream_sink_takes_relay_redis_url_before_redis_url() {
+        let s = load(
+            "[redis]\nurl = \"redis://gate:6379\"\n[relay]\nsink = \"redis-stream\"\nredis_url = \"redis://events:6380\"\n",
+            &[],
+        )
+        .expect("loads");
+        assert_eq!(s.relay.stream_url(&s.redis).0, "relay.redis_url");
+        assert_eq!(
+            s.relay.stream_url(&s.redis).1.expose(),
+            "redis://events:6380"
+        );
+        let s = load(
+            "[relay]\nsink = \"redis-stream\"\n",
+            &[("PAYNOTIFY__RELAY__REDIS_URL", "redis://events:6380")],
+        )
+        .expect("a stream sink needs no gate");
+        assert_eq!(
+            s.relay.stream_url(&s.redis).1.expose(),
+            "redis://events:6380"
+        );
+        let s = load(
+            "[redis]\nurl = \"redis://gate:6379\"\n[relay]\nsink = \"redis-stream\"\n",
+            &[],
+        )
+        .expect("loads");
+        assert_eq!(s.relay.stream_url(&s.redis).0, "redis.url");
+        let err = load("[relay]\nsink = \"redis-stream\"\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("relay.redis_url"), "{err}");
+        let err = load(
+            "[relay]\nsink = \"redis-stream\"\nredis_url = \"redis+cluster://a:7000,b:7001\"\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("relay.redis_url"), "{err}");
     }
 
     #[test]

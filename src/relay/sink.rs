@@ -11,7 +11,7 @@ use redis::aio::ConnectionManager;
 use ring::hmac;
 use serde::Serialize;
 
-use crate::config::{ConfigError, RelaySettings, Secret, SinkKind, invalid};
+use crate::config::{ConfigError, RedisSettings, RelaySettings, Secret, SinkKind, invalid};
 use crate::notice::hex;
 
 /// One outbox row as consumers receive it.
@@ -315,15 +315,18 @@ impl Sink for HttpSink {
 /// mistake (a malformed URL) naming its key, never a sink that is down.
 pub fn from_settings(
     relay: &RelaySettings,
-    redis_url: &Secret,
+    redis: &RedisSettings,
     timeout: Duration,
 ) -> Result<Box<dyn Sink>, ConfigError> {
     Ok(match relay.sink {
         SinkKind::Log => Box::new(LogSink),
-        SinkKind::RedisStream => Box::new(
-            RedisStreamSink::new(redis_url.expose(), &relay.redis_stream, timeout)
-                .map_err(|e| invalid("redis.url", e.to_string()))?,
-        ),
+        SinkKind::RedisStream => {
+            let (key, url) = relay.stream_url(redis);
+            Box::new(
+                RedisStreamSink::new(url.expose(), &relay.redis_stream, timeout)
+                    .map_err(|e| invalid(key, e.to_string()))?,
+            )
+        }
         SinkKind::Http => Box::new(HttpSink::new(&relay.http_url, &relay.http_secret)?),
         SinkKind::Amqp => Box::new(super::amqp::AmqpSink::new(
             relay.amqp_url.expose(),

@@ -19,6 +19,7 @@ use crate::test_channel::{TestNotification, deliver};
 crate::on_both_backends!(
     a_relay_interval_under_one_second_delivers_every_message,
     redis_down_at_start_up_keeps_the_outbox_and_delivers_once_it_answers,
+    the_stream_goes_to_relay_redis_url_and_survives_a_flush_of_the_gate,
 );
 
 /// A small xorshift generator: reproducible "random" methods and paths without a crate.
@@ -314,6 +315,57 @@ async fn redis_down_at_start_up_keeps_the_outbox_and_delivers_once_it_answers(ba
     );
     let (_, body) = readiness(&app).await;
     assert_eq!(body["sink"], "up", "{body}");
+}
+
+/// The gate on one Redis, the event stream on another (`relay.redis_url`): flushing the
+/// gate's Redis, as one may do with a cache, leaves every published event in place.
+async fn the_stream_goes_to_relay_redis_url_and_survives_a_flush_of_the_gate(backend: Backend) {
+    let gate_port = closed_port();
+    let stream_port = closed_port();
+    let _gate_redis = OwnRedis::start(gate_port).await;
+    let _stream_redis = OwnRedis::start(stream_port).await;
+    let gate_url = format!("redis://127.0.0.1:{gate_port}");
+    let stream_url = format!("redis://127.0.0.1:{stream_port}");
+    let stream = "paynotify:events".to_owned();
+    let app = spawn_app_with_jobs(backend, |s| {
+        s.redis.url = Secret::new(gate_url.clone());
+        s.relay.sink = SinkKind::RedisStream;
+        s.relay.redis_stream = stream.clone();
+        s.relay.redis_url = Secret::new(stream_url.clone());
+        s.relay.interval_ms = 200;
+    })
+    .await;
+
+    paid_order(&app, "RS-1").await;
+    let sent = eventually(Duration::from_secs(10), || async {
+        paid_message(&app, "RS-1").await.status == 1
+    })
+    .await;
+    assert!(sent, "relayed: {:?}", paid_message(&app, "RS-1").await);
+    assert!(
+        crate::helpers::stream_entries(&gate_url, &stream)
+            .await
+            .is_empty(),
+        "nothing is published into the gate's Redis"
+    );
+
+    let client = redis::Client::open(gate_url.as_str()).expect("gate url");
+    let mut gate = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("gate redis answers");
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(&mut gate)
+        .await
+        .expect("FLUSHALL");
+    let entries = crate::helpers::stream_entries(&stream_url, &stream).await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert!(
+        entries[0]
+            .1
+            .contains(&("biz_key".to_owned(), "RS-1".to_owned())),
+        "{entries:?}"
+    );
 }
 
 /// Opens a connection to `port` and sends the head of a `POST path` announcing a
