@@ -338,7 +338,9 @@ fn alipay_request(body: &[u8], fake: &Fake) -> Option<HashMap<String, String>> {
 
 fn alipay_signed(fake: &Fake, method: &str, value: &Value) -> HttpResponse {
     let key = format!("{}_response", method.replace('.', "_"));
-    let value = value.to_string();
+    // Not serde's compact form: the signature covers these exact bytes, and re-serialising
+    // the parsed answer would not give them back.
+    let value = serde_json::to_string_pretty(value).expect("json");
     let body = match fake.key(&fake.alipay_key) {
         Some(signer) => format!(
             "{{\"{key}\":{value},\"sign\":\"{}\"}}",
