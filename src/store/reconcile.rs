@@ -41,7 +41,7 @@ const COLUMNS: Columns = (
 );
 
 impl Store {
-    /// OrderAtProvider orders created before `created_before` and not yet expired, not asked about
+    /// Unpaid orders created before `created_before` and not yet expired, not asked about
     /// since their `next_query_at`, oldest first.
     pub async fn orders_to_query(
         &self,
@@ -63,7 +63,9 @@ impl Store {
         })
     }
 
-    /// OrderAtProvider orders past `expire_at` whose next close attempt is due, oldest deadline first.
+    /// Unpaid orders past `expire_at`, oldest deadline first: those no close at the provider
+    /// failed for yet, and those whose backoff after a failed close is over (a query's
+    /// `next_query_at` does not hold back expiry).
     pub async fn expired_unpaid(
         &self,
         now: Timestamp,
@@ -73,7 +75,12 @@ impl Store {
             Ok(orders::table
                 .filter(orders::status.eq(OrderStatus::WaitPay))
                 .filter(orders::expire_at.le(now))
-                .filter(orders::next_query_at.is_null().or(orders::next_query_at.le(now)))
+                .filter(
+                    orders::close_attempts
+                        .eq(0)
+                        .or(orders::next_query_at.is_null())
+                        .or(orders::next_query_at.le(now)),
+                )
                 .order(orders::expire_at.asc())
                 .select(COLUMNS)
                 .limit(limit)

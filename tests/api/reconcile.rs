@@ -178,7 +178,18 @@ async fn expiry_closes_at_the_provider_first(backend: Backend, channel: &str) {
     create(&app, &unpaid, 100, channel).await;
     create(&app, &never_seen, 100, channel).await;
     fake.state.set(&unpaid, Trade::NotPaid);
-    app.clock.advance(EXPIRE_SECS + 1);
+    // Queried shortly before expiry: the next query is due after it, the close is not held back.
+    app.clock.advance(EXPIRE_SECS - 10);
+    assert_eq!(
+        app.reconciler
+            .reconcile_due(app.clock.now())
+            .await
+            .expect("reconcile"),
+        0
+    );
+    assert_eq!(calls(&app, channel, "query", "unpaid"), 1);
+    assert_eq!(calls(&app, channel, "query", "not_found"), 1);
+    app.clock.advance(11);
     assert_eq!(
         expire_orders(&app.reconciler, app.clock.as_ref())
             .await
