@@ -1010,3 +1010,65 @@ pub fn mount(
         api,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use rsa::pkcs8::{EncodePublicKey, LineEnding};
+    use rsa::{Generate, PrivateKey};
+
+    const KEY: &str = "alipay_trade_query_response";
+
+    fn key_pair() -> (PrivateKey, RsaVerifier) {
+        let key = PrivateKey::try_generate().expect("key");
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("alipay.pem");
+        let pem = key
+            .to_public_key()
+            .to_public_key_pem(LineEnding::LF)
+            .expect("pem");
+        std::fs::write(&path, pem).expect("write");
+        let verifier = keys::public_key_file("test", &path).expect("public key");
+        (key, verifier)
+    }
+
+    #[test]
+    fn an_answer_is_verified_over_the_exact_bytes_of_its_response_value() {
+        let (key, verifier) = key_pair();
+        // Alipay's own spacing and escapes: re-serialising the parsed value changes them.
+        let value =
+            "{\"code\": \"10000\",\"msg\":\"Success\",\"subject\":\"\\u6c99\\u7bb1 a\\/b\"}";
+        let sign = crate::qa::forge::rsa_sign(&key, value.as_bytes()).expect("sign");
+        let body = format!("{{\"{KEY}\":{value},\"sign\":\"{sign}\"}}");
+        assert_eq!(signed_response(&verifier, body.as_bytes(), KEY), Ok(value));
+
+        let parsed: serde_json::Value = serde_json::from_str(value).expect("json");
+        let reserialised = format!("{{\"{KEY}\":{parsed},\"sign\":\"{sign}\"}}");
+        assert!(matches!(
+            signed_response(&verifier, reserialised.as_bytes(), KEY),
+            Err(Failure::BadSignature(_))
+        ));
+        let unsigned = format!("{{\"{KEY}\":{value}}}");
+        assert!(matches!(
+            signed_response(&verifier, unsigned.as_bytes(), KEY),
+            Err(Failure::BadSignature(_))
+        ));
+        // Alipay's answer to an unknown app_id: unsigned, never evidence.
+        let unknown_app =
+            "{\"error_response\":{\"code\":\"40002\",\"sub_code\":\"isv.invalid-app-id\"}}";
+        assert!(matches!(
+            signed_response(&verifier, unknown_app.as_bytes(), KEY),
+            Err(Failure::BadSignature(_))
+        ));
+    }
+
+    #[test]
+    fn request_timestamps_are_beijing_time() {
+        let at = chrono::Utc
+            .with_ymd_and_hms(2026, 11, 30, 16, 30, 5)
+            .single()
+            .expect("time");
+        assert_eq!(beijing(Timestamp::new(at)), "2026-12-01 00:30:05");
+    }
+}
