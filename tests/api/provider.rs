@@ -49,6 +49,8 @@ pub struct Fake {
     pub trades: Mutex<HashMap<String, Trade>>,
     /// Answer every request with 503.
     pub down: AtomicBool,
+    /// Answer every request only after three seconds.
+    pub stall: AtomicBool,
     pub signing: Mutex<Signing>,
     /// Requests whose signature verified, and those that did not.
     pub verified: AtomicUsize,
@@ -130,6 +132,7 @@ impl FakeProvider {
         let state = Arc::new(Fake {
             trades: Mutex::new(HashMap::new()),
             down: AtomicBool::new(false),
+            stall: AtomicBool::new(false),
             signing: Mutex::new(Signing::Provider),
             verified: AtomicUsize::new(0),
             refused: AtomicUsize::new(0),
@@ -170,6 +173,9 @@ impl FakeProvider {
 
 async fn answer(req: HttpRequest, body: web::Bytes, fake: web::Data<Fake>) -> HttpResponse {
     fake.arrivals.lock().expect("arrivals").push(Instant::now());
+    if fake.stall.load(Ordering::SeqCst) {
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    }
     if fake.down.load(Ordering::SeqCst) {
         return HttpResponse::ServiceUnavailable()
             .json(json!({"code": "SYSTEM_ERROR", "message": "系统繁忙"}));

@@ -541,3 +541,132 @@ async fn queries_go_over_https_trusting_the_configured_ca() {
     assert_eq!(app.status_of("RC-TLS-A").await, "PAID");
     assert_eq!(fake.state.verified.load(Ordering::SeqCst), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_hangs_or_refuses_connections_is_unreachable() {
+    let fake = fake().await;
+    fake.state.stall.store(true, Ordering::SeqCst);
+    let url = fake.url.clone();
+    let app = spawn_app_with(Backend::Sqlite, move |s| {
+        configure(s, &url);
+        s.reconcile.timeout_ms = 300;
+    })
+    .await;
+    create(&app, "RC-HANG", 100, "wechat").await;
+    fake.state.set(
+        "RC-HANG",
+        Trade::Paid {
+            transaction_id: "42RC-HANG".into(),
+            total: 100,
+        },
+    );
+    app.clock.advance(AFTER_SECS);
+    let started = Instant::now();
+    app.reconciler
+        .reconcile_due(app.clock.now())
+        .await
+        .expect("reconcile");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(calls(&app, "wechat", "query", "unreachable"), 1);
+    assert_eq!(app.status_of("RC-HANG").await, "WAIT_PAY");
+
+    // Nothing listens on the port any more.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    };
+    let url = format!("http://127.0.0.1:{closed}");
+    let app = spawn_app_with(Backend::Sqlite, move |s| configure(s, &url)).await;
+    create(&app, "RC-REFUSED", 100, "alipay").await;
+    app.clock.advance(EXPIRE_SECS + 1);
+    assert_eq!(
+        expire_orders(&app.reconciler, app.clock.as_ref())
+            .await
+            .expect("expiry"),
+        0
+    );
+    assert_eq!(calls(&app, "alipay", "close", "unreachable"), 1);
+    assert_eq!(app.status_of("RC-REFUSED").await, "WAIT_PAY");
+}
+
+/// Every mistake in the API credentials or `[reconcile]` stops start-up naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_credential_mistakes_stop_start_up_naming_the_key() {
+    use paynotify::startup::{Application, Options};
+
+    paynotify::telemetry::init_for_tests();
+    let not_a_key = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(
+        not_a_key.path(),
+        "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+    )
+    .expect("write");
+    let not_pem = not_a_key.path().to_path_buf();
+    type Mistake = Box<dyn Fn(&mut Settings)>;
+    let cases: Vec<(&str, Mistake)> = vec![
+        (
+            "wechat.merchants[0].merchant_serial",
+            Box::new(|s| s.wechat.merchants[0].merchant_serial = None),
+        ),
+        (
+            "wechat.merchants[0].private_key_file",
+            Box::new(|s| s.wechat.merchants[0].private_key_file = None),
+        ),
+        (
+            "wechat.merchants[0].private_key_file",
+            Box::new({
+                let p = not_pem.clone();
+                move |s| s.wechat.merchants[0].private_key_file = Some(p.clone())
+            }),
+        ),
+        (
+            "wechat.merchants[0].api_base",
+            Box::new(|s| s.wechat.merchants[0].api_base = Some("api.mch.weixin.qq.com".into())),
+        ),
+        (
+            "alipay.apps[0].app_private_key_file",
+            Box::new({
+                let p = not_pem.clone();
+                move |s| s.alipay.apps[0].app_private_key_file = Some(p.clone())
+            }),
+        ),
+        (
+            "alipay.apps[0].gateway",
+            Box::new(|s| s.alipay.apps[0].gateway = Some("openapi.alipay.com".into())),
+        ),
+        (
+            "alipay.apps[1].app_private_key_file",
+            Box::new(|s| {
+                s.alipay.apps[1].gateway = Some("https://openapi.alipay.com/gateway.do".into())
+            }),
+        ),
+        (
+            "reconcile.ca_file",
+            Box::new({
+                let p = not_pem.clone();
+                move |s| s.reconcile.ca_file = Some(p.clone())
+            }),
+        ),
+    ];
+    for (key, mistake) in cases {
+        let db = crate::helpers::TestDb::create(Backend::Sqlite).await;
+        let mut settings = crate::helpers::test_settings(db.url());
+        configure(&mut settings, "http://127.0.0.1:1");
+        mistake(&mut settings);
+        let built = match settings.validate() {
+            Err(e) => Err(e.to_string()),
+            Ok(()) => Application::build(&settings, Options::default())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        };
+        let Err(err) = built else {
+            panic!("{key}: start-up went on");
+        };
+        assert!(err.contains(key), "{key}: {err}");
+    }
+}
