@@ -45,8 +45,19 @@ pub enum Signing {
     Unsigned,
 }
 
+/// A refund that succeeded at the provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refunded {
+    pub out_trade_no: String,
+    pub transaction_id: String,
+    pub refund_fen: i64,
+    pub total: i64,
+}
+
 pub struct Fake {
     pub trades: Mutex<HashMap<String, Trade>>,
+    /// Refunds by refund number (WeChat `out_refund_no`, Alipay `out_request_no`).
+    pub refunds: Mutex<HashMap<String, Refunded>>,
     /// Answer every request with 503.
     pub down: AtomicBool,
     /// Answer every request only after three seconds.
@@ -81,6 +92,21 @@ impl Fake {
             .lock()
             .expect("trades")
             .insert(out_trade_no.to_owned(), trade);
+    }
+
+    pub fn refund(&self, out_refund_no: &str, refund: Refunded) {
+        self.refunds
+            .lock()
+            .expect("refunds")
+            .insert(out_refund_no.to_owned(), refund);
+    }
+
+    fn refunded(&self, out_refund_no: &str) -> Option<Refunded> {
+        self.refunds
+            .lock()
+            .expect("refunds")
+            .get(out_refund_no)
+            .cloned()
     }
 
     pub fn trade(&self, out_trade_no: &str) -> Option<Trade> {
@@ -131,6 +157,7 @@ impl FakeProvider {
     ) -> Self {
         let state = Arc::new(Fake {
             trades: Mutex::new(HashMap::new()),
+            refunds: Mutex::new(HashMap::new()),
             down: AtomicBool::new(false),
             stall: AtomicBool::new(false),
             signing: Mutex::new(Signing::Provider),
@@ -262,6 +289,25 @@ fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
     };
     fake.verified.fetch_add(1, Ordering::SeqCst);
     let path = req.path();
+    if let Some(out_refund_no) = path.strip_prefix("/v3/refund/domestic/refunds/") {
+        let Some(r) = fake.refunded(out_refund_no) else {
+            return wechat_error(404, "RESOURCE_NOT_EXISTS", "退款单不存在");
+        };
+        let answer = json!({
+            "refund_id": format!("5030{out_refund_no}"),
+            "out_refund_no": out_refund_no,
+            "transaction_id": r.transaction_id,
+            "out_trade_no": r.out_trade_no,
+            "channel": "ORIGINAL",
+            "user_received_account": "支付用户零钱",
+            "success_time": "2026-11-30T11:00:00+08:00",
+            "create_time": "2026-11-30T10:59:00+08:00",
+            "status": "SUCCESS",
+            "funds_account": "AVAILABLE",
+            "amount": { "total": r.total, "refund": r.refund_fen, "payer_total": r.total, "payer_refund": r.refund_fen, "settlement_refund": r.refund_fen, "settlement_total": r.total, "discount_refund": 0, "currency": "CNY" }
+        });
+        return wechat_signed(fake, 200, &timestamp, answer.to_string());
+    }
     let Some(rest) = path.strip_prefix("/v3/pay/transactions/out-trade-no/") else {
         return wechat_error(404, "NOT_FOUND", "no such API");
     };
@@ -398,6 +444,19 @@ fn alipay(fake: &Fake, body: &[u8]) -> HttpResponse {
                 v["send_pay_date"] = json!("2026-11-30 10:00:07");
             }
             v
+        }
+        ("alipay.trade.fastpay.refund.query", _) => {
+            let request_no = biz["out_request_no"].as_str().unwrap_or("");
+            match fake.refunded(request_no) {
+                // An unknown refund request: 10000 without refund_status.
+                None => json!({"code": "10000", "msg": "Success"}),
+                Some(r) => json!({
+                    "code": "10000", "msg": "Success", "out_trade_no": r.out_trade_no,
+                    "trade_no": r.transaction_id, "out_request_no": request_no,
+                    "total_amount": yuan(r.total), "refund_amount": yuan(r.refund_fen),
+                    "refund_status": "REFUND_SUCCESS"
+                }),
+            }
         }
         ("alipay.trade.close", None) => not_exist,
         ("alipay.trade.close", Some(Trade::NotPaid)) => {

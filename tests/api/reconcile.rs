@@ -670,3 +670,98 @@ async fn api_credential_mistakes_stop_start_up_naming_the_key() {
         assert!(err.contains(key), "{key}: {err}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refund_queries_answer_with_what_the_refund_notification_would_carry() {
+    use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+    use paynotify::channel::Inbound;
+    use paynotify::channel::api::RefundAnswer;
+    use paynotify::notice::ChannelId;
+
+    use crate::provider::Refunded;
+
+    paynotify::telemetry::init_for_tests();
+    let fake = fake().await;
+    let mut settings = Settings::default();
+    configure(&mut settings, &fake.url);
+    let now = paynotify::time::Timestamp::new(chrono::Utc::now());
+    let mounted = paynotify::channel::mount_all(&settings, now).expect("providers");
+    let api = |channel| {
+        mounted
+            .iter()
+            .filter_map(|m| m.api.clone())
+            .find(|a| a.channel() == channel)
+            .expect("an API client")
+    };
+    let (wechat, alipay) = (api(ChannelId::Wechat), api(ChannelId::Alipay));
+    for (no, transaction_id) in [("RC-RF-W", "42RC-RF-W"), ("RC-RF-A", "2026RC-RF-A")] {
+        fake.state.refund(
+            &format!("R-{no}"),
+            Refunded {
+                out_trade_no: no.into(),
+                transaction_id: transaction_id.into(),
+                refund_fen: 30,
+                total: 100,
+            },
+        );
+    }
+
+    let RefundAnswer::Refunded(Some(queried)) = wechat
+        .refund_query(MCHID, "RC-RF-W", "R-RC-RF-W", now)
+        .await
+    else {
+        panic!("WeChat: a refunded answer with its notice");
+    };
+    // The REFUND.SUCCESS notification of the same refund has the same business content.
+    let sandbox = crate::wechat::sandbox('A');
+    let resource = paynotify::qa::forge::wechat::refund(
+        &sandbox,
+        "RC-RF-W",
+        "42RC-RF-W",
+        "R-RC-RF-W",
+        30,
+        100,
+    );
+    let d = sandbox
+        .notification("REFUND.SUCCESS", &resource, now.unix_seconds())
+        .expect("forge");
+    let mut headers = HeaderMap::new();
+    for (name, value) in &d.headers {
+        headers.append(
+            HeaderName::from_bytes(name.as_bytes()).expect("name"),
+            HeaderValue::from_str(value).expect("value"),
+        );
+    }
+    let provider = mounted
+        .iter()
+        .find(|m| m.provider.channel() == ChannelId::Wechat)
+        .expect("wechat")
+        .provider
+        .clone();
+    let notified = provider
+        .admit(&Inbound {
+            headers: &headers,
+            body: &d.body,
+            now,
+        })
+        .expect("the notification verifies");
+    assert_eq!(queried.digest(), notified.digest());
+    assert_eq!(
+        wechat.refund_query(MCHID, "RC-RF-W", "R-NONE", now).await,
+        RefundAnswer::NotFound
+    );
+
+    // Alipay's answer carries this refund's amount, not the trade's running total its
+    // notification is keyed on: done, without a notice.
+    assert_eq!(
+        alipay
+            .refund_query(APP_ID, "RC-RF-A", "R-RC-RF-A", now)
+            .await,
+        RefundAnswer::Refunded(None)
+    );
+    assert_eq!(
+        alipay.refund_query(APP_ID, "RC-RF-A", "R-NONE", now).await,
+        RefundAnswer::NotFound
+    );
+    assert_eq!(fake.state.refused.load(Ordering::SeqCst), 0);
+}
