@@ -436,6 +436,12 @@ impl Provider for Alipay {
         ChannelId::Alipay
     }
 
+    fn accounts(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.apps.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
     fn admit(&self, request: &Inbound<'_>) -> Result<Notice, Rejection> {
         super::admit(self, request)
     }

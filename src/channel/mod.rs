@@ -230,6 +230,10 @@ pub trait Provider: Send + Sync + 'static {
     /// Every check of `request` in order, each with what it found; the first failure in
     /// plain words (a re-serialised body, a re-encoded charset, a wrong key).
     fn explain(&self, request: &Inbound<'_>) -> Explanation;
+
+    /// Every configured merchant/app id (WeChat `mchid`, Alipay `app_id`): what
+    /// `POST /orders` may name.
+    fn accounts(&self) -> Vec<String>;
 }
 
 /// Registers a provider's notify routes (with its channel as their app data) on each worker.

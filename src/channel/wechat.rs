@@ -617,6 +617,17 @@ impl Provider for WechatPay {
         ChannelId::Wechat
     }
 
+    fn accounts(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .keys
+            .values()
+            .map(|p| p.merchant.mchid.clone())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
     fn admit(&self, request: &Inbound<'_>) -> Result<Notice, Rejection> {
         super::admit(self, request)
     }

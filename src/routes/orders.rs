@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::{ApiError, Authorized, ErrorBody, detach, error_body};
-use crate::notice::Digest;
+use crate::notice::{ChannelId, Digest};
 use crate::order::NewOrder;
 use crate::order::Order;
 use crate::reconcile::Closing;
@@ -152,6 +152,28 @@ pub async fn create(
     body: web::Json<CreateOrderRequest>,
 ) -> Result<HttpResponse, ApiError> {
     body.validate()?;
+    for (channel, named) in [
+        (ChannelId::Wechat, &body.wechat_mchid),
+        (ChannelId::Alipay, &body.alipay_app_id),
+    ] {
+        let configured = |id: &String| {
+            state
+                .providers
+                .iter()
+                .any(|p| p.channel() == channel && p.accounts().contains(id))
+        };
+        if let Some(id) = named
+            && !configured(id)
+        {
+            let field = match channel {
+                ChannelId::Wechat => "wechat_mchid",
+                ChannelId::Alipay => "alipay_app_id",
+            };
+            return Err(ApiError::BadRequest(format!(
+                "{field}: {id} is not a configured {channel} merchant/app"
+            )));
+        }
+    }
     let key = idempotency_key(&request)?;
     // Same key + same parsed request = a replay, whatever the JSON whitespace or key order.
     let request_digest = Digest::of(serde_json::to_string(&*body).unwrap_or_default().as_bytes());

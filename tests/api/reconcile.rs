@@ -765,3 +765,64 @@ async fn refund_queries_answer_with_what_the_refund_notification_would_carry() {
     );
     assert_eq!(fake.state.refused.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_may_name_only_a_configured_merchant_or_app() {
+    let fake = fake().await;
+    let app = app_with(Backend::Sqlite, &fake).await;
+    for (body, field) in [
+        (
+            serde_json::json!({"wechat_mchid": "1999999999"}),
+            "wechat_mchid",
+        ),
+        (
+            serde_json::json!({"alipay_app_id": "2021999999999999"}),
+            "alipay_app_id",
+        ),
+        (
+            serde_json::json!({"wechat_mchid": "19000-00001"}),
+            "wechat_mchid",
+        ),
+        (serde_json::json!({"alipay_app_id": ""}), "alipay_app_id"),
+        // An Alipay app id is not a WeChat merchant.
+        (serde_json::json!({"wechat_mchid": APP_ID}), "wechat_mchid"),
+    ] {
+        let mut order = serde_json::json!({"order_no": "RC-NAMED", "amount_fen": 100});
+        if let (Some(order), serde_json::Value::Object(more)) = (order.as_object_mut(), body) {
+            order.extend(more);
+        }
+        let response = app
+            .client
+            .post(app.url("/orders"))
+            .bearer_auth(&app.api_token)
+            .json(&order)
+            .send()
+            .await
+            .expect("POST /orders");
+        assert_eq!(response.status(), 400, "{order}");
+        let error: serde_json::Value = response.json().await.expect("json");
+        assert!(
+            error["error"]
+                .as_str()
+                .is_some_and(|e| e.starts_with(field)),
+            "{error}"
+        );
+    }
+    assert_eq!(app.db.count("orders").await, 0);
+    // A configured merchant without API credentials may be named: it is only not asked.
+    let response = app
+        .client
+        .post(app.url("/orders"))
+        .bearer_auth(&app.api_token)
+        .json(&serde_json::json!({"order_no": "RC-NAMED", "amount_fen": 100, "wechat_mchid": "1900000002"}))
+        .send()
+        .await
+        .expect("POST /orders");
+    assert_eq!(response.status(), 201);
+    app.clock.advance(AFTER_SECS);
+    app.reconciler
+        .reconcile_due(app.clock.now())
+        .await
+        .expect("reconcile");
+    assert!(fake.state.calls().is_empty());
+}
