@@ -14,8 +14,10 @@ COPY . .
 RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin paynotify
 
 FROM debian:bookworm-slim
+# curl for the health check; ca-certificates: the system roots the provider API clients and
+# an https:// relay sink trust.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends curl \
+    && apt-get install -y --no-install-recommends curl ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --home /app paynotify && mkdir -p /app/data && chown paynotify /app/data
 WORKDIR /app

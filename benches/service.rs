@@ -27,6 +27,7 @@ const SERIAL: &str = "PUB_KEY_ID_0000000000000000000000000000000A";
 
 /// Sends every delivery once from `CLIENTS` tasks; returns requests per second.
 async fn blast(url: &str, deliveries: &Arc<Vec<Delivery>>) -> f64 {
+    paynotify::channel::api::install_crypto();
     let client = reqwest::Client::new();
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -83,6 +84,9 @@ async fn main() {
         s.database.url = Secret::new(db_url.clone());
         s.database.pool_size = 16;
         s.wechat.merchants = vec![WechatMerchant {
+            private_key_file: None,
+            merchant_serial: None,
+            api_base: None,
             mchid: sandbox.mchid.clone(),
             appid: Some(sandbox.appid.clone()),
             appids: Vec::new(),

@@ -32,6 +32,9 @@ fn wechat(c: &mut Criterion) {
     let apiv3 = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA1";
     let settings = WechatSettings {
         merchants: vec![WechatMerchant {
+            private_key_file: None,
+            merchant_serial: None,
+            api_base: None,
             mchid: "1900000001".into(),
             appid: Some("wx0000000000000001".into()),
             appids: Vec::new(),
@@ -120,6 +123,8 @@ fn alipay(c: &mut Criterion) {
     std::fs::write(dir.path().join("alipay.pem"), pem).expect("write");
     let settings = AlipaySettings {
         apps: vec![AlipayApp {
+            app_private_key_file: None,
+            gateway: None,
             app_id: "2021000000000001".into(),
             seller_id: "2088000000000001".into(),
             alipay_public_key_file: Some(dir.path().join("alipay.pem")),

@@ -1,5 +1,6 @@
 //! The background jobs of `paynotify serve`: the outbox relay on a tokio interval of its
-//! own, and order expiry, retention and the relay watchdog on tokio-cron-scheduler. Each
+//! own, and order expiry, reconcile (asking the providers), retention and the relay watchdog
+//! on tokio-cron-scheduler. Each
 //! scheduled job skips a run while its previous run is still going (the scheduler itself
 //! would start it again). The relay is not on the scheduler: its repeated jobs keep their
 //! interval in whole seconds, so 200 ms would become 0 s and the job would never run again.
@@ -12,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_cron_scheduler::{Job, JobScheduler, JobSchedulerError};
 
+use crate::reconcile::Reconciler;
 use crate::relay::Relay;
 use crate::store::Store;
 use crate::time::Clock;
@@ -25,28 +27,18 @@ const EXPIRY_EVERY: Duration = Duration::from_secs(10);
 const RETENTION_BATCH: i64 = 1000;
 const RETENTION_PAUSE: Duration = Duration::from_millis(50);
 const RETENTION_EVERY: Duration = Duration::from_secs(3600);
+/// How often the reconcile job looks for unpaid orders to ask about (each order is asked at
+/// most once per `reconcile.every_secs`).
+const RECONCILE_EVERY: Duration = Duration::from_secs(10);
 
-/// The order-expiry job: `WAIT_PAY` orders past `expire_at` → `CLOSED` by compare-and-set,
-/// each with its `ORDER_CLOSED` message. Returns how many it closed.
+/// The order-expiry job: each `WAIT_PAY` order past `expire_at` is closed at its providers
+/// first (see [`Reconciler::close`]), then here by compare-and-set with its `ORDER_CLOSED`
+/// message. Returns how many it closed.
 pub async fn expire_orders(
-    store: &Store,
+    reconciler: &Reconciler,
     clock: &dyn Clock,
 ) -> Result<usize, crate::store::StoreError> {
-    let mut closed = 0;
-    loop {
-        let now = clock.now();
-        let due = store.expired_orders(now, EXPIRY_BATCH).await?;
-        for order_no in &due {
-            if let crate::store::ledger::CloseResult::Closed(_) =
-                store.close_order(order_no, "expiry", now).await?
-            {
-                closed += 1;
-            }
-        }
-        if (due.len() as i64) < EXPIRY_BATCH {
-            return Ok(closed);
-        }
-    }
+    reconciler.expire_due(clock.now(), EXPIRY_BATCH).await
 }
 
 /// The retention job: sent messages and idempotency keys older than `keep_days`, and
@@ -107,9 +99,10 @@ const WATCHDOG_EVERY: Duration = Duration::from_secs(10);
 /// The jobs `Jobs::start` runs and how often, for the start-up log line.
 pub fn schedule(relay_every: Duration) -> String {
     format!(
-        "relay every {} ms, order expiry every {} s, retention every {} s, relay watchdog every {} s",
+        "relay every {} ms, order expiry every {} s, reconcile every {} s, retention every {} s, relay watchdog every {} s",
         relay_every.as_millis(),
         EXPIRY_EVERY.as_secs(),
+        RECONCILE_EVERY.as_secs(),
         RETENTION_EVERY.as_secs(),
         WATCHDOG_EVERY.as_secs()
     )
@@ -161,18 +154,23 @@ impl Jobs {
     pub async fn start(
         store: Store,
         clock: Arc<dyn Clock>,
+        reconciler: Arc<Reconciler>,
         relay: Arc<Relay>,
         relay_every: Duration,
         keep_days: u32,
         receipts_keep_days: u32,
     ) -> Result<Self, JobSchedulerError> {
         let scheduler = JobScheduler::new().await?;
-        let (s, c, busy) = (store.clone(), Arc::clone(&clock), Arc::new(Mutex::new(())));
+        let (r, c, busy) = (
+            Arc::clone(&reconciler),
+            Arc::clone(&clock),
+            Arc::new(Mutex::new(())),
+        );
         scheduler
             .add(Job::new_repeated_async(EXPIRY_EVERY, move |_, _| {
-                let (s, c) = (s.clone(), Arc::clone(&c));
+                let (r, c) = (Arc::clone(&r), Arc::clone(&c));
                 unless_busy(&busy, async move {
-                    match expire_orders(&s, c.as_ref()).await {
+                    match expire_orders(&r, c.as_ref()).await {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(closed = n, "expired orders closed"),
                         Err(e) => {
@@ -182,6 +180,23 @@ impl Jobs {
                 })
             })?)
             .await?;
+        if reconciler.asks_providers() {
+            let (r, c, busy) = (reconciler, Arc::clone(&clock), Arc::new(Mutex::new(())));
+            scheduler
+                .add(Job::new_repeated_async(RECONCILE_EVERY, move |_, _| {
+                    let (r, c) = (Arc::clone(&r), Arc::clone(&c));
+                    unless_busy(&busy, async move {
+                        match r.reconcile_due(c.now()).await {
+                            Ok(0) => {}
+                            Ok(n) => tracing::info!(recovered = n, "payments recovered by query"),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "reconcile failed; next run retries")
+                            }
+                        }
+                    })
+                })?)
+                .await?;
+        }
         let (s, c, busy) = (store, clock, Arc::new(Mutex::new(())));
         scheduler
             .add(Job::new_repeated_async(RETENTION_EVERY, move |_, _| {

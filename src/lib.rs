@@ -15,6 +15,7 @@ pub mod outbox;
 pub mod qa;
 pub mod random;
 pub mod receipts;
+pub mod reconcile;
 pub mod relay;
 pub mod routes;
 pub mod startup;

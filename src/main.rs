@@ -125,6 +125,8 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // reqwest is built without a TLS provider of its own: ring, before any client is built.
+    paynotify::channel::api::install_crypto();
     let result = match Cli::parse().command {
         Command::Serve { config } => serve(config).await,
         Command::Migrate { config } => migrate(config).await,

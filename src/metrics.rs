@@ -162,6 +162,59 @@ pub struct Metrics {
     pub gate_breaker_open: IntGauge,
     /// Receipts by [`ReceiptResult`].
     pub receipts: IntCounterVec,
+    /// Calls to a provider's API by channel, [`ProviderCall`] and the answer's label
+    /// (`paid`, `unpaid`, `closed`, `not_found`, `not_closable`, `unreachable`,
+    /// `bad_signature`, `unexpected`, …).
+    pub provider_calls: IntCounterVec,
+    /// Payments applied from a provider's answer: notifications that never came.
+    pub payments_recovered: IntCounterVec,
+    /// What became of expired orders, by [`ExpiryResult`].
+    pub expiry: IntCounterVec,
+}
+
+/// Which provider API call (`call` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderCall {
+    Query,
+    Close,
+    RefundQuery,
+}
+
+impl ProviderCall {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Query => "query",
+            Self::Close => "close",
+            Self::RefundQuery => "refund_query",
+        }
+    }
+}
+
+/// What the expiry job did with one order (`result` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpiryResult {
+    /// Closed at every provider asked (or never created there), then here.
+    ClosedAtProvider,
+    /// No provider to ask: closed here, as before.
+    ClosedLocally,
+    /// A provider said it was paid: the payment was applied instead.
+    Paid,
+    /// A provider could not be reached: left unpaid, retried later.
+    Retried,
+    /// A provider could not be reached within `reconcile.close_grace_secs`: closed here anyway.
+    ClosedAfterGrace,
+}
+
+impl ExpiryResult {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::ClosedAtProvider => "closed_at_provider",
+            Self::ClosedLocally => "closed_locally",
+            Self::Paid => "paid",
+            Self::Retried => "retried",
+            Self::ClosedAfterGrace => "closed_after_grace",
+        }
+    }
 }
 
 /// The `route` label of a request that matched no registered route.
@@ -288,9 +341,27 @@ impl Metrics {
             "Notify receipts written to notify_receipt, or dropped (queue full, insert failed)",
             &["result"],
         );
+        let provider_calls = counter(
+            "paynotify_provider_calls_total",
+            "Calls to a provider's API (query, close, refund_query) by channel and answer",
+            &["channel", "call", "result"],
+        );
+        let payments_recovered = counter(
+            "paynotify_payments_recovered_total",
+            "Payments applied from a provider's signed answer: notifications that never came",
+            &["channel"],
+        );
+        let expiry = counter(
+            "paynotify_expiry_total",
+            "Expired unpaid orders by what became of them",
+            &["result"],
+        );
         Self {
             registry,
             receipts,
+            provider_calls,
+            payments_recovered,
+            expiry,
             notifications,
             rejections,
             anomalies,
@@ -324,6 +395,23 @@ impl Metrics {
         self.receipts
             .with_label_values(&[result.label()])
             .inc_by(n as u64);
+    }
+
+    /// Counts one call to a provider's API and its answer.
+    pub fn provider_call(&self, channel: ChannelId, call: ProviderCall, result: &'static str) {
+        self.provider_calls
+            .with_label_values(&[channel.as_str(), call.label(), result])
+            .inc();
+    }
+
+    pub fn payment_recovered(&self, channel: ChannelId) {
+        self.payments_recovered
+            .with_label_values(&[channel.as_str()])
+            .inc();
+    }
+
+    pub fn expired(&self, result: ExpiryResult) {
+        self.expiry.with_label_values(&[result.label()]).inc();
     }
 
     /// Counts a notification refused before the ledger.

@@ -96,6 +96,10 @@ pub struct NewOrder {
     pub subject: String,
     pub created_at: Timestamp,
     pub expire_at: Timestamp,
+    /// The WeChat merchant / Alipay app to ask about this order; `None`: every one with
+    /// API credentials.
+    pub wechat_mchid: Option<String>,
+    pub alipay_app_id: Option<String>,
 }
 
 #[cfg(test)]

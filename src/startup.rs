@@ -15,6 +15,7 @@ use crate::gate::Gate;
 use crate::jobs::Jobs;
 use crate::metrics::Metrics;
 use crate::receipts::Receipts;
+use crate::reconcile::Reconciler;
 use crate::relay::{Relay, Sink, sink};
 use crate::routes::{self, AppState, ExtraRoutes};
 use crate::store::{Store, StoreError};
@@ -78,6 +79,7 @@ pub struct Application {
     store: Store,
     metrics: Arc<Metrics>,
     sink: Arc<dyn Sink>,
+    reconciler: Arc<Reconciler>,
 }
 
 impl Application {
@@ -86,11 +88,15 @@ impl Application {
     pub async fn build(settings: &Settings, options: Options) -> Result<Self, StartupError> {
         // Keys first: a bad key file should stop start-up before anything connects.
         let now = options.clock.now();
-        let (providers, operated): (Vec<channel::Mount>, Vec<Arc<dyn channel::Provider>>) =
-            channel::mount_all(settings, now)?
-                .into_iter()
-                .map(|m| (m.mount, m.provider))
-                .unzip();
+        channel::api::install_crypto();
+        let mut providers = Vec::new();
+        let mut operated: Vec<Arc<dyn channel::Provider>> = Vec::new();
+        let mut apis = Vec::new();
+        for mounted in channel::mount_all(settings, now)? {
+            providers.push(mounted.mount);
+            operated.push(mounted.provider);
+            apis.extend(mounted.api);
+        }
         let providers: Arc<[channel::Mount]> = providers.into();
         let store = Store::connect(&settings.database)?;
         store.check_server().await?;
@@ -121,6 +127,7 @@ impl Application {
             &settings.relay,
             &settings.redis,
             sink_timeout,
+            &channel::client_settings(settings),
         )?);
 
         let metrics = Arc::new(Metrics::new());
@@ -134,7 +141,14 @@ impl Application {
             )?;
             Some(Arc::new(gate))
         };
+        let reconciler = Arc::new(Reconciler::new(
+            apis,
+            store.clone(),
+            Arc::clone(&metrics),
+            &settings.reconcile,
+        ));
         let state = web::Data::new(AppState {
+            reconciler: Arc::clone(&reconciler),
             store: store.clone(),
             gate,
             metrics: Arc::clone(&metrics),
@@ -188,6 +202,7 @@ impl Application {
             store,
             metrics,
             sink,
+            reconciler,
         })
     }
 
@@ -201,6 +216,11 @@ impl Application {
 
     pub fn metrics(&self) -> Arc<Metrics> {
         Arc::clone(&self.metrics)
+    }
+
+    /// The provider queries and closes the reconcile and expiry jobs run.
+    pub fn reconciler(&self) -> Arc<Reconciler> {
+        Arc::clone(&self.reconciler)
     }
 
     /// Starts the relay, order-expiry and retention jobs with the sink `relay.sink` names.
@@ -221,6 +241,7 @@ impl Application {
         Jobs::start(
             self.store.clone(),
             clock,
+            Arc::clone(&self.reconciler),
             relay,
             Duration::from_millis(settings.relay.interval_ms),
             settings.retention.keep_days,

@@ -18,6 +18,10 @@ use serde::Deserialize;
 use std::path::PathBuf;
 use utoipa::OpenApi;
 
+use super::api::{
+    ApiFuture, ClientSettings, CloseAnswer, Failure, Plumbing, ProviderApi, RefundAnswer,
+    TradeAnswer,
+};
 use super::keys::{self, RsaVerifier};
 use super::{Answer, Channel, Explanation, Inbound, Mounted, Provider, Rejection, Reply, Verdict};
 use crate::config::value::{ConfigError, invalid};
@@ -38,6 +42,13 @@ pub struct AlipayApp {
     pub seller_id: String,
     pub alipay_public_key_file: Option<PathBuf>,
     pub alipay_cert_file: Option<PathBuf>,
+    /// The app private key. With it, this app's unpaid orders are queried and closed at
+    /// Alipay (src/reconcile.rs).
+    #[serde(default)]
+    pub app_private_key_file: Option<PathBuf>,
+    /// The OpenAPI gateway; `https://openapi.alipay.com/gateway.do` when absent.
+    #[serde(default)]
+    pub gateway: Option<String>,
 }
 
 /// A configured Alipay app.
@@ -425,6 +436,12 @@ impl Provider for Alipay {
         ChannelId::Alipay
     }
 
+    fn accounts(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.apps.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
     fn admit(&self, request: &Inbound<'_>) -> Result<Notice, Rejection> {
         super::admit(self, request)
     }
@@ -579,10 +596,412 @@ crate::routes::notify::notify_handler!(
 #[openapi(paths(alipay))]
 pub struct NotifyApi;
 
+/// Alipay's production OpenAPI gateway.
+pub const GATEWAY: &str = "https://openapi.alipay.com/gateway.do";
+
+/// One app's API credentials.
+struct ApiApp {
+    app: Arc<App>,
+    key: keys::RsaSigner,
+    gateway: String,
+}
+
+/// The Alipay OpenAPI client (`alipay.trade.query`, `alipay.trade.close`,
+/// `alipay.trade.fastpay.refund.query`) for every app with an app private key. Requests are
+/// signed RSA2 with it; answers are verified over the exact bytes of their `…_response` value
+/// with the app's Alipay public key, the one notifications are verified with.
+pub struct AlipayApi {
+    apps: Vec<ApiApp>,
+    plumbing: Plumbing,
+}
+
+/// The fields of a `…_response` value this client reads.
+#[derive(Deserialize)]
+struct ApiResponse {
+    code: String,
+    #[serde(default)]
+    msg: String,
+    sub_code: Option<String>,
+    sub_msg: Option<String>,
+    out_trade_no: Option<String>,
+    trade_no: Option<String>,
+    trade_status: Option<String>,
+    total_amount: Option<String>,
+    send_pay_date: Option<String>,
+    refund_status: Option<String>,
+    out_request_no: Option<String>,
+}
+
+impl ApiResponse {
+    /// `20000` (service unavailable) and `ACQ.SYSTEM_ERROR`: Alipay says "try later".
+    fn retry_later(&self) -> bool {
+        self.code == "20000" || self.sub_code.as_deref() == Some("ACQ.SYSTEM_ERROR")
+    }
+
+    fn failure(&self) -> Failure {
+        let what = format!(
+            "code {} {} {} {}",
+            self.code,
+            self.msg,
+            self.sub_code.as_deref().unwrap_or(""),
+            self.sub_msg.as_deref().unwrap_or("")
+        );
+        if self.retry_later() {
+            Failure::Unreachable(what)
+        } else {
+            Failure::Unexpected(what)
+        }
+    }
+}
+
+/// Alipay's times: Beijing, `yyyy-MM-dd HH:mm:ss`.
+fn beijing(at: Timestamp) -> String {
+    (at.as_datetime().naive_utc() + chrono::Duration::hours(8))
+        .format("%Y-%m-%d %H:%M:%S")
+        .to_string()
+}
+
+impl AlipayApi {
+    /// `None` when no app has an app private key.
+    fn from_settings(
+        channel: &Alipay,
+        settings: &AlipaySettings,
+        client: &ClientSettings,
+    ) -> Result<Option<Self>, ConfigError> {
+        let mut apps = Vec::new();
+        for (i, a) in settings.apps.iter().enumerate() {
+            let prefix = format!("alipay.apps[{i}]");
+            let Some(path) = &a.app_private_key_file else {
+                if a.gateway.is_some() {
+                    return Err(invalid(
+                        format!("{prefix}.app_private_key_file"),
+                        "required with gateway: the app private key that signs requests",
+                    ));
+                }
+                continue;
+            };
+            let key = keys::private_key_file(&format!("{prefix}.app_private_key_file"), path)?;
+            let gateway = a.gateway.clone().unwrap_or_else(|| GATEWAY.to_owned());
+            if !(gateway.starts_with("https://") || gateway.starts_with("http://")) {
+                return Err(invalid(
+                    format!("{prefix}.gateway"),
+                    format!("{gateway} is not an http(s) URL"),
+                ));
+            }
+            let Some(app) = channel.apps.get(&a.app_id) else {
+                return Err(invalid(format!("{prefix}.app_id"), "not loaded"));
+            };
+            apps.push(ApiApp {
+                app: Arc::clone(app),
+                key,
+                gateway,
+            });
+        }
+        if apps.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            apps,
+            plumbing: Plumbing::new(client)?,
+        }))
+    }
+
+    fn app(&self, app_id: &str) -> Result<&ApiApp, Failure> {
+        self.apps
+            .iter()
+            .find(|a| a.app.app_id == app_id)
+            .ok_or_else(|| Failure::Unexpected(format!("no app private key for app {app_id}")))
+    }
+
+    /// Calls `method` and returns its verified `…_response` value. Alipay: sign every
+    /// non-empty parameter but `sign`, sorted by key, `k=v` joined with `&`, raw values.
+    async fn call(
+        &self,
+        a: &ApiApp,
+        method: &str,
+        biz_content: &serde_json::Value,
+        now: Timestamp,
+    ) -> Result<ApiResponse, Failure> {
+        let mut params: Vec<(&str, String)> = vec![
+            ("app_id", a.app.app_id.clone()),
+            ("biz_content", biz_content.to_string()),
+            ("charset", "utf-8".to_owned()),
+            ("format", "JSON".to_owned()),
+            ("method", method.to_owned()),
+            ("sign_type", "RSA2".to_owned()),
+            ("timestamp", beijing(now)),
+            ("version", "1.0".to_owned()),
+        ];
+        params.sort_by(|x, y| x.0.cmp(y.0));
+        let content = params
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("&");
+        let sign = a
+            .key
+            .sign_base64(content.as_bytes())
+            .map_err(|e| Failure::Unexpected(format!("signing failed: {e}")))?;
+        let body = {
+            let mut form = form_urlencoded::Serializer::new(String::new());
+            for (k, v) in &params {
+                form.append_pair(k, v);
+            }
+            form.append_pair("sign", &sign);
+            form.finish()
+        };
+        let request = self
+            .plumbing
+            .client()
+            .post(&a.gateway)
+            .header(
+                "Content-Type",
+                "application/x-www-form-urlencoded;charset=utf-8",
+            )
+            .body(body);
+        let r = self.plumbing.send(request).await?;
+        if r.status == 429 || r.status >= 500 {
+            return Err(Failure::Unreachable(format!("HTTP {}", r.status)));
+        }
+        if !(200..300).contains(&r.status) {
+            return Err(Failure::Unexpected(format!("HTTP {}", r.status)));
+        }
+        let response_key = format!("{}_response", method.replace('.', "_"));
+        let value = signed_response(&a.app.key, &r.body, &response_key)?;
+        serde_json::from_str(value).map_err(|e| Failure::Unexpected(format!("{response_key}: {e}")))
+    }
+
+    async fn do_query(&self, app_id: &str, out_trade_no: &str, now: Timestamp) -> TradeAnswer {
+        let a = match self.app(app_id) {
+            Ok(a) => a,
+            Err(f) => return TradeAnswer::Failed(f),
+        };
+        let biz = serde_json::json!({ "out_trade_no": out_trade_no });
+        let r = match self.call(a, "alipay.trade.query", &biz, now).await {
+            Ok(r) => r,
+            Err(f) => return TradeAnswer::Failed(f),
+        };
+        if r.code != "10000" {
+            return if r.sub_code.as_deref() == Some("ACQ.TRADE_NOT_EXIST") {
+                TradeAnswer::NotFound
+            } else {
+                TradeAnswer::Failed(r.failure())
+            };
+        }
+        if r.out_trade_no.as_deref() != Some(out_trade_no) {
+            return TradeAnswer::Failed(Failure::Unexpected(format!(
+                "asked about {out_trade_no}, answered about {:?}",
+                r.out_trade_no
+            )));
+        }
+        let status = r.trade_status.clone().unwrap_or_default();
+        match status.as_str() {
+            "TRADE_SUCCESS" | "TRADE_FINISHED" => match paid_notice(&a.app, r) {
+                Ok(notice) => TradeAnswer::Paid(Box::new(notice)),
+                Err(f) => TradeAnswer::Failed(f),
+            },
+            "TRADE_CLOSED" => TradeAnswer::Closed,
+            _ => TradeAnswer::Unpaid(status),
+        }
+    }
+
+    async fn do_close(&self, app_id: &str, out_trade_no: &str, now: Timestamp) -> CloseAnswer {
+        let a = match self.app(app_id) {
+            Ok(a) => a,
+            Err(f) => return CloseAnswer::Failed(f),
+        };
+        let biz = serde_json::json!({ "out_trade_no": out_trade_no });
+        let r = match self.call(a, "alipay.trade.close", &biz, now).await {
+            Ok(r) => r,
+            Err(f) => return CloseAnswer::Failed(f),
+        };
+        match (r.code.as_str(), r.sub_code.as_deref()) {
+            ("10000", _) => CloseAnswer::Closed,
+            (_, Some("ACQ.TRADE_NOT_EXIST")) => CloseAnswer::NotFound,
+            // Paid, or closed already: a query tells which.
+            (_, Some("ACQ.TRADE_STATUS_ERROR")) => CloseAnswer::NotClosable,
+            _ => CloseAnswer::Failed(r.failure()),
+        }
+    }
+
+    async fn do_refund_query(
+        &self,
+        app_id: &str,
+        out_trade_no: &str,
+        out_refund_no: &str,
+        now: Timestamp,
+    ) -> RefundAnswer {
+        let a = match self.app(app_id) {
+            Ok(a) => a,
+            Err(f) => return RefundAnswer::Failed(f),
+        };
+        let biz =
+            serde_json::json!({ "out_trade_no": out_trade_no, "out_request_no": out_refund_no });
+        let r = match self
+            .call(a, "alipay.trade.fastpay.refund.query", &biz, now)
+            .await
+        {
+            Ok(r) => r,
+            Err(f) => return RefundAnswer::Failed(f),
+        };
+        if r.code != "10000" {
+            return if r.sub_code.as_deref() == Some("ACQ.TRADE_NOT_EXIST") {
+                RefundAnswer::NotFound
+            } else {
+                RefundAnswer::Failed(r.failure())
+            };
+        }
+        if r.out_request_no
+            .as_deref()
+            .is_some_and(|no| no != out_refund_no)
+        {
+            return RefundAnswer::Failed(Failure::Unexpected(format!(
+                "asked about refund {out_refund_no}, answered about {:?}",
+                r.out_request_no
+            )));
+        }
+        // `10000` alone is not a refund: only REFUND_SUCCESS is (an empty answer means
+        // Alipay has no such refund request).
+        match r.refund_status.as_deref() {
+            Some("REFUND_SUCCESS") => RefundAnswer::Refunded(None),
+            Some(other) => RefundAnswer::NotRefunded(other.to_owned()),
+            None => RefundAnswer::NotFound,
+        }
+    }
+}
+
+/// The exact bytes of `response_key`'s value in `body`, once `sign` verifies over them with
+/// the app's Alipay public key. An answer without `sign` (Alipay's answer to an unknown
+/// app) is never evidence.
+fn signed_response<'b>(
+    key: &RsaVerifier,
+    body: &'b [u8],
+    response_key: &str,
+) -> Result<&'b str, Failure> {
+    use serde_json::value::RawValue;
+    // Every top-level value as its exact bytes: the signature covers them, not a re-encoding.
+    let mut envelope: HashMap<&'b str, &'b RawValue> = serde_json::from_slice(body)
+        .map_err(|e| Failure::Unexpected(format!("answer is not Alipay's JSON: {e}")))?;
+    let sign: Option<String> = match envelope.remove("sign") {
+        Some(raw) => Some(
+            serde_json::from_str(raw.get())
+                .map_err(|e| Failure::BadSignature(format!("sign is not a string: {e}")))?,
+        ),
+        None => None,
+    };
+    let Some(value) = envelope.get(response_key) else {
+        let mut keys: Vec<&&str> = envelope.keys().collect();
+        keys.sort();
+        return Err(match sign {
+            Some(_) => Failure::Unexpected(format!("no {response_key} in the answer ({keys:?})")),
+            None => Failure::BadSignature(format!("an unsigned answer ({keys:?})")),
+        });
+    };
+    let sign = sign
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| Failure::BadSignature(format!("{response_key} is not signed")))?;
+    let signature = BASE64
+        .decode(sign)
+        .map_err(|_| Failure::BadSignature("sign is not base64".into()))?;
+    if !key.verify(value.get().as_bytes(), &signature) {
+        return Err(Failure::BadSignature(format!(
+            "the sign of {response_key} does not verify with the Alipay public key"
+        )));
+    }
+    Ok(value.get())
+}
+
+/// A paid trade's notice with the fields a `TRADE_SUCCESS` notification would carry: the
+/// app that asked is the one the notification names (`seller_id`, `app_id`), so the digest
+/// is the same.
+fn paid_notice(app: &App, r: ApiResponse) -> Result<Notice, Failure> {
+    let bad = |m: String| Failure::Unexpected(m);
+    let trade_no = r
+        .trade_no
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| bad("a paid answer without trade_no".into()))?;
+    let total = r
+        .total_amount
+        .as_deref()
+        .ok_or_else(|| bad("a paid answer without total_amount".into()))
+        .and_then(|t| yuan_to_fen(t).map_err(|e| bad(format!("total_amount: {e}"))))?;
+    if total <= 0 {
+        return Err(bad("total_amount must be positive".into()));
+    }
+    let occurred_at = r.send_pay_date.as_deref().and_then(|text| {
+        let naive = NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S").ok()?;
+        let at = FixedOffset::east_opt(8 * 3600)?
+            .from_local_datetime(&naive)
+            .single()?;
+        Some(Timestamp::new(at.with_timezone(&chrono::Utc)))
+    });
+    let notice = Notice {
+        channel: ChannelId::Alipay,
+        kind: NoticeKind::Paid,
+        merchant_matches: true,
+        merchant: MerchantIds {
+            merchant_id: app.seller_id.clone(),
+            app_id: Some(app.app_id.clone()),
+        },
+        out_trade_no: r.out_trade_no.unwrap_or_default(),
+        transaction_id: trade_no,
+        amount_fen: total,
+        currency: "CNY".to_owned(),
+        occurred_at,
+    };
+    notice.check_lengths().map_err(bad)?;
+    Ok(notice)
+}
+
+impl ProviderApi for AlipayApi {
+    fn channel(&self) -> ChannelId {
+        ChannelId::Alipay
+    }
+
+    fn accounts(&self) -> Vec<String> {
+        self.apps.iter().map(|a| a.app.app_id.clone()).collect()
+    }
+
+    fn query<'a>(
+        &'a self,
+        account: &'a str,
+        out_trade_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, TradeAnswer> {
+        Box::pin(self.do_query(account, out_trade_no, now))
+    }
+
+    fn close<'a>(
+        &'a self,
+        account: &'a str,
+        out_trade_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, CloseAnswer> {
+        Box::pin(self.do_close(account, out_trade_no, now))
+    }
+
+    fn refund_query<'a>(
+        &'a self,
+        account: &'a str,
+        out_trade_no: &'a str,
+        out_refund_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, RefundAnswer> {
+        Box::pin(self.do_refund_query(account, out_trade_no, out_refund_no, now))
+    }
+}
+
 /// Loads the apps' keys (once, at start-up) and mounts the notify route.
-pub fn mount(settings: &AlipaySettings, now: Timestamp) -> Result<Mounted, ConfigError> {
+pub fn mount(
+    settings: &AlipaySettings,
+    client: &ClientSettings,
+    now: Timestamp,
+) -> Result<Mounted, ConfigError> {
     let built = Arc::new(Alipay::from_settings(settings, now)?);
     let provider: Arc<dyn Provider> = built.clone();
+    let api = AlipayApi::from_settings(&built, settings, client)?
+        .map(|api| Arc::new(api) as Arc<dyn ProviderApi>);
     let channel = web::Data::from(built);
     let mount: super::Mount = Box::new(move |cfg: &mut web::ServiceConfig| {
         cfg.service(
@@ -591,5 +1010,71 @@ pub fn mount(settings: &AlipaySettings, now: Timestamp) -> Result<Mounted, Confi
                 .route(web::post().to(alipay)),
         );
     });
-    Ok(Mounted { mount, provider })
+    Ok(Mounted {
+        mount,
+        provider,
+        api,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use rsa::pkcs8::{EncodePublicKey, LineEnding};
+    use rsa::{Generate, PrivateKey};
+
+    const KEY: &str = "alipay_trade_query_response";
+
+    fn key_pair() -> (PrivateKey, RsaVerifier) {
+        let key = PrivateKey::try_generate().expect("key");
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("alipay.pem");
+        let pem = key
+            .to_public_key()
+            .to_public_key_pem(LineEnding::LF)
+            .expect("pem");
+        std::fs::write(&path, pem).expect("write");
+        let verifier = keys::public_key_file("test", &path).expect("public key");
+        (key, verifier)
+    }
+
+    #[test]
+    fn an_answer_is_verified_over_the_exact_bytes_of_its_response_value() {
+        let (key, verifier) = key_pair();
+        // Alipay's own spacing and escapes: re-serialising the parsed value changes them.
+        let value =
+            "{\"code\": \"10000\",\"msg\":\"Success\",\"subject\":\"\\u6c99\\u7bb1 a\\/b\"}";
+        let sign = crate::qa::forge::rsa_sign(&key, value.as_bytes()).expect("sign");
+        let body = format!("{{\"{KEY}\":{value},\"sign\":\"{sign}\"}}");
+        assert_eq!(signed_response(&verifier, body.as_bytes(), KEY), Ok(value));
+
+        let parsed: serde_json::Value = serde_json::from_str(value).expect("json");
+        let reserialised = format!("{{\"{KEY}\":{parsed},\"sign\":\"{sign}\"}}");
+        assert!(matches!(
+            signed_response(&verifier, reserialised.as_bytes(), KEY),
+            Err(Failure::BadSignature(_))
+        ));
+        let unsigned = format!("{{\"{KEY}\":{value}}}");
+        assert!(matches!(
+            signed_response(&verifier, unsigned.as_bytes(), KEY),
+            Err(Failure::BadSignature(_))
+        ));
+        // Alipay's answer to an unknown app_id: unsigned, never evidence.
+        let unknown_app =
+            "{\"error_response\":{\"code\":\"40002\",\"sub_code\":\"isv.invalid-app-id\"}}";
+        assert!(matches!(
+            signed_response(&verifier, unknown_app.as_bytes(), KEY),
+            Err(Failure::BadSignature(_))
+        ));
+    }
+
+    #[test]
+    fn request_timestamps_are_beijing_time() {
+        let at = chrono::Utc
+            .with_ymd_and_hms(2026, 11, 30, 16, 30, 5)
+            .single()
+            .expect("time");
+        assert_eq!(beijing(Timestamp::new(at)), "2026-12-01 00:30:05");
+    }
 }

@@ -114,3 +114,45 @@ pub fn certificate_file(
         .map_err(|e| invalid(key, format!("{}: bad public key: {e}", path.display())))?;
     Ok((serial, RsaVerifier::from_spki(key, path, &spki)?))
 }
+
+/// An RSA private key that makes RSASSA-PKCS1-v1_5 / SHA-256 signatures: the merchant's
+/// WeChat Pay API key (`apiclient_key.pem`), an Alipay app private key.
+pub struct RsaSigner(rsa::PrivateKey);
+
+impl RsaSigner {
+    /// The signature of `message`, base64 (both providers' form).
+    pub fn sign_base64(&self, message: &[u8]) -> Result<String, String> {
+        self.0
+            .pkcs1v15_sign::<rsa::sha2::Sha256>(message)
+            .map(|s| BASE64.encode(s))
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// A private key file: PKCS#8 or PKCS#1 PEM, or the bare base64 of either's DER as the
+/// Alipay key tool writes it.
+pub fn private_key_file(key: &str, path: &Path) -> Result<RsaSigner, ConfigError> {
+    use rsa::pkcs1::DecodeRsaPrivateKey;
+    use rsa::pkcs8::DecodePrivateKey;
+
+    let text = read(key, path)?;
+    let parsed = if text.contains("-----BEGIN RSA PRIVATE KEY") {
+        rsa::PrivateKey::from_pkcs1_pem(&text).map_err(|e| e.to_string())
+    } else if text.contains("-----BEGIN") {
+        rsa::PrivateKey::from_pkcs8_pem(&text).map_err(|e| e.to_string())
+    } else {
+        let compact: String = text.split_whitespace().collect();
+        match BASE64.decode(compact) {
+            Ok(der) => rsa::PrivateKey::from_pkcs8_der(&der)
+                .or_else(|_| rsa::PrivateKey::from_pkcs1_der(&der))
+                .map_err(|e| e.to_string()),
+            Err(_) => Err("neither PEM nor base64".to_owned()),
+        }
+    };
+    parsed.map(RsaSigner).map_err(|e| {
+        invalid(
+            key,
+            format!("{}: not an RSA private key: {e}", path.display()),
+        )
+    })
+}

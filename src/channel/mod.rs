@@ -15,6 +15,7 @@ use crate::notice::{ChannelId, Notice};
 use crate::time::Timestamp;
 
 pub mod alipay;
+pub mod api;
 pub mod keys;
 pub mod wechat;
 
@@ -229,6 +230,10 @@ pub trait Provider: Send + Sync + 'static {
     /// Every check of `request` in order, each with what it found; the first failure in
     /// plain words (a re-serialised body, a re-encoded charset, a wrong key).
     fn explain(&self, request: &Inbound<'_>) -> Explanation;
+
+    /// Every configured merchant/app id (WeChat `mchid`, Alipay `app_id`): what
+    /// `POST /orders` may name.
+    fn accounts(&self) -> Vec<String>;
 }
 
 /// Registers a provider's notify routes (with its channel as their app data) on each worker.
@@ -238,6 +243,8 @@ pub type Mount = Box<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
 pub struct Mounted {
     pub mount: Mount,
     pub provider: std::sync::Arc<dyn Provider>,
+    /// The provider's API client, when some merchant/app has API credentials.
+    pub api: Option<std::sync::Arc<dyn api::ProviderApi>>,
 }
 
 /// How the service knows a provider: it builds the provider's channel from its settings
@@ -247,14 +254,25 @@ pub struct Registration {
     pub openapi: fn() -> utoipa::openapi::OpenApi,
 }
 
+/// How every provider's API client connects, from `[reconcile]`.
+pub fn client_settings(settings: &Settings) -> api::ClientSettings {
+    let r = &settings.reconcile;
+    api::ClientSettings {
+        connect_timeout_ms: r.connect_timeout_ms,
+        timeout_ms: r.timeout_ms,
+        ca_file: r.ca_file.clone(),
+        max_qps: r.max_qps,
+    }
+}
+
 /// Every provider of this build: a new provider is one more entry here.
 pub const PROVIDERS: [Registration; 2] = [
     Registration {
-        build: |s, now| wechat::mount(&s.wechat, now),
+        build: |s, now| wechat::mount(&s.wechat, &client_settings(s), now),
         openapi: wechat::NotifyApi::openapi,
     },
     Registration {
-        build: |s, now| alipay::mount(&s.alipay, now),
+        build: |s, now| alipay::mount(&s.alipay, &client_settings(s), now),
         openapi: alipay::NotifyApi::openapi,
     },
 ];

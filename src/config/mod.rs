@@ -33,6 +33,9 @@ pub struct Settings {
     /// `[receipts]`: what arrived at the notify URLs, kept for diagnosis (src/receipts.rs).
     pub receipts: ReceiptSettings,
     pub sandbox: SandboxSettings,
+    /// `[reconcile]`: asking the providers about unpaid orders, closing at the provider
+    /// before closing here, and the HTTPS client that does it (src/reconcile.rs).
+    pub reconcile: ReconcileSettings,
     pub log: LogSettings,
 }
 
@@ -169,6 +172,46 @@ impl Default for ReceiptSettings {
 pub struct SandboxSettings {
     pub wechat_private_key_file: Option<PathBuf>,
     pub alipay_private_key_file: Option<PathBuf>,
+}
+
+/// The provider API clients and the two jobs that use them. Only merchants/apps with API
+/// credentials (`wechat.merchants[].private_key_file`, `alipay.apps[].app_private_key_file`)
+/// are asked; without any, orders expire as before, locally.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconcileSettings {
+    /// An unpaid order is first queried this long after it was created.
+    pub after_secs: u64,
+    /// Each order is queried at most once per this many seconds.
+    pub every_secs: u64,
+    /// Orders per run of the reconcile job, oldest first.
+    pub batch: u32,
+    /// Requests per second to each provider, across all its merchants/apps.
+    pub max_qps: u32,
+    /// How long past `expire_at` an order whose provider cannot be reached stays `WAIT_PAY`
+    /// before it is closed here anyway (a later payment becomes `PAID_AFTER_CLOSE`).
+    pub close_grace_secs: u64,
+    pub connect_timeout_ms: u64,
+    /// The whole request, answer included.
+    pub timeout_ms: u64,
+    /// A PEM file of extra CA certificates trusted beside the system's roots (a TLS-inspecting
+    /// proxy, a sandbox); used by the provider clients and the `http` relay sink.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Default for ReconcileSettings {
+    fn default() -> Self {
+        Self {
+            after_secs: 300,
+            every_secs: 300,
+            batch: 100,
+            max_qps: 10,
+            close_grace_secs: 3600,
+            connect_timeout_ms: 3000,
+            timeout_ms: 10_000,
+            ca_file: None,
+        }
+    }
 }
 
 // The defaults are those of config/default.toml, so a file only needs the keys it changes.
@@ -350,6 +393,12 @@ impl Settings {
             ("redis.marker_ttl_ms", r.marker_ttl_ms),
             ("orders.expire_after_secs", self.orders.expire_after_secs),
             ("relay.interval_ms", self.relay.interval_ms),
+            ("reconcile.every_secs", self.reconcile.every_secs),
+            (
+                "reconcile.connect_timeout_ms",
+                self.reconcile.connect_timeout_ms,
+            ),
+            ("reconcile.timeout_ms", self.reconcile.timeout_ms),
         ] {
             if value == 0 {
                 return Err(invalid(key, "must be positive"));
@@ -419,6 +468,21 @@ impl Settings {
         if !(1..=1_000_000).contains(&self.receipts.queue) {
             return Err(invalid("receipts.queue", "must be between 1 and 1000000"));
         }
+        let rc = &self.reconcile;
+        if !(1..=10_000).contains(&rc.batch) {
+            return Err(invalid("reconcile.batch", "must be between 1 and 10000"));
+        }
+        if !(1..=10_000).contains(&rc.max_qps) {
+            return Err(invalid("reconcile.max_qps", "must be between 1 and 10000"));
+        }
+        if let Some(path) = &rc.ca_file
+            && !path.is_file()
+        {
+            return Err(invalid(
+                "reconcile.ca_file",
+                format!("{} is not a readable file", path.display()),
+            ));
+        }
         if self.orders.expire_after_secs > 30 * 24 * 3600 {
             return Err(invalid(
                 "orders.expire_after_secs",
@@ -473,7 +537,7 @@ const OTHER_PAYNOTIFY_VARS: [&str; 3] = [
 ];
 
 /// The sections of the configuration, for suggesting the spelling of a mistyped variable.
-const SECTIONS: [&str; 11] = [
+const SECTIONS: [&str; 12] = [
     "server",
     "database",
     "redis",
@@ -484,6 +548,7 @@ const SECTIONS: [&str; 11] = [
     "retention",
     "receipts",
     "sandbox",
+    "reconcile",
     "log",
 ];
 

@@ -91,14 +91,22 @@ pub fn write(dir: &Path, listen: std::net::SocketAddr) -> Result<PathBuf, Sandbo
     std::fs::create_dir_all(dir.join("keys")).map_err(io(dir))?;
     key_pair(dir, "wechat_platform")?;
     key_pair(dir, "alipay")?;
+    // The merchant's and the app's own keys: what signs API calls (query, close) to the
+    // providers, for a stand-in provider that checks them.
+    key_pair(dir, "wechat_merchant")?;
+    key_pair(dir, "alipay_app")?;
+    let merchant_serial = random(b"0123456789ABCDEF", 40)?;
     let serial = format!("PUB_KEY_ID_{}", random(b"0123456789", 34)?);
     let apiv3_key = random(ALNUM, 32)?;
     let api_token = random(ALNUM, 40)?;
     let toml = format!(
         r#"# Sandbox configuration written by `paynotify sandbox-keys`. Run from this directory:
 #   paynotify serve --config paynotify.toml
-# The private keys under keys/ stand in for WeChat Pay and Alipay: only `paynotify replay`
-# reads them, to forge notifications for QA. Never use them in production.
+# The wechat_platform and alipay private keys under keys/ stand in for WeChat Pay and Alipay:
+# only `paynotify replay` reads them, to forge notifications for QA. wechat_merchant and
+# alipay_app are the merchant's and the app's own keys, which sign query and close calls;
+# uncomment the lines below and point api_base / gateway at a stand-in provider that knows
+# their public halves. Never use any of them in production.
 
 [server]
 listen = "{listen}"
@@ -111,6 +119,9 @@ url = "sqlite://data/paynotify.db"
 mchid = "{WECHAT_MCHID}"
 appid = "{WECHAT_APPID}"
 apiv3_key = "{apiv3_key}"
+# private_key_file = "keys/wechat_merchant_private.pem"
+# merchant_serial = "{merchant_serial}"
+# api_base = "http://127.0.0.1:9000"
   [[wechat.merchants.platform_keys]]
   serial = "{serial}"
   public_key_file = "keys/wechat_platform_public.pem"
@@ -119,6 +130,8 @@ apiv3_key = "{apiv3_key}"
 app_id = "{ALIPAY_APP_ID}"
 seller_id = "{ALIPAY_SELLER_ID}"
 alipay_public_key_file = "keys/alipay_public.pem"
+# app_private_key_file = "keys/alipay_app_private.pem"
+# gateway = "http://127.0.0.1:9000/gateway.do"
 
 [sandbox]
 wechat_private_key_file = "keys/wechat_platform_private.pem"

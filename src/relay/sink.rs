@@ -11,6 +11,7 @@ use redis::aio::ConnectionManager;
 use ring::hmac;
 use serde::Serialize;
 
+use crate::channel::api::{ClientSettings, client_builder};
 use crate::config::{ConfigError, RedisSettings, RelaySettings, Secret, SinkKind, invalid};
 use crate::notice::hex;
 
@@ -224,16 +225,16 @@ pub struct HttpSink {
 }
 
 impl HttpSink {
-    /// The build has no TLS stack: the URL must be plain `http://` (put TLS in front).
-    pub fn new(url: &str, secret: &Secret) -> Result<Self, ConfigError> {
-        if !url.starts_with("http://") {
+    /// `http://` or `https://`; HTTPS trusts the system's roots plus `reconcile.ca_file`.
+    pub fn new(url: &str, secret: &Secret, tls: &ClientSettings) -> Result<Self, ConfigError> {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(invalid(
                 "relay.http_url",
-                "must be an http:// URL (no TLS in this build)",
+                "must be an http:// or https:// URL",
             ));
         }
         // A redirect is not a delivery: reqwest would repeat a POST as a body-less GET.
-        let client = reqwest::Client::builder()
+        let client = client_builder(tls)?
             .timeout(Duration::from_secs(10))
             .redirect(reqwest::redirect::Policy::none())
             .build()
@@ -317,6 +318,7 @@ pub fn from_settings(
     relay: &RelaySettings,
     redis: &RedisSettings,
     timeout: Duration,
+    tls: &ClientSettings,
 ) -> Result<Box<dyn Sink>, ConfigError> {
     Ok(match relay.sink {
         SinkKind::Log => Box::new(LogSink),
@@ -327,7 +329,7 @@ pub fn from_settings(
                     .map_err(|e| invalid(key, e.to_string()))?,
             )
         }
-        SinkKind::Http => Box::new(HttpSink::new(&relay.http_url, &relay.http_secret)?),
+        SinkKind::Http => Box::new(HttpSink::new(&relay.http_url, &relay.http_secret, tls)?),
         SinkKind::Amqp => Box::new(super::amqp::AmqpSink::new(
             relay.amqp_url.expose(),
             &relay.amqp_exchange,

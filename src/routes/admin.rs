@@ -325,3 +325,58 @@ pub async fn reapply_many(
         "results": results,
     })))
 }
+
+/// What `POST /admin/orders/{order_no}/reconcile` found.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Reconciled {
+    pub order_no: String,
+    /// The order's status after any paid answer was applied.
+    #[schema(value_type = String)]
+    pub status: crate::order::OrderStatus,
+    /// Every merchant/app asked, in order, with its answer.
+    pub providers: Vec<crate::reconcile::Said>,
+}
+
+#[utoipa::path(post, path = "/admin/orders/{order_no}/reconcile", tag = "operations",
+    description = "Asks every provider account of the order (those it names, else every one with API credentials) now, applies a paid answer through the ledger as its notification would be, and returns what each said.",
+    params(("order_no" = String, Path)),
+    responses(
+        (status = 200, description = "What each provider said and the order's status after", body = Reconciled),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 404, description = "No such order", body = ErrorBody),
+        (status = 409, description = "No merchant or app has API credentials", body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn reconcile(
+    _: Authorized,
+    state: web::Data<AppState>,
+    order_no: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    if !state.reconciler.asks_providers() {
+        return Err(ApiError::Conflict(
+            "no merchant or app has API credentials (wechat.merchants[].private_key_file, alipay.apps[].app_private_key_file)".to_owned(),
+        ));
+    }
+    let (reconciler, now) = (std::sync::Arc::clone(&state.reconciler), state.clock.now());
+    let order_no = order_no.into_inner();
+    let found = detach(&state, async move {
+        let store = reconciler.store();
+        let Some(order) = store.reconcile_target(&order_no).await? else {
+            return Ok(None);
+        };
+        let providers = reconciler.query_order(&order, now).await?;
+        let status = store
+            .order(&order_no)
+            .await?
+            .map_or(order.status, |o| o.status);
+        Ok(Some(Reconciled {
+            order_no,
+            status,
+            providers,
+        }))
+    })
+    .await?;
+    match found {
+        Some(reconciled) => Ok(HttpResponse::Ok().json(reconciled)),
+        None => Err(ApiError::NotFound("no such order".to_owned())),
+    }
+}

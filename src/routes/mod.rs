@@ -41,6 +41,8 @@ pub struct AppState {
     pub receipts: crate::receipts::Receipts,
     /// Every provider's operations side: re-apply verifies stored requests with these.
     pub providers: Vec<Arc<dyn crate::channel::Provider>>,
+    /// Asks the providers about an order and closes it there (`[reconcile]`).
+    pub reconciler: Arc<crate::reconcile::Reconciler>,
 }
 
 /// Extra routes mounted beside the built-in ones (tests mount a double channel this way).
@@ -87,6 +89,10 @@ pub fn configure(
             web::post().to(admin::redrive),
         )
         .route("/admin/callbacks", web::get().to(admin::callbacks))
+        .route(
+            "/admin/orders/{order_no}/reconcile",
+            web::post().to(admin::reconcile),
+        )
         .route("/admin/receipts", web::get().to(admin::receipts))
         .route(
             "/admin/receipts/reapply",
@@ -119,6 +125,9 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     Unprocessable(String),
+    /// A provider could not be asked; the caller may try again.
+    #[error("{0}")]
+    Unavailable(String),
     /// Answered 503 when the database is out of reach, 500 when a statement failed; the
     /// cause is logged, never sent.
     #[error("{}", if .0.is_unavailable() { "database unavailable" } else { "internal error" })]
@@ -133,6 +142,7 @@ impl ResponseError for ApiError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Database(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
             Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

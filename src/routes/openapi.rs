@@ -34,12 +34,13 @@ impl Modify for BearerToken {
         admin::receipt,
         admin::reapply,
         admin::reapply_many,
+        admin::reconcile,
         health::healthz,
         health::readyz,
         health::metrics,
         document,
     ),
-    components(schemas(ErrorBody, health::Readiness)),
+    components(schemas(ErrorBody, health::Readiness, admin::Reconciled, crate::reconcile::Said)),
     modifiers(&BearerToken)
 )]
 pub struct ApiDoc;

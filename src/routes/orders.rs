@@ -6,9 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::{ApiError, Authorized, ErrorBody, detach, error_body};
-use crate::notice::Digest;
+use crate::notice::{ChannelId, Digest};
 use crate::order::NewOrder;
 use crate::order::Order;
+use crate::reconcile::Closing;
 use crate::store::ledger::CloseResult;
 use crate::store::orders::{CreateOutcome, CreateResult, IdempotencyKey, StoredResponse};
 
@@ -30,6 +31,13 @@ pub struct CreateOrderRequest {
     #[serde(default)]
     pub subject: String,
     pub expire_after_secs: Option<u64>,
+    /// The WeChat Pay merchant this order is paid through: only it is asked about the order
+    /// (`[reconcile]`). Without either id every merchant/app with API credentials is asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wechat_mchid: Option<String>,
+    /// The Alipay app this order is paid through, as `wechat_mchid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alipay_app_id: Option<String>,
 }
 
 /// A stored answer as the Redis gate keeps it (the database keeps the same in
@@ -72,6 +80,20 @@ impl CreateOrderRequest {
             && !(1..=MAX_EXPIRE_AFTER_SECS).contains(&secs)
         {
             return bad("expire_after_secs: between 1 and 2592000");
+        }
+        for (name, id) in [
+            ("wechat_mchid", &self.wechat_mchid),
+            ("alipay_app_id", &self.alipay_app_id),
+        ] {
+            if let Some(id) = id
+                && (id.is_empty()
+                    || id.len() > 32
+                    || !id.bytes().all(|b| b.is_ascii_alphanumeric()))
+            {
+                return Err(ApiError::BadRequest(format!(
+                    "{name}: 1 to 32 letters and digits"
+                )));
+            }
         }
         Ok(())
     }
@@ -130,6 +152,28 @@ pub async fn create(
     body: web::Json<CreateOrderRequest>,
 ) -> Result<HttpResponse, ApiError> {
     body.validate()?;
+    for (channel, named) in [
+        (ChannelId::Wechat, &body.wechat_mchid),
+        (ChannelId::Alipay, &body.alipay_app_id),
+    ] {
+        let configured = |id: &String| {
+            state
+                .providers
+                .iter()
+                .any(|p| p.channel() == channel && p.accounts().contains(id))
+        };
+        if let Some(id) = named
+            && !configured(id)
+        {
+            let field = match channel {
+                ChannelId::Wechat => "wechat_mchid",
+                ChannelId::Alipay => "alipay_app_id",
+            };
+            return Err(ApiError::BadRequest(format!(
+                "{field}: {id} is not a configured {channel} merchant/app"
+            )));
+        }
+    }
     let key = idempotency_key(&request)?;
     // Same key + same parsed request = a replay, whatever the JSON whitespace or key order.
     let request_digest = Digest::of(serde_json::to_string(&*body).unwrap_or_default().as_bytes());
@@ -142,6 +186,8 @@ pub async fn create(
         subject: body.subject.clone(),
         created_at: now,
         expire_at: now.plus_seconds(i64::try_from(expire_after).unwrap_or(i64::MAX / 2)),
+        wechat_mchid: body.wechat_mchid.clone(),
+        alipay_app_id: body.alipay_app_id.clone(),
     };
     if let (Some(gate), Some(key)) = (&state.gate, key)
         && let Some(cached) = gate.idempotent_answer(key).await
@@ -204,31 +250,48 @@ pub async fn get(
 }
 
 #[utoipa::path(post, path = "/orders/{order_no}/close", tag = "orders",
+    description = "Closes the trade at every provider asked about this order (see [reconcile]), then the order. A provider that says the trade is paid has its payment applied instead (409, the order is PAID).",
     params(("order_no" = String, Path)),
     responses(
         (status = 200, description = "Closed now, or already closed", body = Order),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
         (status = 404, description = "No such order", body = ErrorBody),
-        (status = 409, description = "Paid or refunded: never closed", body = ErrorBody)),
+        (status = 409, description = "Paid or refunded: never closed", body = ErrorBody),
+        (status = 503, description = "A provider could not be asked to close its trade: the order stays WAIT_PAY; try again", body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn close(
     _: Authorized,
     state: web::Data<AppState>,
     order_no: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    let (store, now) = (state.store.clone(), state.clock.now());
-    match detach(&state, async move {
-        store.close_order(&order_no, "api", now).await
+    let (reconciler, now) = (std::sync::Arc::clone(&state.reconciler), state.clock.now());
+    let order_no = order_no.into_inner();
+    let closing = detach(&state, async move {
+        let store = reconciler.store();
+        match store.reconcile_target(&order_no).await? {
+            Some(order) if order.status == crate::order::OrderStatus::WaitPay => {
+                reconciler
+                    .close(&order, "api", now, false, &mut Vec::new())
+                    .await
+            }
+            _ => Ok(Closing::Done(
+                store.close_order(&order_no, "api", now).await?,
+            )),
+        }
     })
-    .await?
-    {
-        CloseResult::Closed(order) | CloseResult::AlreadyClosed(order) => {
+    .await?;
+    match closing {
+        Closing::Done(CloseResult::Closed(order) | CloseResult::AlreadyClosed(order)) => {
             Ok(HttpResponse::Ok().json(order))
         }
-        CloseResult::NotClosable(order) => Err(ApiError::Conflict(format!(
+        Closing::Done(CloseResult::NotClosable(order)) => Err(ApiError::Conflict(format!(
             "order is {} and cannot be closed",
             order.status.as_str()
         ))),
-        CloseResult::NotFound => Err(ApiError::NotFound("no such order".to_owned())),
+        Closing::Done(CloseResult::NotFound) => Err(ApiError::NotFound("no such order".to_owned())),
+        Closing::Pending => Err(ApiError::Unavailable(
+            "a provider could not be asked to close its trade; the order stays WAIT_PAY: try again"
+                .to_owned(),
+        )),
     }
 }

@@ -8,6 +8,7 @@ pub mod ledger;
 pub mod orders;
 pub mod outbox;
 pub mod receipts;
+pub mod reconcile;
 pub mod relay;
 pub mod schema;
 mod statements;

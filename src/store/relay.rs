@@ -1,15 +1,14 @@
 //! The outbox side of the relay and the other scheduled jobs: claim with a lease, mark sent,
-//! back off, park dead, redrive; close expired orders; purge what the retry windows no
-//! longer need.
+//! back off, park dead, redrive; purge what the retry windows no longer need. (Expiry's
+//! queries are in `reconcile.rs`.)
 
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Text};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::schema::{local_message, orders};
+use super::schema::local_message;
 use super::types::{Payload, UtcTs};
 use super::{Dialect, Store, StoreError, with_conn};
-use crate::order::OrderStatus;
 use crate::outbox::status;
 use crate::time::Timestamp;
 
@@ -299,24 +298,6 @@ impl Store {
                 .await
                 .optional()?;
             Ok(OutboxStats { pending, dead, oldest_pending })
-        })
-    }
-
-    /// Unpaid orders whose deadline has passed, oldest first.
-    pub async fn expired_orders(
-        &self,
-        now: Timestamp,
-        limit: i64,
-    ) -> Result<Vec<String>, StoreError> {
-        with_conn!(self, conn => {
-            Ok(orders::table
-                .filter(orders::status.eq(OrderStatus::WaitPay))
-                .filter(orders::expire_at.le(now))
-                .order(orders::expire_at.asc())
-                .select(orders::order_no)
-                .limit(limit)
-                .load(conn)
-                .await?)
         })
     }
 

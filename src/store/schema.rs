@@ -17,6 +17,10 @@ diesel::table! {
         paid_at -> Nullable<UtcTs>,
         closed_at -> Nullable<UtcTs>,
         expire_at -> UtcTs,
+        wechat_mchid -> Nullable<Text>,
+        alipay_app_id -> Nullable<Text>,
+        next_query_at -> Nullable<UtcTs>,
+        close_attempts -> Integer,
     }
 }
 

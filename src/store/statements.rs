@@ -19,7 +19,7 @@ use diesel::mysql::Mysql;
 use diesel::pg::Pg;
 use diesel::query_builder::{AstPass, QueryFragment, QueryId};
 use diesel::result::{DatabaseErrorKind, Error};
-use diesel::sql_types::{BigInt, Text};
+use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::Sqlite;
 
 use super::types::{Json, Payload, UtcTs};
@@ -148,10 +148,11 @@ pub struct InsertOrder<'a> {
 }
 
 statement!(InsertOrder, |self, out| {
-    "INSERT INTO orders (order_no, amount_fen, currency, subject, created_at, expire_at) VALUES ("
+    "INSERT INTO orders (order_no, amount_fen, currency, subject, created_at, expire_at, wechat_mchid, alipay_app_id) VALUES ("
     [Text: &self.order.order_no] ", " [BigInt: &self.order.amount_fen] ", "
     [Text: &self.order.currency] ", " [Text: &self.order.subject] ", "
-    [UtcTs: &self.order.created_at] ", " [UtcTs: &self.order.expire_at] ")"
+    [UtcTs: &self.order.created_at] ", " [UtcTs: &self.order.expire_at] ", "
+    [Nullable<Text>: &self.order.wechat_mchid] ", " [Nullable<Text>: &self.order.alipay_app_id] ")"
 }, unless_exists: " ON CONFLICT (order_no) DO NOTHING");
 
 /// Claims an `Idempotency-Key` for a request; 0 rows when the key exists.

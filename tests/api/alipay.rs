@@ -25,12 +25,16 @@ pub(crate) fn settings() -> AlipaySettings {
     AlipaySettings {
         apps: vec![
             AlipayApp {
+                app_private_key_file: None,
+                gateway: None,
                 app_id: APP.into(),
                 seller_id: SELLER.into(),
                 alipay_public_key_file: Some(public_key_path("alipay")),
                 alipay_cert_file: None,
             },
             AlipayApp {
+                app_private_key_file: None,
+                gateway: None,
                 app_id: CERT_APP.into(),
                 seller_id: CERT_SELLER.into(),
                 alipay_public_key_file: None,
@@ -59,7 +63,7 @@ pub(crate) fn set(fields: &mut Fields, key: &str, value: &str) {
     }
 }
 
-fn signed(fields: Fields) -> Delivery {
+pub(crate) fn signed(fields: Fields) -> Delivery {
     sandbox().notification(fields, false).expect("forge")
 }
 

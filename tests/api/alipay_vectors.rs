@@ -23,6 +23,8 @@ pub fn vector_settings() -> AlipaySettings {
     let doc = read_json(&keys.join("keys.json"));
     AlipaySettings {
         apps: vec![AlipayApp {
+            app_private_key_file: None,
+            gateway: None,
             app_id: doc["app_id"].as_str().expect("app_id").into(),
             seller_id: doc["seller_id"].as_str().expect("seller_id").into(),
             alipay_public_key_file: Some(

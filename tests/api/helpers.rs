@@ -516,6 +516,8 @@ pub struct TestApp {
     pub db: Arc<TestDb>,
     pub api_token: String,
     pub metrics: Arc<Metrics>,
+    /// The provider queries and closes of the reconcile and expiry jobs.
+    pub reconciler: Arc<paynotify::reconcile::Reconciler>,
     handle: ServerHandle,
     /// The relay, expiry and retention jobs, when the test asked for them.
     jobs: Option<Jobs>,
@@ -615,6 +617,7 @@ async fn spawn_on(
     let address = format!("http://127.0.0.1:{}", app.port());
     let store = app.store().clone();
     let metrics = app.metrics();
+    let reconciler = app.reconciler();
     let handle = app.handle();
     let jobs = if with_jobs {
         Some(
@@ -634,6 +637,7 @@ async fn spawn_on(
         db,
         api_token: API_TOKEN.to_owned(),
         metrics,
+        reconciler,
         handle,
         jobs,
     }

@@ -36,6 +36,20 @@ pub fn public_key_path(name: &str) -> PathBuf {
     dir().path().join(format!("{name}.pub.pem"))
 }
 
+/// The PKCS#8 PEM private key of `rsa_key(name)`, written once.
+pub fn private_key_path(name: &str) -> PathBuf {
+    use rsa::pkcs8::EncodePrivateKey;
+    static WRITING: Mutex<()> = Mutex::new(());
+    let key = rsa_key(name);
+    let _writing = WRITING.lock().unwrap_or_else(|p| p.into_inner());
+    let path = dir().path().join(format!("{name}.key.pem"));
+    if !path.exists() {
+        let pem = key.to_pkcs8_pem(LineEnding::LF).expect("private key pem");
+        std::fs::write(&path, pem.as_bytes()).expect("write private key");
+    }
+    path
+}
+
 /// A self-signed certificate with the given serial (hex), its private key and its path.
 pub fn certificate(name: &str, serial_hex: &str) -> (PrivateKey, PathBuf) {
     static CERTS: OnceLock<Mutex<HashMap<String, PrivateKey>>> = OnceLock::new();

@@ -49,6 +49,7 @@ async fn every_endpoint_is_documented_and_the_document_is_served() {
             "/admin/callbacks",
             "/admin/messages",
             "/admin/messages/{id}/redrive",
+            "/admin/orders/{order_no}/reconcile",
             "/admin/receipts",
             "/admin/receipts/reapply",
             "/admin/receipts/{id}",

@@ -31,6 +31,8 @@ struct Service {
 
 impl Service {
     async fn start(dir: &Path) -> Self {
+        // reqwest has no TLS provider of its own in this build: ring, before any client.
+        paynotify::channel::api::install_crypto();
         let port = free_port();
         let child = Command::new(BIN)
             .args(["serve", "--config", "paynotify.toml"])
@@ -173,6 +175,8 @@ async fn sandbox_keys_serve_and_replay_end_to_end() {
     for private in [
         "keys/wechat_platform_private.pem",
         "keys/alipay_private.pem",
+        "keys/wechat_merchant_private.pem",
+        "keys/alipay_app_private.pem",
         "paynotify.toml",
     ] {
         use std::os::unix::fs::PermissionsExt;

@@ -453,14 +453,14 @@ async fn expiry_closes_only_unpaid_orders_past_their_deadline(backend: Backend) 
     );
     app.clock.advance(59);
     assert_eq!(
-        expire_orders(&app.store, app.clock.as_ref())
+        expire_orders(&app.reconciler, app.clock.as_ref())
             .await
             .expect("expiry"),
         0
     );
     app.clock.advance(2);
     assert_eq!(
-        expire_orders(&app.store, app.clock.as_ref())
+        expire_orders(&app.reconciler, app.clock.as_ref())
             .await
             .expect("expiry"),
         1
@@ -777,6 +777,7 @@ async fn the_http_sink_signs_each_event_and_retries_until_accepted() {
     let sink = HttpSink::new(
         &format!("http://127.0.0.1:{port}/hook"),
         &Secret::new("webhook-secret"),
+        &paynotify::channel::client_settings(&paynotify::config::Settings::default()),
     )
     .expect("sink");
     let relay = relay(&app, Arc::new(sink), 16);
@@ -793,4 +794,66 @@ async fn the_http_sink_signs_each_event_and_retries_until_accepted() {
     assert_eq!(accepted[0].1["biz_key"], "k0");
     assert_eq!(accepted[0].1["payload"]["n"], 0);
     assert_eq!(message(&app, "k0").await.attempts, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_sink_delivers_over_https_trusting_the_configured_ca() {
+    use actix_web::{App, HttpResponse, HttpServer, web};
+
+    let received = web::Data::new(AtomicUsize::new(0));
+    let data = received.clone();
+    let server = HttpServer::new(move || {
+        App::new().app_data(data.clone()).route(
+            "/hook",
+            web::post().to(|n: web::Data<AtomicUsize>| async move {
+                n.fetch_add(1, Ordering::SeqCst);
+                HttpResponse::NoContent().finish()
+            }),
+        )
+    })
+    .workers(1)
+    .disable_signals()
+    .bind("127.0.0.1:0")
+    .expect("bind");
+    let port = server.addrs()[0].port();
+    let server = server.run();
+    let handle = server.handle();
+    tokio::spawn(server);
+    let front = crate::provider::TlsFront::start(port).await;
+    let url = format!("https://127.0.0.1:{}/hook", front.port);
+
+    let app = spawn_app_with(Backend::Sqlite, |_| {}).await;
+    pending(&app, 1).await;
+    let mut settings = paynotify::config::Settings::default();
+    // Without the test CA the handshake fails: nothing is delivered, the row stays pending.
+    let untrusting = HttpSink::new(
+        &url,
+        &Secret::new("webhook-secret"),
+        &paynotify::channel::client_settings(&settings),
+    )
+    .expect("sink");
+    let published = relay(&app, Arc::new(untrusting), 16)
+        .tick()
+        .await
+        .expect("tick")
+        .published;
+    assert_eq!(published, 0);
+    assert_eq!(received.load(Ordering::SeqCst), 0);
+
+    settings.reconcile.ca_file = Some(front.ca_file.clone());
+    let sink = HttpSink::new(
+        &url,
+        &Secret::new("webhook-secret"),
+        &paynotify::channel::client_settings(&settings),
+    )
+    .expect("sink");
+    app.clock.advance(3600);
+    let published = relay(&app, Arc::new(sink), 16)
+        .tick()
+        .await
+        .expect("tick")
+        .published;
+    handle.stop(false).await;
+    assert_eq!(published, 1);
+    assert_eq!(received.load(Ordering::SeqCst), 1);
 }

@@ -27,6 +27,9 @@ pub(crate) fn settings() -> WechatSettings {
     WechatSettings {
         merchants: vec![
             WechatMerchant {
+                private_key_file: None,
+                merchant_serial: None,
+                api_base: None,
                 mchid: "1900000001".into(),
                 // A mini-program and an official account bound to one mchid.
                 appid: Some("wx0000000000000001".into()),
@@ -46,6 +49,9 @@ pub(crate) fn settings() -> WechatSettings {
                 ],
             },
             WechatMerchant {
+                private_key_file: None,
+                merchant_serial: None,
+                api_base: None,
                 mchid: "1900000002".into(),
                 appid: None,
                 appids: vec!["wx0000000000000002".into()],

@@ -29,6 +29,9 @@ pub fn vector_settings() -> WechatSettings {
         .expect("merchants")
         .iter()
         .map(|m| WechatMerchant {
+            private_key_file: None,
+            merchant_serial: None,
+            api_base: None,
             mchid: m["mchid"].as_str().expect("mchid").into(),
             appid: Some(m["appid"].as_str().expect("appid").into()),
             appids: Vec::new(),

@@ -1,0 +1,335 @@
+//! Asking a provider about one trade (query, close, refund query): the neutral answers every
+//! provider's client gives, the [`ProviderApi`] trait each provider implements in its own
+//! file, and the HTTPS plumbing they share — rustls on ring, the system's roots plus
+//! `reconcile.ca_file`, connect and overall timeouts, and a per-provider rate limit.
+//!
+//! An answer is evidence only when it verifies with the provider's key: a paid answer is a
+//! [`Notice`] built from the signed bytes, exactly as the notification would be decoded.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Once;
+use std::time::Duration;
+
+use crate::config::value::{ConfigError, invalid};
+use crate::notice::{ChannelId, Notice};
+use crate::time::Timestamp;
+
+/// What a provider client's calls return: boxed, so the trait stays usable as `dyn`.
+pub type ApiFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Why a call gave no usable answer. Never evidence of anything: the caller retries later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// No answer: connection refused, timeout, 5xx, rate limited, "system busy".
+    Unreachable(String),
+    /// An answer that does not verify with the provider's key (or carries no signature):
+    /// ignored and counted.
+    BadSignature(String),
+    /// A verified answer that says something this client does not act on.
+    Unexpected(String),
+}
+
+impl Failure {
+    /// The `result` label of the query metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Unreachable(_) => "unreachable",
+            Self::BadSignature(_) => "bad_signature",
+            Self::Unexpected(_) => "unexpected",
+        }
+    }
+
+    pub fn detail(&self) -> &str {
+        match self {
+            Self::Unreachable(d) | Self::BadSignature(d) | Self::Unexpected(d) => d,
+        }
+    }
+}
+
+/// A provider's answer to "what became of this trade?".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TradeAnswer {
+    /// Paid (and perhaps refunded since): the payment as the notification would carry it.
+    Paid(Box<Notice>),
+    /// The trade exists and is not paid (yet); the provider's status.
+    Unpaid(String),
+    /// Closed at the provider: it can no longer be paid.
+    Closed,
+    /// The provider never saw the trade (the buyer never opened the payment).
+    NotFound,
+    Failed(Failure),
+}
+
+impl TradeAnswer {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Paid(_) => "paid",
+            Self::Unpaid(_) => "unpaid",
+            Self::Closed => "closed",
+            Self::NotFound => "not_found",
+            Self::Failed(f) => f.label(),
+        }
+    }
+}
+
+/// A provider's answer to "close this trade".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloseAnswer {
+    /// Closed now (or before): it can no longer be paid.
+    Closed,
+    /// The provider never saw the trade.
+    NotFound,
+    /// The provider refuses because of the trade's state: paid (WeChat `ORDERPAID`), or, on
+    /// Alipay, paid or already closed. Only a query tells which, with a signed answer.
+    NotClosable,
+    Failed(Failure),
+}
+
+impl CloseAnswer {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Closed => "closed",
+            Self::NotFound => "not_found",
+            Self::NotClosable => "not_closable",
+            Self::Failed(f) => f.label(),
+        }
+    }
+}
+
+/// A provider's answer to "what became of this refund?".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefundAnswer {
+    /// Done: the refund as its notification would carry it, when the answer has every field
+    /// the notification's business content covers (Alipay's answer lacks the trade's running
+    /// refund total, so it reports the refund without a notice).
+    Refunded(Option<Box<Notice>>),
+    /// Not final yet, or final without money moving (WeChat `CLOSED`/`ABNORMAL`); the status.
+    NotRefunded(String),
+    NotFound,
+    Failed(Failure),
+}
+
+impl RefundAnswer {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Refunded(_) => "refunded",
+            Self::NotRefunded(_) => "not_refunded",
+            Self::NotFound => "not_found",
+            Self::Failed(f) => f.label(),
+        }
+    }
+}
+
+/// One provider's API client: every merchant/app of that provider with API credentials.
+/// `account` is a WeChat `mchid` or an Alipay `app_id`; `now` stamps the request and decides
+/// whether a signed answer is fresh.
+pub trait ProviderApi: Send + Sync + 'static {
+    fn channel(&self) -> ChannelId;
+
+    /// The merchants/apps this client can ask, in configuration order.
+    fn accounts(&self) -> Vec<String>;
+
+    fn query<'a>(
+        &'a self,
+        account: &'a str,
+        out_trade_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, TradeAnswer>;
+
+    fn close<'a>(
+        &'a self,
+        account: &'a str,
+        out_trade_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, CloseAnswer>;
+
+    fn refund_query<'a>(
+        &'a self,
+        account: &'a str,
+        out_trade_no: &'a str,
+        out_refund_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, RefundAnswer>;
+}
+
+/// Makes ring the process's rustls provider (once): reqwest is built without one, so that
+/// neither aws-lc nor OpenSSL is linked.
+pub fn install_crypto() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // An error means a provider is installed already; that one stays.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// How the provider clients connect (from `[reconcile]`).
+#[derive(Debug, Clone)]
+pub struct ClientSettings {
+    pub connect_timeout_ms: u64,
+    pub timeout_ms: u64,
+    /// Extra trusted CA certificates (PEM), beside the system's roots.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Requests per second to one provider.
+    pub max_qps: u32,
+}
+
+/// The extra CA certificates of `reconcile.ca_file`.
+fn extra_roots(settings: &ClientSettings) -> Result<Vec<reqwest::Certificate>, ConfigError> {
+    let Some(path) = &settings.ca_file else {
+        return Ok(Vec::new());
+    };
+    let pem = std::fs::read(path).map_err(|e| {
+        invalid(
+            "reconcile.ca_file",
+            format!("cannot read {}: {e}", path.display()),
+        )
+    })?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+        invalid(
+            "reconcile.ca_file",
+            format!("{}: not PEM certificates: {e}", path.display()),
+        )
+    })?;
+    if certs.is_empty() {
+        return Err(invalid(
+            "reconcile.ca_file",
+            format!("{}: no certificate in it", path.display()),
+        ));
+    }
+    Ok(certs)
+}
+
+/// A client builder with the TLS settings of `[reconcile]`: the system's roots plus
+/// `ca_file`, and `connect_timeout_ms`. The provider clients and the `http` relay sink start
+/// from it.
+pub fn client_builder(settings: &ClientSettings) -> Result<reqwest::ClientBuilder, ConfigError> {
+    install_crypto();
+    Ok(reqwest::Client::builder()
+        .user_agent(concat!("paynotify/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
+        .tls_certs_merge(extra_roots(settings)?))
+}
+
+/// The provider clients' HTTPS client: [`client_builder`] with `timeout_ms` for the whole
+/// request.
+pub fn http_client(settings: &ClientSettings) -> Result<reqwest::Client, ConfigError> {
+    client_builder(settings)?
+        .timeout(Duration::from_millis(settings.timeout_ms))
+        .build()
+        .map_err(|e| invalid("reconcile", format!("cannot build the HTTPS client: {e}")))
+}
+
+/// At most `max_qps` requests a second: each caller takes the next free slot and waits for
+/// it, so a burst is spread out instead of refused.
+#[derive(Debug)]
+pub struct RateLimiter {
+    interval: Duration,
+    next: tokio::sync::Mutex<tokio::time::Instant>,
+}
+
+impl RateLimiter {
+    pub fn per_second(max_qps: u32) -> Self {
+        Self {
+            interval: Duration::from_secs(1) / max_qps.max(1),
+            next: tokio::sync::Mutex::new(tokio::time::Instant::now()),
+        }
+    }
+
+    /// Waits for this caller's slot.
+    pub async fn acquire(&self) {
+        let slot = {
+            let mut next = self.next.lock().await;
+            let slot = (*next).max(tokio::time::Instant::now());
+            *next = slot + self.interval;
+            slot
+        };
+        tokio::time::sleep_until(slot).await;
+    }
+}
+
+/// A provider's answer as received: status, the headers a client reads, the raw body.
+#[derive(Debug)]
+pub struct Received {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Received {
+    /// The one value of a header, if present and visible ASCII.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// What every provider client shares: the HTTPS client and that provider's rate limit.
+#[derive(Debug)]
+pub struct Plumbing {
+    client: reqwest::Client,
+    limiter: RateLimiter,
+}
+
+impl Plumbing {
+    pub fn new(settings: &ClientSettings) -> Result<Self, ConfigError> {
+        Ok(Self {
+            client: http_client(settings)?,
+            limiter: RateLimiter::per_second(settings.max_qps),
+        })
+    }
+
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    /// Sends `request` in its rate-limit slot; no answer at all is [`Failure::Unreachable`].
+    pub async fn send(&self, request: reqwest::RequestBuilder) -> Result<Received, Failure> {
+        self.limiter.acquire().await;
+        let response = request
+            .send()
+            .await
+            .map_err(|e| Failure::Unreachable(error_chain(&e)))?;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| Failure::Unreachable(error_chain(&e)))?
+            .to_vec();
+        Ok(Received {
+            status,
+            headers,
+            body,
+        })
+    }
+}
+
+/// An error with its causes, on one line (reqwest's own message hides the TLS reason).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_rate_limit_spreads_a_burst() {
+        let limiter = RateLimiter::per_second(20);
+        let started = tokio::time::Instant::now();
+        for _ in 0..11 {
+            limiter.acquire().await;
+        }
+        // 11 slots 50 ms apart: the last one 500 ms after the first.
+        let elapsed = started.elapsed();
+        assert!(elapsed >= Duration::from_millis(500), "{elapsed:?}");
+        assert!(elapsed < Duration::from_millis(900), "{elapsed:?}");
+    }
+}

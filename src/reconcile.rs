@@ -1,0 +1,331 @@
+//! Asking the providers instead of only listening: an unpaid order whose notification has
+//! not come is queried, and an order is closed at every provider before it is closed here.
+//!
+//! Both providers say a notification can be lost and a buyer can pay a trade the merchant
+//! forgot to close. A paid answer is a [`Notice`] built from the provider's signed answer and
+//! applied through the ledger like the notification (same key, same digest), so the
+//! notification that arrives later is a plain duplicate. Unsigned or unverifiable answers are
+//! never evidence: they count as "could not ask".
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::channel::api::{CloseAnswer, Failure, ProviderApi, TradeAnswer};
+use crate::config::ReconcileSettings;
+use crate::metrics::{ExpiryResult, Metrics, ProviderCall};
+use crate::notice::{ChannelId, Notice, Outcome};
+use crate::store::ledger::CloseResult;
+use crate::store::reconcile::OrderAtProvider;
+use crate::store::{Store, StoreError};
+use crate::time::Timestamp;
+
+/// The longest wait between two close attempts of an order whose provider is unreachable.
+const MAX_CLOSE_BACKOFF_SECS: i64 = 600;
+
+/// What one provider account said about one order, for logs and the admin endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Said {
+    #[schema(value_type = String)]
+    pub channel: ChannelId,
+    /// WeChat `mchid` or Alipay `app_id`.
+    pub account: String,
+    /// `query` or `close`.
+    pub call: &'static str,
+    /// `paid`, `unpaid`, `closed`, `not_found`, `not_closable`, `unreachable`,
+    /// `bad_signature`, `unexpected`.
+    pub answer: &'static str,
+    /// The provider's status, or why there was no usable answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// What the ledger did with a paid answer (`applied`, `duplicate`, `anomaly`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<&'static str>,
+}
+
+/// What closing an order with its providers came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Closing {
+    /// Every provider closed the trade (or never had it), or there was none to ask, and the
+    /// order was closed here (or was already closed, paid, gone: the [`CloseResult`]).
+    Done(CloseResult),
+    /// A provider could not be asked: the order stays `WAIT_PAY` and is tried again.
+    Pending,
+}
+
+/// The reconcile and expiry work over every provider API client.
+pub struct Reconciler {
+    apis: Vec<Arc<dyn ProviderApi>>,
+    store: Store,
+    metrics: Arc<Metrics>,
+    after_secs: i64,
+    every_secs: i64,
+    batch: i64,
+    close_grace_secs: i64,
+}
+
+fn secs(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX / 4)
+}
+
+impl Reconciler {
+    pub fn new(
+        apis: Vec<Arc<dyn ProviderApi>>,
+        store: Store,
+        metrics: Arc<Metrics>,
+        settings: &ReconcileSettings,
+    ) -> Self {
+        Self {
+            apis,
+            store,
+            metrics,
+            after_secs: secs(settings.after_secs),
+            every_secs: secs(settings.every_secs),
+            batch: i64::from(settings.batch),
+            close_grace_secs: secs(settings.close_grace_secs),
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Whether any merchant/app has API credentials.
+    pub fn asks_providers(&self) -> bool {
+        !self.apis.is_empty()
+    }
+
+    /// The provider accounts to ask about `order`: those it names, else every one with
+    /// credentials.
+    fn accounts_for(&self, order: &OrderAtProvider) -> Vec<(&dyn ProviderApi, String)> {
+        let named = order.wechat_mchid.is_some() || order.alipay_app_id.is_some();
+        let mut out = Vec::new();
+        for api in &self.apis {
+            let wanted = match api.channel() {
+                ChannelId::Wechat => order.wechat_mchid.as_ref(),
+                ChannelId::Alipay => order.alipay_app_id.as_ref(),
+            };
+            for account in api.accounts() {
+                if !named || wanted == Some(&account) {
+                    out.push((api.as_ref(), account));
+                }
+            }
+        }
+        out
+    }
+
+    fn said(
+        &self,
+        api: &dyn ProviderApi,
+        account: &str,
+        call: ProviderCall,
+        answer: &'static str,
+        detail: Option<String>,
+    ) -> Said {
+        self.metrics.provider_call(api.channel(), call, answer);
+        Said {
+            channel: api.channel(),
+            account: account.to_owned(),
+            call: call.label(),
+            answer,
+            detail,
+            ledger: None,
+        }
+    }
+
+    fn failed(&self, order_no: &str, said: &Said, failure: &Failure) {
+        tracing::warn!(
+            order_no,
+            channel = %said.channel,
+            account = %said.account,
+            call = said.call,
+            result = failure.label(),
+            detail = failure.detail(),
+            "no usable answer from the provider"
+        );
+    }
+
+    /// Applies a paid answer through the ledger, exactly as its notification would be.
+    async fn apply(&self, notice: &Notice, now: Timestamp) -> Result<Outcome, StoreError> {
+        let outcome = self.store.apply(notice, now).await?;
+        match outcome {
+            Outcome::Applied => {
+                self.metrics.payment_recovered(notice.channel);
+                tracing::info!(
+                    order_no = %notice.out_trade_no,
+                    channel = %notice.channel,
+                    transaction_id = %notice.transaction_id,
+                    "payment recovered from the provider's answer: its notification never came"
+                );
+            }
+            Outcome::Anomaly(reason) => {
+                self.metrics
+                    .anomalies
+                    .with_label_values(&[notice.channel.as_str(), reason.as_str()])
+                    .inc();
+            }
+            _ => {}
+        }
+        Ok(outcome)
+    }
+
+    /// Queries one account; a paid answer is applied.
+    async fn query_one(
+        &self,
+        api: &dyn ProviderApi,
+        account: &str,
+        order_no: &str,
+        now: Timestamp,
+    ) -> Result<Said, StoreError> {
+        let answer = api.query(account, order_no, now).await;
+        let detail = match &answer {
+            TradeAnswer::Unpaid(status) => Some(status.clone()),
+            TradeAnswer::Failed(f) => Some(f.detail().to_owned()),
+            _ => None,
+        };
+        let mut said = self.said(api, account, ProviderCall::Query, answer.label(), detail);
+        match answer {
+            TradeAnswer::Paid(notice) => {
+                said.ledger = Some(self.apply(&notice, now).await?.as_str());
+            }
+            TradeAnswer::Failed(f) => self.failed(order_no, &said, &f),
+            _ => {}
+        }
+        Ok(said)
+    }
+
+    /// Asks every provider account about an unpaid order and applies a paid answer.
+    pub async fn query_order(
+        &self,
+        order: &OrderAtProvider,
+        now: Timestamp,
+    ) -> Result<Vec<Said>, StoreError> {
+        let mut all = Vec::new();
+        for (api, account) in self.accounts_for(order) {
+            all.push(self.query_one(api, &account, &order.order_no, now).await?);
+        }
+        Ok(all)
+    }
+
+    /// The reconcile job: unpaid orders older than `after_secs` and not asked about for
+    /// `every_secs`, oldest first, one batch. Returns how many payments it recovered.
+    pub async fn reconcile_due(&self, now: Timestamp) -> Result<usize, StoreError> {
+        if self.apis.is_empty() {
+            return Ok(0);
+        }
+        let due = self
+            .store
+            .orders_to_query(now, now.plus_seconds(-self.after_secs), self.batch)
+            .await?;
+        let mut recovered = 0;
+        for order in &due {
+            // First: a provider that hangs must not make this order the first of every run.
+            self.store
+                .query_again_at(&order.order_no, now.plus_seconds(self.every_secs), false)
+                .await?;
+            let said = self.query_order(order, now).await?;
+            recovered += said
+                .iter()
+                .filter(|s| s.ledger == Some(Outcome::Applied.as_str()))
+                .count();
+        }
+        Ok(recovered)
+    }
+
+    /// Closes the trade at every provider account of `order`, then the order here. A provider
+    /// that says it is paid has its payment applied instead (the order becomes `PAID`). When a
+    /// provider cannot be asked, the order stays `WAIT_PAY`; with `grace`, once
+    /// `close_grace_secs` have passed since `expire_at`, it is closed here anyway.
+    pub async fn close(
+        &self,
+        order: &OrderAtProvider,
+        by: &str,
+        now: Timestamp,
+        grace: bool,
+        said: &mut Vec<Said>,
+    ) -> Result<Closing, StoreError> {
+        let accounts = self.accounts_for(order);
+        let mut unanswered = false;
+        for (api, account) in &accounts {
+            let answer = api.close(account, &order.order_no, now).await;
+            let detail = match &answer {
+                CloseAnswer::Failed(f) => Some(f.detail().to_owned()),
+                _ => None,
+            };
+            let one = self.said(*api, account, ProviderCall::Close, answer.label(), detail);
+            said.push(one);
+            match answer {
+                CloseAnswer::Closed | CloseAnswer::NotFound => {}
+                CloseAnswer::NotClosable => {
+                    // Paid (or, on Alipay, perhaps closed before): only a signed query tells.
+                    let queried = self.query_one(*api, account, &order.order_no, now).await?;
+                    let settled = matches!(queried.answer, "paid" | "closed" | "not_found");
+                    said.push(queried);
+                    unanswered |= !settled;
+                }
+                CloseAnswer::Failed(f) => {
+                    if let Some(last) = said.last() {
+                        self.failed(&order.order_no, last, &f);
+                    }
+                    unanswered = true;
+                }
+            }
+        }
+        if unanswered {
+            let deadline = order.expire_at.plus_seconds(self.close_grace_secs);
+            if !(grace && now.unix_seconds() >= deadline.unix_seconds()) {
+                let attempts = u32::try_from(order.close_attempts.clamp(0, 6)).unwrap_or(6);
+                let wait = (10_i64 << attempts).min(MAX_CLOSE_BACKOFF_SECS);
+                self.store
+                    .query_again_at(&order.order_no, now.plus_seconds(wait), true)
+                    .await?;
+                if grace {
+                    self.metrics.expired(ExpiryResult::Retried);
+                }
+                return Ok(Closing::Pending);
+            }
+            tracing::warn!(
+                order_no = %order.order_no,
+                "closed here without the provider's word after reconcile.close_grace_secs; \
+                 a payment that still lands becomes a PAID_AFTER_CLOSE anomaly"
+            );
+        }
+        let result = self.store.close_order(&order.order_no, by, now).await?;
+        if grace {
+            let counted = match (&result, unanswered, accounts.is_empty()) {
+                (CloseResult::Closed(_), true, _) => ExpiryResult::ClosedAfterGrace,
+                (CloseResult::Closed(_), false, true) => ExpiryResult::ClosedLocally,
+                (CloseResult::Closed(_), false, false) => ExpiryResult::ClosedAtProvider,
+                (CloseResult::NotClosable(_), _, _) => ExpiryResult::Paid,
+                _ => return Ok(Closing::Done(result)),
+            };
+            self.metrics.expired(counted);
+        }
+        Ok(Closing::Done(result))
+    }
+
+    /// The expiry job: every unpaid order past `expire_at` whose next attempt is due, closed
+    /// at its providers and then here. Returns how many orders it closed.
+    pub async fn expire_due(&self, now: Timestamp, batch: i64) -> Result<usize, StoreError> {
+        let mut closed = 0;
+        let mut seen = std::collections::HashSet::new();
+        loop {
+            let due = self.store.expired_unpaid(now, batch).await?;
+            let fresh: Vec<&OrderAtProvider> = due
+                .iter()
+                .filter(|o| seen.insert(o.order_no.clone()))
+                .collect();
+            for order in &fresh {
+                let mut said = Vec::new();
+                if let Closing::Done(CloseResult::Closed(_)) =
+                    self.close(order, "expiry", now, true, &mut said).await?
+                {
+                    closed += 1;
+                }
+            }
+            if (due.len() as i64) < batch || fresh.is_empty() {
+                return Ok(closed);
+            }
+        }
+    }
+}

@@ -1,0 +1,559 @@
+//! A fake WeChat Pay API v3 and Alipay OpenAPI gateway on a local port. It checks every
+//! request's signature with the merchant's (app's) public key, keeps a state per trade, and
+//! answers as the providers do: WeChat signed with the platform key (`Wechatpay-*` headers),
+//! Alipay with `sign` over the exact bytes of the `…_response` value.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use actix_web::dev::ServerHandle;
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use paynotify::channel::keys::{RsaVerifier, public_key_file};
+use paynotify::qa::forge::alipay::yuan;
+use paynotify::qa::forge::rsa_sign;
+use serde_json::{Value, json};
+
+use crate::keys::{public_key_path, rsa_key};
+
+pub const MERCHANT_SERIAL: &str = "3775B6A45ACD588826D15E583A95F5DD00000001";
+/// The merchant's API key pair (the service signs with its private half).
+pub const MERCHANT_KEY: &str = "wechat-merchant-api";
+/// The Alipay app's key pair (the service signs with its private half).
+pub const APP_KEY: &str = "alipay-app";
+/// A key that is neither provider's.
+const FORGER_KEY: &str = "forger";
+
+/// A trade as the provider knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trade {
+    NotPaid,
+    Paid { transaction_id: String, total: i64 },
+    Closed,
+}
+
+/// How the fake signs its answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signing {
+    /// With the provider's key, as it should.
+    Provider,
+    /// With a key the service does not know (a server in the middle).
+    Forger,
+    /// Not at all.
+    Unsigned,
+}
+
+/// A refund that succeeded at the provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refunded {
+    pub out_trade_no: String,
+    pub transaction_id: String,
+    pub refund_fen: i64,
+    pub total: i64,
+}
+
+pub struct Fake {
+    pub trades: Mutex<HashMap<String, Trade>>,
+    /// Refunds by refund number (WeChat `out_refund_no`, Alipay `out_request_no`).
+    pub refunds: Mutex<HashMap<String, Refunded>>,
+    /// Answer every request with 503.
+    pub down: AtomicBool,
+    /// Answer every request only after three seconds.
+    pub stall: AtomicBool,
+    pub signing: Mutex<Signing>,
+    /// Requests whose signature verified, and those that did not.
+    pub verified: AtomicUsize,
+    pub refused: AtomicUsize,
+    /// When each request arrived.
+    pub arrivals: Mutex<Vec<Instant>>,
+    /// `(call, out_trade_no)` of every request, in order.
+    pub calls: Mutex<Vec<(String, String)>>,
+    mchid: String,
+    appid: String,
+    platform_serial: String,
+    platform_key: rsa::PrivateKey,
+    merchant_key: RsaVerifier,
+    app_id: String,
+    alipay_key: rsa::PrivateKey,
+    app_key: RsaVerifier,
+    forger: rsa::PrivateKey,
+}
+
+fn verifier(name: &str) -> RsaVerifier {
+    rsa_key(name);
+    public_key_file("test", Path::new(&public_key_path(name))).expect("public key")
+}
+
+impl Fake {
+    pub fn set(&self, out_trade_no: &str, trade: Trade) {
+        self.trades
+            .lock()
+            .expect("trades")
+            .insert(out_trade_no.to_owned(), trade);
+    }
+
+    pub fn refund(&self, out_refund_no: &str, refund: Refunded) {
+        self.refunds
+            .lock()
+            .expect("refunds")
+            .insert(out_refund_no.to_owned(), refund);
+    }
+
+    fn refunded(&self, out_refund_no: &str) -> Option<Refunded> {
+        self.refunds
+            .lock()
+            .expect("refunds")
+            .get(out_refund_no)
+            .cloned()
+    }
+
+    pub fn trade(&self, out_trade_no: &str) -> Option<Trade> {
+        self.trades
+            .lock()
+            .expect("trades")
+            .get(out_trade_no)
+            .cloned()
+    }
+
+    pub fn sign_with(&self, signing: Signing) {
+        *self.signing.lock().expect("signing") = signing;
+    }
+
+    pub fn calls(&self) -> Vec<(String, String)> {
+        self.calls.lock().expect("calls").clone()
+    }
+
+    fn key<'a>(&'a self, provider: &'a rsa::PrivateKey) -> Option<&'a rsa::PrivateKey> {
+        match *self.signing.lock().expect("signing") {
+            Signing::Provider => Some(provider),
+            Signing::Forger => Some(&self.forger),
+            Signing::Unsigned => None,
+        }
+    }
+}
+
+pub struct FakeProvider {
+    pub url: String,
+    pub port: u16,
+    pub state: Arc<Fake>,
+    handle: ServerHandle,
+}
+
+impl Drop for FakeProvider {
+    fn drop(&mut self) {
+        let handle = self.handle.clone();
+        tokio::spawn(async move { handle.stop(false).await });
+    }
+}
+
+impl FakeProvider {
+    /// WeChat: merchant `mchid`/`appid` with the platform key `platform_serial`/`platform`;
+    /// Alipay: `app_id` with the Alipay key named `alipay_key`.
+    pub async fn start(
+        (mchid, appid, platform_serial, platform): (&str, &str, &str, rsa::PrivateKey),
+        (app_id, alipay_key): (&str, &str),
+    ) -> Self {
+        let state = Arc::new(Fake {
+            trades: Mutex::new(HashMap::new()),
+            refunds: Mutex::new(HashMap::new()),
+            down: AtomicBool::new(false),
+            stall: AtomicBool::new(false),
+            signing: Mutex::new(Signing::Provider),
+            verified: AtomicUsize::new(0),
+            refused: AtomicUsize::new(0),
+            arrivals: Mutex::new(Vec::new()),
+            calls: Mutex::new(Vec::new()),
+            mchid: mchid.to_owned(),
+            appid: appid.to_owned(),
+            platform_serial: platform_serial.to_owned(),
+            platform_key: platform,
+            merchant_key: verifier(MERCHANT_KEY),
+            app_id: app_id.to_owned(),
+            alipay_key: rsa_key(alipay_key),
+            app_key: verifier(APP_KEY),
+            forger: rsa_key(FORGER_KEY),
+        });
+        let data = web::Data::from(Arc::clone(&state));
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(data.clone())
+                .default_service(web::to(answer))
+        })
+        .workers(1)
+        .disable_signals()
+        .bind(("127.0.0.1", 0))
+        .expect("bind the fake provider");
+        let port = server.addrs()[0].port();
+        let server = server.run();
+        let handle = server.handle();
+        tokio::spawn(server);
+        Self {
+            url: format!("http://127.0.0.1:{port}"),
+            port,
+            state,
+            handle,
+        }
+    }
+}
+
+async fn answer(req: HttpRequest, body: web::Bytes, fake: web::Data<Fake>) -> HttpResponse {
+    fake.arrivals.lock().expect("arrivals").push(Instant::now());
+    if fake.stall.load(Ordering::SeqCst) {
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    }
+    if fake.down.load(Ordering::SeqCst) {
+        return HttpResponse::ServiceUnavailable()
+            .json(json!({"code": "SYSTEM_ERROR", "message": "系统繁忙"}));
+    }
+    if req.path() == "/gateway.do" {
+        alipay(&fake, &body)
+    } else {
+        wechat(&req, &body, &fake)
+    }
+}
+
+/// `k="v"` pairs of a WeChat `Authorization` header.
+fn authorization(req: &HttpRequest) -> Option<HashMap<String, String>> {
+    let value = req.headers().get("Authorization")?.to_str().ok()?;
+    let params = value.strip_prefix("WECHATPAY2-SHA256-RSA2048 ")?;
+    Some(
+        params
+            .split(',')
+            .filter_map(|kv| {
+                let (k, v) = kv.split_once('=')?;
+                Some((k.trim().to_owned(), v.trim_matches('"').to_owned()))
+            })
+            .collect(),
+    )
+}
+
+/// WeChat Pay v3: `METHOD\npath?query\ntimestamp\nnonce\nbody\n` with the merchant API key.
+fn wechat_request_verifies(req: &HttpRequest, body: &[u8], fake: &Fake) -> Option<String> {
+    use base64::Engine;
+    let auth = authorization(req)?;
+    if auth.get("mchid")? != &fake.mchid || auth.get("serial_no")? != MERCHANT_SERIAL {
+        return None;
+    }
+    let timestamp = auth.get("timestamp")?;
+    let path = req.uri().path_and_query()?.as_str();
+    let mut message = format!(
+        "{}\n{path}\n{timestamp}\n{}\n",
+        req.method(),
+        auth.get("nonce_str")?
+    )
+    .into_bytes();
+    message.extend_from_slice(body);
+    message.push(b'\n');
+    let signature = base64::engine::general_purpose::STANDARD
+        .decode(auth.get("signature")?)
+        .ok()?;
+    fake.merchant_key
+        .verify(&message, &signature)
+        .then(|| timestamp.clone())
+}
+
+fn wechat_signed(fake: &Fake, status: u16, timestamp: &str, body: String) -> HttpResponse {
+    let mut response =
+        HttpResponse::build(actix_web::http::StatusCode::from_u16(status).expect("status"));
+    if let Some(key) = fake.key(&fake.platform_key) {
+        let nonce = "fakeprovidernonce0000000000000001";
+        let message = format!("{timestamp}\n{nonce}\n{body}\n");
+        response
+            .insert_header(("Wechatpay-Timestamp", timestamp.to_owned()))
+            .insert_header(("Wechatpay-Nonce", nonce))
+            .insert_header(("Wechatpay-Serial", fake.platform_serial.clone()))
+            .insert_header(("Wechatpay-Signature-Type", "WECHATPAY2-SHA256-RSA2048"))
+            .insert_header((
+                "Wechatpay-Signature",
+                rsa_sign(key, message.as_bytes()).expect("sign"),
+            ));
+    }
+    if body.is_empty() {
+        response.finish()
+    } else {
+        response.content_type("application/json").body(body)
+    }
+}
+
+fn wechat_error(status: u16, code: &str, message: &str) -> HttpResponse {
+    HttpResponse::build(actix_web::http::StatusCode::from_u16(status).expect("status"))
+        .json(json!({ "code": code, "message": message }))
+}
+
+fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
+    let Some(timestamp) = wechat_request_verifies(req, body, fake) else {
+        fake.refused.fetch_add(1, Ordering::SeqCst);
+        return wechat_error(401, "SIGN_ERROR", "签名错误");
+    };
+    fake.verified.fetch_add(1, Ordering::SeqCst);
+    let path = req.path();
+    if let Some(out_refund_no) = path.strip_prefix("/v3/refund/domestic/refunds/") {
+        let Some(r) = fake.refunded(out_refund_no) else {
+            return wechat_error(404, "RESOURCE_NOT_EXISTS", "退款单不存在");
+        };
+        let answer = json!({
+            "refund_id": format!("5030{out_refund_no}"),
+            "out_refund_no": out_refund_no,
+            "transaction_id": r.transaction_id,
+            "out_trade_no": r.out_trade_no,
+            "channel": "ORIGINAL",
+            "user_received_account": "支付用户零钱",
+            "success_time": "2026-11-30T11:00:00+08:00",
+            "create_time": "2026-11-30T10:59:00+08:00",
+            "status": "SUCCESS",
+            "funds_account": "AVAILABLE",
+            "amount": { "total": r.total, "refund": r.refund_fen, "payer_total": r.total, "payer_refund": r.refund_fen, "settlement_refund": r.refund_fen, "settlement_total": r.total, "discount_refund": 0, "currency": "CNY" }
+        });
+        return wechat_signed(fake, 200, &timestamp, answer.to_string());
+    }
+    let Some(rest) = path.strip_prefix("/v3/pay/transactions/out-trade-no/") else {
+        return wechat_error(404, "NOT_FOUND", "no such API");
+    };
+    let (no, close) = match rest.strip_suffix("/close") {
+        Some(no) => (no.to_owned(), true),
+        None => (rest.to_owned(), false),
+    };
+    fake.calls.lock().expect("calls").push((
+        if close {
+            "wechat.close"
+        } else {
+            "wechat.query"
+        }
+        .to_owned(),
+        no.clone(),
+    ));
+    let trade = fake.trade(&no);
+    if close {
+        return match trade {
+            Some(Trade::Paid { .. }) => wechat_error(400, "ORDERPAID", "订单已支付"),
+            // WeChat answers 204 also for a trade it never saw.
+            _ => {
+                fake.set(&no, Trade::Closed);
+                wechat_signed(fake, 204, &timestamp, String::new())
+            }
+        };
+    }
+    let base = json!({ "appid": fake.appid, "mchid": fake.mchid, "out_trade_no": no });
+    let answer = match trade {
+        None => return wechat_error(404, "ORDER_NOT_EXIST", "订单不存在"),
+        Some(Trade::NotPaid) => {
+            json!({ "trade_state": "NOTPAY", "trade_state_desc": "订单未支付", "amount": { "payer_currency": "CNY" } })
+        }
+        Some(Trade::Closed) => json!({ "trade_state": "CLOSED", "trade_state_desc": "订单已关闭" }),
+        Some(Trade::Paid {
+            transaction_id,
+            total,
+        }) => json!({
+            "transaction_id": transaction_id,
+            "trade_type": "JSAPI",
+            "trade_state": "SUCCESS",
+            "trade_state_desc": "支付成功",
+            "bank_type": "OTHERS",
+            "success_time": "2026-11-30T10:00:00+08:00",
+            "payer": { "openid": "oSandboxOpenId0000000000000" },
+            "amount": { "total": total, "payer_total": total, "currency": "CNY", "payer_currency": "CNY" }
+        }),
+    };
+    let mut full = base;
+    if let (Some(full), Value::Object(more)) = (full.as_object_mut(), answer) {
+        full.extend(more);
+    }
+    wechat_signed(fake, 200, &timestamp, full.to_string())
+}
+
+/// Alipay: every parameter but `sign`, non-empty, sorted, `k=v&…`, with the app's key.
+fn alipay_request(body: &[u8], fake: &Fake) -> Option<HashMap<String, String>> {
+    use base64::Engine;
+    let params: HashMap<String, String> = form_urlencoded::parse(body).into_owned().collect();
+    if params.get("app_id")? != &fake.app_id || params.get("sign_type")? != "RSA2" {
+        return None;
+    }
+    let mut signed: Vec<(&String, &String)> = params
+        .iter()
+        .filter(|(k, v)| k.as_str() != "sign" && !v.is_empty())
+        .collect();
+    signed.sort();
+    let content = signed
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("&");
+    let signature = base64::engine::general_purpose::STANDARD
+        .decode(params.get("sign")?)
+        .ok()?;
+    fake.app_key
+        .verify(content.as_bytes(), &signature)
+        .then_some(params)
+}
+
+fn alipay_signed(fake: &Fake, method: &str, value: &Value) -> HttpResponse {
+    let key = format!("{}_response", method.replace('.', "_"));
+    // Not serde's compact form: the signature covers these exact bytes, and re-serialising
+    // the parsed answer would not give them back.
+    let value = serde_json::to_string_pretty(value).expect("json");
+    let body = match fake.key(&fake.alipay_key) {
+        Some(signer) => format!(
+            "{{\"{key}\":{value},\"sign\":\"{}\"}}",
+            rsa_sign(signer, value.as_bytes()).expect("sign")
+        ),
+        None => format!("{{\"{key}\":{value}}}"),
+    };
+    HttpResponse::Ok()
+        .content_type("text/html;charset=utf-8")
+        .body(body)
+}
+
+fn alipay(fake: &Fake, body: &[u8]) -> HttpResponse {
+    let Some(params) = alipay_request(body, fake) else {
+        fake.refused.fetch_add(1, Ordering::SeqCst);
+        // Alipay's answer to a bad signature is signed; an unknown app's is not.
+        let value = json!({"code": "40002", "msg": "Invalid Arguments", "sub_code": "isv.invalid-signature", "sub_msg": "验签出错"});
+        return alipay_signed(fake, "error", &value);
+    };
+    fake.verified.fetch_add(1, Ordering::SeqCst);
+    let method = params.get("method").cloned().unwrap_or_default();
+    let biz: Value = params
+        .get("biz_content")
+        .and_then(|b| serde_json::from_str(b).ok())
+        .unwrap_or(Value::Null);
+    let no = biz["out_trade_no"].as_str().unwrap_or("").to_owned();
+    fake.calls
+        .lock()
+        .expect("calls")
+        .push((method.clone(), no.clone()));
+    let not_exist = json!({"code": "40004", "msg": "Business Failed", "sub_code": "ACQ.TRADE_NOT_EXIST", "sub_msg": "交易不存在"});
+    let trade = fake.trade(&no);
+    let value = match (method.as_str(), trade) {
+        ("alipay.trade.query", None) => not_exist,
+        ("alipay.trade.query", Some(trade)) => {
+            let (status, trade_no, total) = match trade {
+                Trade::NotPaid => ("WAIT_BUYER_PAY", String::new(), 0),
+                Trade::Closed => ("TRADE_CLOSED", String::new(), 0),
+                Trade::Paid {
+                    transaction_id,
+                    total,
+                } => ("TRADE_SUCCESS", transaction_id, total),
+            };
+            let mut v = json!({"code": "10000", "msg": "Success", "out_trade_no": no, "trade_status": status, "buyer_logon_id": "159****3821"});
+            if !trade_no.is_empty() {
+                v["trade_no"] = json!(trade_no);
+                v["total_amount"] = json!(yuan(total));
+                v["buyer_pay_amount"] = json!(yuan(total));
+                v["send_pay_date"] = json!("2026-11-30 10:00:07");
+            }
+            v
+        }
+        ("alipay.trade.fastpay.refund.query", _) => {
+            let request_no = biz["out_request_no"].as_str().unwrap_or("");
+            match fake.refunded(request_no) {
+                // An unknown refund request: 10000 without refund_status.
+                None => json!({"code": "10000", "msg": "Success"}),
+                Some(r) => json!({
+                    "code": "10000", "msg": "Success", "out_trade_no": r.out_trade_no,
+                    "trade_no": r.transaction_id, "out_request_no": request_no,
+                    "total_amount": yuan(r.total), "refund_amount": yuan(r.refund_fen),
+                    "refund_status": "REFUND_SUCCESS"
+                }),
+            }
+        }
+        ("alipay.trade.close", None) => not_exist,
+        ("alipay.trade.close", Some(Trade::NotPaid)) => {
+            fake.set(&no, Trade::Closed);
+            json!({"code": "10000", "msg": "Success", "out_trade_no": no})
+        }
+        // Paid, or closed already: the same answer.
+        ("alipay.trade.close", Some(_)) => {
+            json!({"code": "40004", "msg": "Business Failed", "sub_code": "ACQ.TRADE_STATUS_ERROR", "sub_msg": "交易状态不合法"})
+        }
+        _ => {
+            json!({"code": "40004", "msg": "Business Failed", "sub_code": "isv.invalid-method", "sub_msg": "不存在的方法名"})
+        }
+    };
+    alipay_signed(fake, &method, &value)
+}
+
+/// A TLS front on a local port for a plain HTTP server on 127.0.0.1, with a certificate for
+/// `127.0.0.1` issued by a CA made for it; the CA's PEM is at `ca_file`. The front ends when
+/// dropped.
+pub struct TlsFront {
+    pub port: u16,
+    pub ca_file: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TlsFront {
+    pub async fn start(target_port: u16) -> Self {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+        use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, "paynotify test CA");
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca = ca.self_signed(&ca_key).expect("CA certificate");
+        let key = KeyPair::generate().expect("server key");
+        let mut server = CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("params");
+        server
+            .distinguished_name
+            .push(DnType::CommonName, "127.0.0.1");
+        let server = server
+            .signed_by(&key, &ca, &ca_key)
+            .expect("server certificate");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca_file = dir.path().join("test-ca.pem");
+        std::fs::write(&ca_file, ca.pem()).expect("write CA");
+
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![server.der().clone()],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .expect("server config");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the TLS front");
+        let port = listener.local_addr().expect("addr").port();
+        let task = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    if let Ok(mut plain) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", target_port)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                    }
+                });
+            }
+        });
+        Self {
+            port,
+            ca_file,
+            _dir: dir,
+            task,
+        }
+    }
+}

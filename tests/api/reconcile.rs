@@ -1,0 +1,828 @@
+//! Asking the providers: a lost notification recovered by query, expiry that closes at the
+//! provider first, and answers that are not evidence (bad signature, forged, unreachable).
+//! The providers are a fake on a local port (`provider.rs`) that checks every request's
+//! signature and signs its answers.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use paynotify::config::Settings;
+use paynotify::jobs::expire_orders;
+use paynotify::metrics::Metrics;
+use paynotify::time::Clock;
+
+use crate::helpers::{Backend, TestApp, spawn_app_with};
+use crate::keys::{private_key_path, rsa_key};
+use crate::provider::{APP_KEY, FakeProvider, MERCHANT_KEY, MERCHANT_SERIAL, Signing, Trade};
+
+const MCHID: &str = "1900000001";
+const APP_ID: &str = "2021000000000001";
+/// `[reconcile]` in these tests.
+const AFTER_SECS: i64 = 300;
+const EXPIRE_SECS: i64 = 1800;
+const GRACE_SECS: i64 = 600;
+
+async fn fake() -> FakeProvider {
+    let platform = crate::wechat::sandbox('A');
+    FakeProvider::start(
+        (
+            &platform.mchid,
+            &platform.appid,
+            &platform.serial,
+            platform.private_key,
+        ),
+        (APP_ID, "alipay"),
+    )
+    .await
+}
+
+/// WeChat merchant 1900000001 and Alipay app 2021000000000001 with API credentials at `url`.
+fn configure(s: &mut Settings, url: &str) {
+    s.wechat = crate::wechat::settings();
+    let m = &mut s.wechat.merchants[0];
+    rsa_key(MERCHANT_KEY);
+    m.private_key_file = Some(private_key_path(MERCHANT_KEY));
+    m.merchant_serial = Some(MERCHANT_SERIAL.into());
+    m.api_base = Some(url.to_owned());
+    s.alipay = crate::alipay::settings();
+    let a = &mut s.alipay.apps[0];
+    rsa_key(APP_KEY);
+    a.app_private_key_file = Some(private_key_path(APP_KEY));
+    a.gateway = Some(format!("{url}/gateway.do"));
+    s.reconcile.after_secs = AFTER_SECS as u64;
+    s.reconcile.close_grace_secs = GRACE_SECS as u64;
+    s.reconcile.max_qps = 1000;
+    s.reconcile.timeout_ms = 5000;
+}
+
+async fn app_with(backend: Backend, fake: &FakeProvider) -> TestApp {
+    let url = fake.url.clone();
+    spawn_app_with(backend, move |s| configure(s, &url)).await
+}
+
+/// Creates an order that only `channel`'s account is asked about.
+async fn create(app: &TestApp, order_no: &str, fen: i64, channel: &str) {
+    let named = match channel {
+        "wechat" => serde_json::json!({ "wechat_mchid": MCHID }),
+        _ => serde_json::json!({ "alipay_app_id": APP_ID }),
+    };
+    let mut body =
+        serde_json::json!({ "order_no": order_no, "amount_fen": fen, "currency": "CNY" });
+    if let (Some(body), serde_json::Value::Object(named)) = (body.as_object_mut(), named) {
+        body.extend(named);
+    }
+    let response = app
+        .client
+        .post(app.url("/orders"))
+        .bearer_auth(&app.api_token)
+        .json(&body)
+        .send()
+        .await
+        .expect("POST /orders");
+    assert_eq!(response.status(), 201);
+}
+
+fn calls(app: &TestApp, channel: &str, call: &str, result: &str) -> u64 {
+    Metrics::count(&app.metrics.provider_calls, &[channel, call, result])
+}
+
+fn transaction_id(channel: &str, order_no: &str) -> String {
+    match channel {
+        "wechat" => format!("42{order_no}"),
+        _ => format!("2026{order_no}"),
+    }
+}
+
+/// The notification of the same payment, as the provider would send it late.
+async fn notify_paid(app: &TestApp, channel: &str, order_no: &str, fen: i64) -> u16 {
+    match channel {
+        "wechat" => {
+            let d = crate::wechat::paid(app, &crate::wechat::sandbox('A'), order_no, fen);
+            crate::wechat::pay(app, &d).await.0
+        }
+        _ => {
+            let fields = crate::alipay::pay_fields(order_no, fen, "TRADE_SUCCESS");
+            crate::alipay::send(app, &crate::alipay::signed(fields))
+                .await
+                .0
+        }
+    }
+}
+
+async fn lost_notification_recovered(backend: Backend, channel: &str) {
+    let fake = fake().await;
+    let app = app_with(backend, &fake).await;
+    let no = format!("RC-LOST-{channel}");
+    create(&app, &no, 19900, channel).await;
+    fake.state.set(
+        &no,
+        Trade::Paid {
+            transaction_id: transaction_id(channel, &no),
+            total: 19900,
+        },
+    );
+    // Too young to ask about.
+    app.clock.advance(AFTER_SECS - 1);
+    assert_eq!(
+        app.reconciler
+            .reconcile_due(app.clock.now())
+            .await
+            .expect("reconcile"),
+        0
+    );
+    assert!(fake.state.calls().is_empty());
+    app.clock.advance(1);
+    assert_eq!(
+        app.reconciler
+            .reconcile_due(app.clock.now())
+            .await
+            .expect("reconcile"),
+        1
+    );
+    assert_eq!(app.status_of(&no).await, "PAID");
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    assert_eq!(calls(&app, channel, "query", "paid"), 1);
+    assert_eq!(
+        Metrics::count(&app.metrics.payments_recovered, &[channel]),
+        1
+    );
+    // Only the account the order names was asked, with a request that verified.
+    assert_eq!(fake.state.calls().len(), 1);
+    assert_eq!(fake.state.refused.load(Ordering::SeqCst), 0);
+
+    // The notification that comes after all is a plain duplicate: acknowledged, nothing new.
+    let status = notify_paid(&app, channel, &no, 19900).await;
+    assert_eq!(status, if channel == "wechat" { 204 } else { 200 });
+    assert_eq!(
+        Metrics::count(&app.metrics.notifications, &[channel, "duplicate"]),
+        1
+    );
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    assert_eq!(app.messages("PAYMENT_ANOMALY").await, 0);
+    // Paid: never asked about again.
+    app.clock.advance(3600);
+    assert_eq!(
+        app.reconciler
+            .reconcile_due(app.clock.now())
+            .await
+            .expect("reconcile"),
+        0
+    );
+    assert_eq!(fake.state.calls().len(), 1);
+}
+
+async fn expiry_closes_at_the_provider_first(backend: Backend, channel: &str) {
+    let fake = fake().await;
+    let app = app_with(backend, &fake).await;
+    let (unpaid, never_seen) = (format!("RC-OPEN-{channel}"), format!("RC-NONE-{channel}"));
+    create(&app, &unpaid, 100, channel).await;
+    create(&app, &never_seen, 100, channel).await;
+    fake.state.set(&unpaid, Trade::NotPaid);
+    // Queried shortly before expiry: the next query is due after it, the close is not held back.
+    app.clock.advance(EXPIRE_SECS - 10);
+    assert_eq!(
+        app.reconciler
+            .reconcile_due(app.clock.now())
+            .await
+            .expect("reconcile"),
+        0
+    );
+    assert_eq!(calls(&app, channel, "query", "unpaid"), 1);
+    assert_eq!(calls(&app, channel, "query", "not_found"), 1);
+    app.clock.advance(11);
+    assert_eq!(
+        expire_orders(&app.reconciler, app.clock.as_ref())
+            .await
+            .expect("expiry"),
+        2
+    );
+    assert_eq!(fake.state.trade(&unpaid), Some(Trade::Closed));
+    assert_eq!(app.status_of(&unpaid).await, "CLOSED");
+    assert_eq!(app.status_of(&never_seen).await, "CLOSED");
+    assert_eq!(app.messages("ORDER_CLOSED").await, 2);
+    assert_eq!(
+        Metrics::count(&app.metrics.expiry, &["closed_at_provider"]),
+        2
+    );
+    let closes = fake
+        .state
+        .calls()
+        .iter()
+        .filter(|(call, _)| call.ends_with("close"))
+        .count();
+    assert_eq!(closes, 2);
+}
+
+async fn expiry_of_a_trade_paid_at_the_provider_pays_the_order(backend: Backend, channel: &str) {
+    let fake = fake().await;
+    let app = app_with(backend, &fake).await;
+    let no = format!("RC-LATE-{channel}");
+    create(&app, &no, 500, channel).await;
+    fake.state.set(
+        &no,
+        Trade::Paid {
+            transaction_id: transaction_id(channel, &no),
+            total: 500,
+        },
+    );
+    app.clock.advance(EXPIRE_SECS + 1);
+    assert_eq!(
+        expire_orders(&app.reconciler, app.clock.as_ref())
+            .await
+            .expect("expiry"),
+        0
+    );
+    assert_eq!(app.status_of(&no).await, "PAID");
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    assert_eq!(app.messages("ORDER_CLOSED").await, 0);
+    assert_eq!(app.messages("PAYMENT_ANOMALY").await, 0);
+    assert_eq!(calls(&app, channel, "close", "not_closable"), 1);
+    assert_eq!(Metrics::count(&app.metrics.expiry, &["paid"]), 1);
+    // The late notification is a duplicate.
+    notify_paid(&app, channel, &no, 500).await;
+    assert_eq!(
+        Metrics::count(&app.metrics.notifications, &[channel, "duplicate"]),
+        1
+    );
+}
+
+async fn provider_down_then_closed_after_the_grace_period(backend: Backend, channel: &str) {
+    let fake = fake().await;
+    let app = app_with(backend, &fake).await;
+    let no = format!("RC-DOWN-{channel}");
+    create(&app, &no, 100, channel).await;
+    fake.state.set(&no, Trade::NotPaid);
+    fake.state.down.store(true, Ordering::SeqCst);
+    app.clock.advance(EXPIRE_SECS + 1);
+    assert_eq!(
+        expire_orders(&app.reconciler, app.clock.as_ref())
+            .await
+            .expect("expiry"),
+        0
+    );
+    assert_eq!(app.status_of(&no).await, "WAIT_PAY");
+    assert_eq!(calls(&app, channel, "close", "unreachable"), 1);
+    // Backing off: not asked again at once.
+    assert_eq!(
+        expire_orders(&app.reconciler, app.clock.as_ref())
+            .await
+            .expect("expiry"),
+        0
+    );
+    assert_eq!(calls(&app, channel, "close", "unreachable"), 1);
+    app.clock.advance(60);
+    expire_orders(&app.reconciler, app.clock.as_ref())
+        .await
+        .expect("expiry");
+    assert_eq!(calls(&app, channel, "close", "unreachable"), 2);
+    assert_eq!(app.status_of(&no).await, "WAIT_PAY");
+    assert_eq!(app.messages("ORDER_CLOSED").await, 0);
+    // Past the grace period: closed here anyway.
+    app.clock.advance(GRACE_SECS);
+    assert_eq!(
+        expire_orders(&app.reconciler, app.clock.as_ref())
+            .await
+            .expect("expiry"),
+        1
+    );
+    assert_eq!(app.status_of(&no).await, "CLOSED");
+    assert_eq!(
+        Metrics::count(&app.metrics.expiry, &["closed_after_grace"]),
+        1
+    );
+}
+
+async fn wechat_lost_notification_is_recovered_by_query(backend: Backend) {
+    lost_notification_recovered(backend, "wechat").await;
+}
+async fn alipay_lost_notification_is_recovered_by_query(backend: Backend) {
+    lost_notification_recovered(backend, "alipay").await;
+}
+async fn wechat_expiry_closes_at_the_provider_first(backend: Backend) {
+    expiry_closes_at_the_provider_first(backend, "wechat").await;
+}
+async fn alipay_expiry_closes_at_the_provider_first(backend: Backend) {
+    expiry_closes_at_the_provider_first(backend, "alipay").await;
+}
+async fn wechat_close_answered_already_paid_pays_the_order(backend: Backend) {
+    expiry_of_a_trade_paid_at_the_provider_pays_the_order(backend, "wechat").await;
+}
+async fn alipay_close_answered_already_paid_pays_the_order(backend: Backend) {
+    expiry_of_a_trade_paid_at_the_provider_pays_the_order(backend, "alipay").await;
+}
+async fn wechat_provider_down_keeps_the_order_open_until_the_grace_period(backend: Backend) {
+    provider_down_then_closed_after_the_grace_period(backend, "wechat").await;
+}
+async fn alipay_provider_down_keeps_the_order_open_until_the_grace_period(backend: Backend) {
+    provider_down_then_closed_after_the_grace_period(backend, "alipay").await;
+}
+
+crate::on_both_backends!(
+    wechat_lost_notification_is_recovered_by_query,
+    alipay_lost_notification_is_recovered_by_query,
+    wechat_expiry_closes_at_the_provider_first,
+    alipay_expiry_closes_at_the_provider_first,
+    wechat_close_answered_already_paid_pays_the_order,
+    alipay_close_answered_already_paid_pays_the_order,
+    wechat_provider_down_keeps_the_order_open_until_the_grace_period,
+    alipay_provider_down_keeps_the_order_open_until_the_grace_period,
+);
+
+/// A paid answer that does not verify (signed with another key, or not at all) is ignored
+/// and counted; the order stays unpaid and the expiry does not close it on that word.
+async fn unverified_answers_change_nothing(signing: Signing, result: &str) {
+    for channel in ["wechat", "alipay"] {
+        let fake = fake().await;
+        let app = app_with(Backend::Sqlite, &fake).await;
+        let no = format!("RC-FORGED-{channel}");
+        create(&app, &no, 100, channel).await;
+        fake.state.set(
+            &no,
+            Trade::Paid {
+                transaction_id: transaction_id(channel, &no),
+                total: 100,
+            },
+        );
+        fake.state.sign_with(signing);
+        app.clock.advance(AFTER_SECS);
+        assert_eq!(
+            app.reconciler
+                .reconcile_due(app.clock.now())
+                .await
+                .expect("reconcile"),
+            0
+        );
+        assert_eq!(app.status_of(&no).await, "WAIT_PAY", "{channel}");
+        assert_eq!(calls(&app, channel, "query", result), 1, "{channel}");
+        assert_eq!(app.db.count("pay_callback").await, 0);
+        assert_eq!(app.db.count("local_message").await, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_with_a_bad_signature_is_ignored_and_counted() {
+    unverified_answers_change_nothing(Signing::Forger, "bad_signature").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_paid_answer_without_the_providers_key_changes_nothing() {
+    unverified_answers_change_nothing(Signing::Unsigned, "bad_signature").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rate_limit_holds() {
+    const QPS: u32 = 10;
+    const ORDERS: usize = 12;
+    let fake = fake().await;
+    let url = fake.url.clone();
+    let app = spawn_app_with(Backend::Sqlite, move |s| {
+        configure(s, &url);
+        s.reconcile.max_qps = QPS;
+    })
+    .await;
+    for i in 0..ORDERS {
+        create(&app, &format!("RC-QPS-{i:02}"), 100, "wechat").await;
+    }
+    app.clock.advance(AFTER_SECS);
+    let started = Instant::now();
+    app.reconciler
+        .reconcile_due(app.clock.now())
+        .await
+        .expect("reconcile");
+    let elapsed = started.elapsed();
+    let arrivals = fake.state.arrivals.lock().expect("arrivals").clone();
+    assert_eq!(arrivals.len(), ORDERS);
+    // Twelve requests at ten a second: at least 1.1 s from the first to the last, and no
+    // second-long window holds more than ten.
+    assert!(elapsed >= Duration::from_millis(1050), "{elapsed:?}");
+    for (i, first) in arrivals.iter().enumerate() {
+        let within = arrivals[i..]
+            .iter()
+            .filter(|t| t.duration_since(*first) < Duration::from_millis(950))
+            .count();
+        assert!(within <= QPS as usize, "{within} requests within a second");
+    }
+    assert_eq!(fake.state.verified.load(Ordering::SeqCst), ORDERS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_through_the_api_asks_the_provider_first() {
+    let fake = fake().await;
+    let app = app_with(Backend::Sqlite, &fake).await;
+    let close = |no: &str| {
+        app.client
+            .post(app.url(&format!("/orders/{no}/close")))
+            .bearer_auth(&app.api_token)
+            .send()
+    };
+    create(&app, "RC-API-OPEN", 100, "wechat").await;
+    fake.state.set("RC-API-OPEN", Trade::NotPaid);
+    let response = close("RC-API-OPEN").await.expect("close");
+    assert_eq!(response.status(), 200);
+    assert_eq!(fake.state.trade("RC-API-OPEN"), Some(Trade::Closed));
+    assert_eq!(app.status_of("RC-API-OPEN").await, "CLOSED");
+
+    create(&app, "RC-API-PAID", 100, "wechat").await;
+    fake.state.set(
+        "RC-API-PAID",
+        Trade::Paid {
+            transaction_id: "42RC-API-PAID".into(),
+            total: 100,
+        },
+    );
+    let response = close("RC-API-PAID").await.expect("close");
+    assert_eq!(response.status(), 409);
+    assert_eq!(app.status_of("RC-API-PAID").await, "PAID");
+
+    create(&app, "RC-API-DOWN", 100, "wechat").await;
+    fake.state.down.store(true, Ordering::SeqCst);
+    let response = close("RC-API-DOWN").await.expect("close");
+    assert_eq!(response.status(), 503);
+    assert_eq!(app.status_of("RC-API-DOWN").await, "WAIT_PAY");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_endpoint_asks_now_and_says_what_each_provider_answered() {
+    let fake = fake().await;
+    let app = app_with(Backend::Sqlite, &fake).await;
+    // Names no account: every merchant and app with credentials is asked.
+    app.create_order("RC-ADMIN", 300).await;
+    fake.state.set(
+        "RC-ADMIN",
+        Trade::Paid {
+            transaction_id: "2026RC-ADMIN".into(),
+            total: 300,
+        },
+    );
+    let reconcile = || {
+        app.client
+            .post(app.url("/admin/orders/RC-ADMIN/reconcile"))
+            .bearer_auth(&app.api_token)
+            .send()
+    };
+    let response = reconcile().await.expect("reconcile");
+    assert_eq!(response.status(), 200);
+    let body: serde_json::Value = response.json().await.expect("json");
+    assert_eq!(body["status"], "PAID");
+    let said = body["providers"].as_array().expect("providers");
+    assert_eq!(said.len(), 2, "{body}");
+    // The fake keeps one trade per number for both providers, so both say paid: the first
+    // answer pays the order, the second is a second payment, raised as an anomaly.
+    assert_eq!(said[0]["channel"], "wechat");
+    assert_eq!(said[0]["account"], MCHID);
+    assert_eq!(said[0]["answer"], "paid");
+    assert_eq!(said[0]["ledger"], "applied");
+    assert_eq!(said[1]["channel"], "alipay");
+    assert_eq!(said[1]["account"], APP_ID);
+    assert_eq!(said[1]["answer"], "paid");
+    assert_eq!(said[1]["ledger"], "anomaly");
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    assert_eq!(app.anomalies("RC-ADMIN").await[0].0, "DUPLICATE_PAYMENT");
+
+    let missing = app
+        .client
+        .post(app.url("/admin/orders/NOPE/reconcile"))
+        .bearer_auth(&app.api_token)
+        .send()
+        .await
+        .expect("reconcile");
+    assert_eq!(missing.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_go_over_https_trusting_the_configured_ca() {
+    use crate::provider::TlsFront;
+
+    let fake = fake().await;
+    let front = TlsFront::start(fake.port).await;
+    let https = format!("https://127.0.0.1:{}", front.port);
+    for (channel, no) in [("wechat", "RC-TLS-W"), ("alipay", "RC-TLS-A")] {
+        fake.state.set(
+            no,
+            Trade::Paid {
+                transaction_id: transaction_id(channel, no),
+                total: 100,
+            },
+        );
+    }
+
+    // The system's roots do not know the test CA: no answer, nothing changes.
+    let (url, ca) = (https.clone(), front.ca_file.clone());
+    let untrusting = spawn_app_with(Backend::Sqlite, move |s| configure(s, &url)).await;
+    create(&untrusting, "RC-TLS-W", 100, "wechat").await;
+    untrusting.clock.advance(AFTER_SECS);
+    untrusting
+        .reconciler
+        .reconcile_due(untrusting.clock.now())
+        .await
+        .expect("reconcile");
+    assert_eq!(untrusting.status_of("RC-TLS-W").await, "WAIT_PAY");
+    assert_eq!(calls(&untrusting, "wechat", "query", "unreachable"), 1);
+    assert!(fake.state.calls().is_empty(), "the handshake failed first");
+
+    // With reconcile.ca_file: both providers over HTTPS.
+    let url = https.clone();
+    let app = spawn_app_with(Backend::Sqlite, move |s| {
+        configure(s, &url);
+        s.reconcile.ca_file = Some(ca);
+    })
+    .await;
+    create(&app, "RC-TLS-W", 100, "wechat").await;
+    create(&app, "RC-TLS-A", 100, "alipay").await;
+    app.clock.advance(AFTER_SECS);
+    assert_eq!(
+        app.reconciler
+            .reconcile_due(app.clock.now())
+            .await
+            .expect("reconcile"),
+        2
+    );
+    assert_eq!(app.status_of("RC-TLS-W").await, "PAID");
+    assert_eq!(app.status_of("RC-TLS-A").await, "PAID");
+    assert_eq!(fake.state.verified.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_hangs_or_refuses_connections_is_unreachable() {
+    let fake = fake().await;
+    fake.state.stall.store(true, Ordering::SeqCst);
+    let url = fake.url.clone();
+    let app = spawn_app_with(Backend::Sqlite, move |s| {
+        configure(s, &url);
+        s.reconcile.timeout_ms = 300;
+    })
+    .await;
+    create(&app, "RC-HANG", 100, "wechat").await;
+    fake.state.set(
+        "RC-HANG",
+        Trade::Paid {
+            transaction_id: "42RC-HANG".into(),
+            total: 100,
+        },
+    );
+    app.clock.advance(AFTER_SECS);
+    let started = Instant::now();
+    app.reconciler
+        .reconcile_due(app.clock.now())
+        .await
+        .expect("reconcile");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(calls(&app, "wechat", "query", "unreachable"), 1);
+    assert_eq!(app.status_of("RC-HANG").await, "WAIT_PAY");
+
+    // Nothing listens on the port any more.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    };
+    let url = format!("http://127.0.0.1:{closed}");
+    let app = spawn_app_with(Backend::Sqlite, move |s| configure(s, &url)).await;
+    create(&app, "RC-REFUSED", 100, "alipay").await;
+    app.clock.advance(EXPIRE_SECS + 1);
+    assert_eq!(
+        expire_orders(&app.reconciler, app.clock.as_ref())
+            .await
+            .expect("expiry"),
+        0
+    );
+    assert_eq!(calls(&app, "alipay", "close", "unreachable"), 1);
+    assert_eq!(app.status_of("RC-REFUSED").await, "WAIT_PAY");
+}
+
+/// Every mistake in the API credentials or `[reconcile]` stops start-up naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_credential_mistakes_stop_start_up_naming_the_key() {
+    use paynotify::startup::{Application, Options};
+
+    paynotify::telemetry::init_for_tests();
+    let not_a_key = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(
+        not_a_key.path(),
+        "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+    )
+    .expect("write");
+    let not_pem = not_a_key.path().to_path_buf();
+    type Mistake = Box<dyn Fn(&mut Settings)>;
+    let cases: Vec<(&str, Mistake)> = vec![
+        (
+            "wechat.merchants[0].merchant_serial",
+            Box::new(|s| s.wechat.merchants[0].merchant_serial = None),
+        ),
+        (
+            "wechat.merchants[0].private_key_file",
+            Box::new(|s| s.wechat.merchants[0].private_key_file = None),
+        ),
+        (
+            "wechat.merchants[0].private_key_file",
+            Box::new({
+                let p = not_pem.clone();
+                move |s| s.wechat.merchants[0].private_key_file = Some(p.clone())
+            }),
+        ),
+        (
+            "wechat.merchants[0].api_base",
+            Box::new(|s| s.wechat.merchants[0].api_base = Some("api.mch.weixin.qq.com".into())),
+        ),
+        (
+            "alipay.apps[0].app_private_key_file",
+            Box::new({
+                let p = not_pem.clone();
+                move |s| s.alipay.apps[0].app_private_key_file = Some(p.clone())
+            }),
+        ),
+        (
+            "alipay.apps[0].gateway",
+            Box::new(|s| s.alipay.apps[0].gateway = Some("openapi.alipay.com".into())),
+        ),
+        (
+            "alipay.apps[1].app_private_key_file",
+            Box::new(|s| {
+                s.alipay.apps[1].gateway = Some("https://openapi.alipay.com/gateway.do".into())
+            }),
+        ),
+        (
+            "reconcile.ca_file",
+            Box::new({
+                let p = not_pem.clone();
+                move |s| s.reconcile.ca_file = Some(p.clone())
+            }),
+        ),
+    ];
+    for (key, mistake) in cases {
+        let db = crate::helpers::TestDb::create(Backend::Sqlite).await;
+        let mut settings = crate::helpers::test_settings(db.url());
+        configure(&mut settings, "http://127.0.0.1:1");
+        mistake(&mut settings);
+        let built = match settings.validate() {
+            Err(e) => Err(e.to_string()),
+            Ok(()) => Application::build(&settings, Options::default())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        };
+        let Err(err) = built else {
+            panic!("{key}: start-up went on");
+        };
+        assert!(err.contains(key), "{key}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refund_queries_answer_with_what_the_refund_notification_would_carry() {
+    use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
+    use paynotify::channel::Inbound;
+    use paynotify::channel::api::RefundAnswer;
+    use paynotify::notice::ChannelId;
+
+    use crate::provider::Refunded;
+
+    paynotify::telemetry::init_for_tests();
+    let fake = fake().await;
+    let mut settings = Settings::default();
+    configure(&mut settings, &fake.url);
+    let now = paynotify::time::Timestamp::new(chrono::Utc::now());
+    let mounted = paynotify::channel::mount_all(&settings, now).expect("providers");
+    let api = |channel| {
+        mounted
+            .iter()
+            .filter_map(|m| m.api.clone())
+            .find(|a| a.channel() == channel)
+            .expect("an API client")
+    };
+    let (wechat, alipay) = (api(ChannelId::Wechat), api(ChannelId::Alipay));
+    for (no, transaction_id) in [("RC-RF-W", "42RC-RF-W"), ("RC-RF-A", "2026RC-RF-A")] {
+        fake.state.refund(
+            &format!("R-{no}"),
+            Refunded {
+                out_trade_no: no.into(),
+                transaction_id: transaction_id.into(),
+                refund_fen: 30,
+                total: 100,
+            },
+        );
+    }
+
+    let RefundAnswer::Refunded(Some(queried)) = wechat
+        .refund_query(MCHID, "RC-RF-W", "R-RC-RF-W", now)
+        .await
+    else {
+        panic!("WeChat: a refunded answer with its notice");
+    };
+    // The REFUND.SUCCESS notification of the same refund has the same business content.
+    let sandbox = crate::wechat::sandbox('A');
+    let resource = paynotify::qa::forge::wechat::refund(
+        &sandbox,
+        "RC-RF-W",
+        "42RC-RF-W",
+        "R-RC-RF-W",
+        30,
+        100,
+    );
+    let d = sandbox
+        .notification("REFUND.SUCCESS", &resource, now.unix_seconds())
+        .expect("forge");
+    let mut headers = HeaderMap::new();
+    for (name, value) in &d.headers {
+        headers.append(
+            HeaderName::from_bytes(name.as_bytes()).expect("name"),
+            HeaderValue::from_str(value).expect("value"),
+        );
+    }
+    let provider = mounted
+        .iter()
+        .find(|m| m.provider.channel() == ChannelId::Wechat)
+        .expect("wechat")
+        .provider
+        .clone();
+    let notified = provider
+        .admit(&Inbound {
+            headers: &headers,
+            body: &d.body,
+            now,
+        })
+        .expect("the notification verifies");
+    assert_eq!(queried.digest(), notified.digest());
+    assert_eq!(
+        wechat.refund_query(MCHID, "RC-RF-W", "R-NONE", now).await,
+        RefundAnswer::NotFound
+    );
+
+    // Alipay's answer carries this refund's amount, not the trade's running total its
+    // notification is keyed on: done, without a notice.
+    assert_eq!(
+        alipay
+            .refund_query(APP_ID, "RC-RF-A", "R-RC-RF-A", now)
+            .await,
+        RefundAnswer::Refunded(None)
+    );
+    assert_eq!(
+        alipay.refund_query(APP_ID, "RC-RF-A", "R-NONE", now).await,
+        RefundAnswer::NotFound
+    );
+    assert_eq!(fake.state.refused.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_may_name_only_a_configured_merchant_or_app() {
+    let fake = fake().await;
+    let app = app_with(Backend::Sqlite, &fake).await;
+    for (body, field) in [
+        (
+            serde_json::json!({"wechat_mchid": "1999999999"}),
+            "wechat_mchid",
+        ),
+        (
+            serde_json::json!({"alipay_app_id": "2021999999999999"}),
+            "alipay_app_id",
+        ),
+        (
+            serde_json::json!({"wechat_mchid": "19000-00001"}),
+            "wechat_mchid",
+        ),
+        (serde_json::json!({"alipay_app_id": ""}), "alipay_app_id"),
+        // An Alipay app id is not a WeChat merchant.
+        (serde_json::json!({"wechat_mchid": APP_ID}), "wechat_mchid"),
+    ] {
+        let mut order = serde_json::json!({"order_no": "RC-NAMED", "amount_fen": 100});
+        if let (Some(order), serde_json::Value::Object(more)) = (order.as_object_mut(), body) {
+            order.extend(more);
+        }
+        let response = app
+            .client
+            .post(app.url("/orders"))
+            .bearer_auth(&app.api_token)
+            .json(&order)
+            .send()
+            .await
+            .expect("POST /orders");
+        assert_eq!(response.status(), 400, "{order}");
+        let error: serde_json::Value = response.json().await.expect("json");
+        assert!(
+            error["error"]
+                .as_str()
+                .is_some_and(|e| e.starts_with(field)),
+            "{error}"
+        );
+    }
+    assert_eq!(app.db.count("orders").await, 0);
+    // A configured merchant without API credentials may be named: it is only not asked.
+    let response = app
+        .client
+        .post(app.url("/orders"))
+        .bearer_auth(&app.api_token)
+        .json(&serde_json::json!({"order_no": "RC-NAMED", "amount_fen": 100, "wechat_mchid": "1900000002"}))
+        .send()
+        .await
+        .expect("POST /orders");
+    assert_eq!(response.status(), 201);
+    app.clock.advance(AFTER_SECS);
+    app.reconciler
+        .reconcile_due(app.clock.now())
+        .await
+        .expect("reconcile");
+    assert!(fake.state.calls().is_empty());
+}
