@@ -35,7 +35,7 @@ PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 PORT=${PORT:-18931}
 WRITE_DOCS=${WRITE_DOCS:-1}
-ONLY=${ONLY:-}            # e.g. ONLY=ledger or ONLY=gate: one configuration only
+ONLY=${ONLY:-}            # ONLY=ledger, gate or receipts: that part only
 SERVICE_ENV=${SERVICE_ENV:-}  # extra VAR=value words for the service, e.g. RUST_LOG=warn
 PERF_OUT=${PERF_OUT:-}    # with PERF_MATCH (a glob of config/channel/pass, e.g. "ledger/wechat/first"):
 PERF_MATCH=${PERF_MATCH:-}  # `perf record` of the service during matching passes, into $PERF_OUT.<pass>
@@ -241,6 +241,7 @@ fi
 
 configs="ledger gate"
 [ -n "$ONLY" ] && configs=$ONLY
+[ "$ONLY" = receipts ] && configs=
 for config in $configs; do
     tag=$([ "$config" = gate ] && echo G || echo L)
     echo "forging $config requests"
@@ -281,12 +282,9 @@ if [ "$RECEIPT_ROUNDS" -gt 0 ]; then
     i=0
     for mode in "${order[@]}"; do
         i=$((i + 1))
+        # Forged right before its round: WeChat refuses timestamps over 5 minutes old.
         seed_orders "R${i}F-" "$RECEIPT_N" >/dev/null
         forge wechat "R${i}F-" "$RECEIPT_N" "$WORK/receipts-$i"
-    done
-    i=0
-    for mode in "${order[@]}"; do
-        i=$((i + 1))
         start_service "receipts-$mode" PAYNOTIFY__RECEIPTS__STORE="$mode"
         pass "receipts-$mode" wechat first "$WORK/receipts-$i" "R${i}F-" "$RECEIPT_N"
         stop_service
