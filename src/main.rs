@@ -40,6 +40,9 @@ enum Command {
     Replay(ReplayArgs),
     /// Every check made of one notify request, in order, and the first that failed.
     Explain(ExplainArgs),
+    /// QA: forge one signed notification per order into a file of raw HTTP requests, for a
+    /// load generator to replay (`bench/run.sh`).
+    Forge(ForgeArgs),
     /// Write a fresh sandbox key set and a matching paynotify.toml into DIR.
     SandboxKeys {
         #[arg(long, value_name = "DIR")]
@@ -64,6 +67,28 @@ struct ExplainArgs {
     #[arg(long, value_name = "TIME")]
     at: Option<String>,
     /// The service's configuration: its keys, and its database for the order checks.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct ForgeArgs {
+    /// Which notification to forge.
+    #[arg(value_enum)]
+    kind: Kind,
+    /// Order numbers are PREFIX followed by FROM, FROM+1, …
+    #[arg(long)]
+    prefix: String,
+    #[arg(long, default_value_t = 1)]
+    from: u64,
+    #[arg(long)]
+    count: u64,
+    /// The orders' amount in fen.
+    #[arg(long)]
+    amount_fen: i64,
+    /// Where the requests go (each after a line with its length in bytes).
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
     #[arg(long)]
     config: Option<PathBuf>,
 }
@@ -132,6 +157,7 @@ async fn main() -> ExitCode {
         Command::Migrate { config } => migrate(config).await,
         Command::Replay(args) => replay(args).await,
         Command::Explain(args) => explain(args).await,
+        Command::Forge(args) => forge(args),
         Command::SandboxKeys { out, listen } => {
             paynotify::telemetry::init();
             sandbox_keys(&out, listen)
@@ -292,6 +318,32 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     } else {
         anyhow::bail!("some responses were not what the contract says for this input")
     }
+}
+
+fn forge(args: ForgeArgs) -> anyhow::Result<()> {
+    let settings = load_settings(args.config.as_deref())?;
+    if args.count == 0 || args.amount_fen <= 0 {
+        anyhow::bail!("--count and --amount-fen must be positive");
+    }
+    let last = args
+        .from
+        .checked_add(args.count - 1)
+        .context("--from + --count is too large")?;
+    let file = std::fs::File::create(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    let written = paynotify::qa::replay::forge_requests(
+        &settings,
+        args.kind,
+        &args.prefix,
+        args.from..=last,
+        args.amount_fen,
+        &mut out,
+    )?;
+    std::io::Write::flush(&mut out)
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    println!("{written} requests written to {}", args.out.display());
+    Ok(())
 }
 
 fn sandbox_keys(out: &std::path::Path, listen: std::net::SocketAddr) -> anyhow::Result<()> {

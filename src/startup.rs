@@ -185,7 +185,9 @@ impl Application {
                         response
                     }
                 })
-                .wrap(tracing_actix_web::TracingLogger::default())
+                .wrap(tracing_actix_web::TracingLogger::<
+                    crate::telemetry::RequestSpan,
+                >::new())
                 .configure(|cfg| routes::configure(cfg, state, limits, &providers, extra.as_ref()))
         })
         .disable_signals()

@@ -3,6 +3,13 @@
 
 use std::io::IsTerminal;
 
+use actix_web::Error;
+use actix_web::HttpMessage;
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use tracing::Span;
+use tracing_actix_web::{RequestId, RootSpanBuilder};
+
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
@@ -43,4 +50,23 @@ pub fn init_for_tests() {
     if std::env::var_os("TEST_LOG").is_some() {
         init();
     }
+}
+
+/// The span every request runs in: its request id (which receipts record too) and path.
+/// `tracing-actix-web`'s default span carries some fifteen OpenTelemetry fields (client
+/// address, user agent, route, …), each formatted into every request's span and then
+/// repeated in every log line inside it; that was a measurable share of the CPU a
+/// notification costs (docs/benchmarks.md).
+pub struct RequestSpan;
+
+impl RootSpanBuilder for RequestSpan {
+    fn on_request_start(request: &ServiceRequest) -> Span {
+        let request_id = request.extensions().get::<RequestId>().copied();
+        match request_id {
+            Some(id) => tracing::info_span!("request", request_id = %id, path = %request.path()),
+            None => tracing::info_span!("request", path = %request.path()),
+        }
+    }
+
+    fn on_request_end<B: MessageBody>(_: Span, _: &Result<ServiceResponse<B>, Error>) {}
 }

@@ -103,7 +103,9 @@ fn corrupt(signature: &str) -> String {
     BASE64.encode(bytes)
 }
 
-fn wechat_delivery(settings: &Settings, plan: &Plan) -> Result<Delivery, ReplayError> {
+/// The WeChat Pay sandbox of the configuration: its first merchant and platform key serial,
+/// signed with `sandbox.wechat_private_key_file`.
+fn wechat_sandbox(settings: &Settings) -> Result<wechat::Sandbox, ReplayError> {
     let merchant = settings
         .wechat
         .merchants
@@ -116,7 +118,7 @@ fn wechat_delivery(settings: &Settings, plan: &Plan) -> Result<Delivery, ReplayE
         .ok_or_else(|| {
             ReplayError::Config("wechat.merchants[0] has no platform key serial".into())
         })?;
-    let sandbox = wechat::Sandbox {
+    Ok(wechat::Sandbox {
         serial,
         private_key: private_key(
             settings.sandbox.wechat_private_key_file.as_deref(),
@@ -129,13 +131,16 @@ fn wechat_delivery(settings: &Settings, plan: &Plan) -> Result<Delivery, ReplayE
             .next()
             .ok_or_else(|| ReplayError::Config("wechat.merchants[0] has no appid".into()))?,
         apiv3_key: merchant.apiv3_key.expose().to_owned(),
-    };
+    })
+}
+
+fn wechat_delivery(sandbox: &wechat::Sandbox, plan: &Plan) -> Result<Delivery, ReplayError> {
     let transaction_id = format!("4200000000{}", plan.order_no);
     let (event, plaintext) = match plan.kind {
         Kind::WechatRefund => (
             "REFUND.SUCCESS",
             wechat::refund(
-                &sandbox,
+                sandbox,
                 &plan.order_no,
                 &transaction_id,
                 plan.out_refund_no.as_deref().unwrap_or("R1"),
@@ -145,7 +150,7 @@ fn wechat_delivery(settings: &Settings, plan: &Plan) -> Result<Delivery, ReplayE
         ),
         _ => (
             "TRANSACTION.SUCCESS",
-            wechat::transaction(&sandbox, &plan.order_no, &transaction_id, plan.amount_fen),
+            wechat::transaction(sandbox, &plan.order_no, &transaction_id, plan.amount_fen),
         ),
     };
     let b = plan.breakage;
@@ -205,20 +210,16 @@ fn wechat_delivery(settings: &Settings, plan: &Plan) -> Result<Delivery, ReplayE
     Ok(d)
 }
 
-fn alipay_delivery(settings: &Settings, plan: &Plan) -> Result<Delivery, ReplayError> {
-    let b = plan.breakage;
-    if b.stale || b.probe {
-        return Err(ReplayError::Usage(
-            "--stale and --probe are WeChat Pay rules".into(),
-        ));
-    }
+/// The Alipay sandbox of the configuration: its first app (or an unknown app id), signed
+/// with `sandbox.alipay_private_key_file`.
+fn alipay_sandbox(settings: &Settings, unknown_app: bool) -> Result<alipay::Sandbox, ReplayError> {
     let app = settings
         .alipay
         .apps
         .first()
         .ok_or_else(|| ReplayError::Config("no [[alipay.apps]] configured".into()))?;
-    let sandbox = alipay::Sandbox {
-        app_id: if b.unknown_serial {
+    Ok(alipay::Sandbox {
+        app_id: if unknown_app {
             "2021999999999999".into()
         } else {
             app.app_id.clone()
@@ -228,11 +229,20 @@ fn alipay_delivery(settings: &Settings, plan: &Plan) -> Result<Delivery, ReplayE
             settings.sandbox.alipay_private_key_file.as_deref(),
             "sandbox.alipay_private_key_file",
         )?,
-    };
+    })
+}
+
+fn alipay_delivery(sandbox: &alipay::Sandbox, plan: &Plan) -> Result<Delivery, ReplayError> {
+    let b = plan.breakage;
+    if b.stale || b.probe {
+        return Err(ReplayError::Usage(
+            "--stale and --probe are WeChat Pay rules".into(),
+        ));
+    }
     let trade_no = format!("2026{}", plan.order_no);
     let fields = match plan.kind {
         Kind::AlipayRefund => alipay::refund(
-            &sandbox,
+            sandbox,
             &plan.order_no,
             &trade_no,
             plan.amount_fen,
@@ -240,7 +250,7 @@ fn alipay_delivery(settings: &Settings, plan: &Plan) -> Result<Delivery, ReplayE
             plan.refund_fen.unwrap_or(plan.amount_fen),
         ),
         _ => alipay::payment(
-            &sandbox,
+            sandbox,
             &plan.order_no,
             &trade_no,
             plan.amount_fen,
@@ -275,6 +285,85 @@ fn alipay_delivery(settings: &Settings, plan: &Plan) -> Result<Delivery, ReplayE
     }
     d.body = body.into_bytes();
     Ok(d)
+}
+
+/// Forges one well-formed notification of `kind` per order `{prefix}{n}` for every `n` in
+/// `numbers` (amount `amount_fen`, timestamped now) and writes each to `out` as the raw
+/// HTTP/1.1 request a provider would send, after a line with its length in bytes: what a
+/// load generator replays byte for byte (`bench/notify.lua`). Signing is spread over the
+/// machine's cores; the requests come out in order.
+pub fn forge_requests(
+    settings: &Settings,
+    kind: Kind,
+    prefix: &str,
+    numbers: std::ops::RangeInclusive<u64>,
+    amount_fen: i64,
+    out: &mut dyn std::io::Write,
+) -> Result<usize, ReplayError> {
+    let wechat = if kind.is_wechat() {
+        Some(wechat_sandbox(settings)?)
+    } else {
+        None
+    };
+    let alipay = if kind.is_wechat() {
+        None
+    } else {
+        Some(alipay_sandbox(settings, false)?)
+    };
+    let forge_one = |n: u64| -> Result<Vec<u8>, ReplayError> {
+        let plan = Plan {
+            kind,
+            order_no: format!("{prefix}{n}"),
+            amount_fen,
+            out_refund_no: None,
+            refund_fen: None,
+            times: 1,
+            concurrency: 1,
+            target: None,
+            create_order: false,
+            wait: None,
+            breakage: Breakage::default(),
+        };
+        let d = match (&wechat, &alipay) {
+            (Some(sandbox), _) => wechat_delivery(sandbox, &plan)?,
+            (None, Some(sandbox)) => alipay_delivery(sandbox, &plan)?,
+            (None, None) => return Err(ReplayError::Usage("no sandbox".into())),
+        };
+        let mut request = format!("POST {} HTTP/1.1\r\nHost: 127.0.0.1\r\n", kind.path());
+        for (name, value) in &d.headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str(&format!("Content-Length: {}\r\n\r\n", d.body.len()));
+        let mut bytes = request.into_bytes();
+        bytes.extend_from_slice(&d.body);
+        Ok(bytes)
+    };
+    let all: Vec<u64> = numbers.collect();
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let chunk = all.len().div_ceil(threads).max(1);
+    let forged: Vec<Result<Vec<Vec<u8>>, ReplayError>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = all
+            .chunks(chunk)
+            .map(|part| scope.spawn(|| part.iter().map(|&n| forge_one(n)).collect()))
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err(ReplayError::Usage("a forging thread panicked".into())))
+            })
+            .collect()
+    });
+    let io = |e: std::io::Error| ReplayError::Usage(format!("cannot write the requests: {e}"));
+    let mut written = 0;
+    for part in forged {
+        for request in part? {
+            writeln!(out, "{}", request.len()).map_err(io)?;
+            out.write_all(&request).map_err(io)?;
+            written += 1;
+        }
+    }
+    Ok(written)
 }
 
 /// What the contract says this input gets.
@@ -355,9 +444,12 @@ async fn wait_until_ready(
 pub async fn run(settings: &Settings, plan: &Plan) -> Result<bool, ReplayError> {
     validate(plan)?;
     let delivery = Arc::new(if plan.kind.is_wechat() {
-        wechat_delivery(settings, plan)?
+        wechat_delivery(&wechat_sandbox(settings)?, plan)?
     } else {
-        alipay_delivery(settings, plan)?
+        alipay_delivery(
+            &alipay_sandbox(settings, plan.breakage.unknown_serial)?,
+            plan,
+        )?
     });
     let target = plan
         .target

@@ -13,8 +13,9 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 use super::schema::{orders, pay_callback, refund_callback};
 use super::statements::{
     InsertMessage, InsertPayCallback, InsertRefundCallback, InsertStatusCallback, MESSAGE_KEY,
-    MarkPaid, PRIMARY, unless_exists,
+    MarkPaid, PRIMARY, PayFirst, unless_exists,
 };
+use super::types::Payload;
 use super::{Store, StoreError, with_conn};
 use crate::notice::{AnomalyReason, Digest, Notice, NoticeKind, Outcome, Refund, RefundAmount};
 use crate::order::{Order, OrderStatus};
@@ -52,6 +53,76 @@ macro_rules! load_order {
             .await
             .optional()
     };
+}
+
+/// A payment's common cases in one statement, where the backend has one: its first delivery
+/// (`Applied`) or an exact repeat of a committed one (`Duplicate`). `None` when it is neither
+/// or the backend has no such statement; nothing was written then, and the full transaction
+/// decides.
+pub(crate) trait PaymentFastPath {
+    async fn pay_fast(
+        &mut self,
+        n: &Notice,
+        digest: &Digest,
+        now: Timestamp,
+    ) -> QueryResult<Option<Outcome>>;
+}
+
+impl PaymentFastPath for diesel_async::AsyncPgConnection {
+    async fn pay_fast(
+        &mut self,
+        n: &Notice,
+        digest: &Digest,
+        now: Timestamp,
+    ) -> QueryResult<Option<Outcome>> {
+        if !n.merchant_matches {
+            return Ok(None);
+        }
+        let message = Message::order_paid(n, now);
+        let (applied, seen_digest, _guard): (i64, Option<String>, i64) = PayFirst {
+            out_trade_no: &n.out_trade_no,
+            channel: n.channel.as_str(),
+            transaction_id: &n.transaction_id,
+            amount_fen: n.amount_fen,
+            currency: &n.currency,
+            digest: digest.as_str(),
+            now,
+            payload: Payload(message.payload),
+        }
+        .get_result(self)
+        .await?;
+        Ok(if applied == 1 {
+            Some(Outcome::Applied)
+        } else if seen_digest.as_deref() == Some(digest.as_str()) {
+            Some(Outcome::Duplicate)
+        } else {
+            None
+        })
+    }
+}
+
+/// MySQL has no statement that inserts, updates and inserts again at once: the transaction.
+impl PaymentFastPath for diesel_async::AsyncMysqlConnection {
+    async fn pay_fast(
+        &mut self,
+        _: &Notice,
+        _: &Digest,
+        _: Timestamp,
+    ) -> QueryResult<Option<Outcome>> {
+        Ok(None)
+    }
+}
+
+/// SQLite: one writer, no network; the transaction costs no round trips.
+impl PaymentFastPath for super::SqliteAsync {
+    async fn pay_fast(
+        &mut self,
+        _: &Notice,
+        _: &Digest,
+        _: Timestamp,
+    ) -> QueryResult<Option<Outcome>> {
+        Ok(None)
+    }
 }
 
 /// Writes a `PAYMENT_ANOMALY` message once: `Outcome::Anomaly` when it is new; when the
@@ -191,6 +262,9 @@ impl Store {
     ) -> Result<Outcome, StoreError> {
         let channel = n.channel.as_str();
         let result = with_conn!(self, conn => {
+            if let Some(outcome) = conn.pay_fast(n, digest, now).await? {
+                return Ok(outcome);
+            }
             conn.transaction::<_, Abort, _>(async |conn| {
                 let written = InsertPayCallback {
                     out_trade_no: &n.out_trade_no,

@@ -224,3 +224,68 @@ impl<'a> InsertMessage<'a> {
         InsertMessageOnce(Self::pending(message, now))
     }
 }
+
+/// PostgreSQL: a payment's common case — its first delivery, for an order that is waiting for
+/// exactly this amount — as ONE statement, run on its own (one round trip, committed by
+/// itself), in place of `BEGIN`, [`InsertPayCallback`], [`MarkPaid`], [`InsertMessage`],
+/// `COMMIT`.
+///
+/// The order row is locked first (`FOR UPDATE`, which under READ COMMITTED waits for a
+/// concurrent writer and re-checks the row as it committed), so once `target` holds the
+/// order, nothing else can move it before this statement commits. The callback row is written
+/// only for a locked, waiting order, and only if its key is new (`ON CONFLICT DO NOTHING`,
+/// the arbiter as everywhere else); the order moves only with a new callback row, and the
+/// `ORDER_PAID` message only with the move. So the statement writes all three rows or none.
+/// The last column checks that once more: a callback row without its message is cast to an
+/// error, which undoes the whole statement.
+///
+/// It answers `(applied, seen_digest, guard)`: `applied` is 1 when the three rows were
+/// written; `seen_digest` is the digest of this key's callback row as committed before the
+/// statement began (`NULL` when there was none). Anything but `applied = 1` or a seen digest
+/// equal to the notice's wrote nothing, and goes through the full transaction, which decides
+/// every other case (duplicates racing a first delivery, conflicts, anomalies, unknown orders).
+pub struct PayFirst<'a> {
+    pub out_trade_no: &'a str,
+    pub channel: &'a str,
+    pub transaction_id: &'a str,
+    pub amount_fen: i64,
+    pub currency: &'a str,
+    pub digest: &'a str,
+    pub now: Timestamp,
+    pub payload: Payload,
+}
+
+impl QueryFragment<Pg> for PayFirst<'_> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        sql!(out;
+            "WITH target AS (SELECT order_no FROM orders WHERE order_no = " [Text: self.out_trade_no]
+            " AND status = 'WAIT_PAY' AND amount_fen = " [BigInt: &self.amount_fen]
+            " AND currency = " [Text: self.currency] " FOR UPDATE), "
+            "cb AS (INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at) "
+            "SELECT order_no, " [Text: self.channel] ", " [Text: self.transaction_id] ", "
+            [BigInt: &self.amount_fen] ", " [Text: self.digest] ", " [UtcTs: &self.now]
+            " FROM target ON CONFLICT (out_trade_no, channel) DO NOTHING RETURNING out_trade_no), "
+            "paid AS (UPDATE orders SET status = 'PAID', channel = " [Text: self.channel]
+            ", transaction_id = " [Text: self.transaction_id] ", paid_at = " [UtcTs: &self.now]
+            " WHERE order_no IN (SELECT out_trade_no FROM cb) AND status = 'WAIT_PAY' RETURNING order_no), "
+            "message AS (INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) "
+            "SELECT 'ORDER_PAID', order_no, " [Json: &self.payload] ", 0, 0, " [UtcTs: &self.now]
+            ", " [UtcTs: &self.now] " FROM paid RETURNING 1) "
+            "SELECT (SELECT count(*) FROM message), "
+            "(SELECT digest FROM pay_callback WHERE out_trade_no = " [Text: self.out_trade_no]
+            " AND channel = " [Text: self.channel] "), "
+            "CAST(CASE WHEN (SELECT count(*) FROM cb) = (SELECT count(*) FROM message) THEN '0' "
+            "ELSE 'paynotify: a callback row without its order change, undone: ' || (SELECT count(*) FROM cb) END AS bigint)"
+        );
+        Ok(())
+    }
+}
+
+impl QueryId for PayFirst<'_> {
+    type QueryId = PayFirst<'static>;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl diesel::query_builder::Query for PayFirst<'_> {
+    type SqlType = (BigInt, diesel::sql_types::Nullable<Text>, BigInt);
+}

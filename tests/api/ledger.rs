@@ -15,6 +15,7 @@ use crate::test_channel::TestNotification;
 
 crate::on_both_backends!(
     fifty_concurrent_deliveries_make_exactly_one_transition,
+    five_hundred_mixed_notices_at_once_each_get_their_answer_and_rows,
     same_payment_with_different_content_is_a_conflict_and_changes_nothing,
     a_second_payment_under_the_same_key_is_recorded_once,
     a_refund_of_another_payment_leaves_the_order_alone,
@@ -123,6 +124,154 @@ async fn fifty_concurrent_deliveries_make_exactly_one_transition(backend: Backen
     );
     assert_eq!(app.messages("ORDER_PAID").await, 1);
     assert_eq!(app.db.count("local_message").await, 1);
+}
+
+/// 500 notices released at once: first deliveries with their twin, first deliveries racing a
+/// conflicting copy (same transaction, other amount), amount anomalies, unknown orders, and
+/// refunds with their twin. Every answer is one the rules allow, and the rows add up.
+async fn five_hundred_mixed_notices_at_once_each_get_their_answer_and_rows(backend: Backend) {
+    // 500 notices queue for 8 connections: generous waits, so a machine busy with other
+    // work slows this test down instead of turning a wait into a 503.
+    let app = crate::helpers::spawn_app_with(backend, |s| {
+        s.database.acquire_timeout_ms = 60_000;
+        s.database.statement_timeout_ms = 60_000;
+    })
+    .await;
+    let mut groups: Vec<(&str, Vec<Notice>)> = Vec::new();
+    for i in 0..100 {
+        let no = format!("MX-P{i}");
+        app.create_order(&no, 19900).await;
+        let n = paid(&no, &format!("T-{no}"), 19900);
+        groups.push(("twin", vec![n.clone(), n]));
+    }
+    for i in 0..50 {
+        let no = format!("MX-C{i}");
+        app.create_order(&no, 19900).await;
+        let txn = format!("T-{no}");
+        groups.push((
+            "conflict",
+            vec![paid(&no, &txn, 19900), paid(&no, &txn, 100)],
+        ));
+    }
+    for i in 0..50 {
+        let no = format!("MX-A{i}");
+        app.create_order(&no, 19900).await;
+        groups.push(("anomaly", vec![paid(&no, &format!("T-{no}"), 100)]));
+    }
+    for i in 0..50 {
+        let no = format!("MX-U{i}");
+        groups.push(("unknown", vec![paid(&no, &format!("T-{no}"), 19900)]));
+    }
+    for i in 0..50 {
+        let no = format!("MX-R{i}");
+        app.create_order(&no, 10000).await;
+        assert_eq!(
+            apply(&app, &paid(&no, &format!("T-{no}"), 10000)).await,
+            Outcome::Applied
+        );
+        let r = refund(&no, "R1", 10000);
+        groups.push(("refund", vec![r.clone(), r]));
+    }
+    let total: usize = groups.iter().map(|(_, g)| g.len()).sum();
+    assert_eq!(total, 500);
+
+    let barrier = Arc::new(Barrier::new(total));
+    let now = app.clock.now();
+    let mut tasks = Vec::new();
+    for (group, notices) in &groups {
+        for n in notices {
+            let (store, notice, barrier) = (app.store.clone(), n.clone(), barrier.clone());
+            let order = n.out_trade_no.clone();
+            let group = *group;
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                (group, order, store.apply(&notice, now).await)
+            }));
+        }
+    }
+    let mut answers: std::collections::BTreeMap<String, Vec<Outcome>> = Default::default();
+    let mut kinds: std::collections::BTreeMap<String, &str> = Default::default();
+    for task in tasks {
+        let (group, order, result) = task.await.expect("task");
+        let outcome = result.unwrap_or_else(|e| panic!("{group} {order}: {e}"));
+        answers.entry(order.clone()).or_default().push(outcome);
+        kinds.insert(order, group);
+    }
+    let (mut conflicts_applied, mut conflicts_anomaly) = (0, 0);
+    for (order, outcomes) in &mut answers {
+        outcomes.sort_by_key(|o| o.as_str());
+        let got = outcomes.as_slice();
+        let mismatch = AnomalyReason::AmountMismatch;
+        match kinds[order] {
+            "twin" | "refund" => {
+                assert_eq!(got, [Outcome::Applied, Outcome::Duplicate], "{order}")
+            }
+            "conflict" => match got {
+                [Outcome::Applied, Outcome::Conflict] | [Outcome::Conflict, Outcome::Applied] => {
+                    conflicts_applied += 1
+                }
+                [Outcome::Anomaly(r), Outcome::Conflict]
+                | [Outcome::Conflict, Outcome::Anomaly(r)]
+                    if *r == mismatch =>
+                {
+                    conflicts_anomaly += 1
+                }
+                other => panic!("{order}: {other:?}"),
+            },
+            "anomaly" => assert_eq!(got, [Outcome::Anomaly(mismatch)], "{order}"),
+            "unknown" => assert_eq!(got, [Outcome::UnknownOrder], "{order}"),
+            other => panic!("{other}"),
+        }
+    }
+    assert_eq!(conflicts_applied + conflicts_anomaly, 50);
+
+    let count = |sql: String| {
+        let db = &app.db;
+        async move { db.count(&sql).await }
+    };
+    assert_eq!(
+        count("orders WHERE order_no LIKE 'MX-P%' AND status = 'PAID'".into()).await,
+        100
+    );
+    assert_eq!(
+        count("orders WHERE order_no LIKE 'MX-C%' AND status = 'PAID'".into()).await,
+        conflicts_applied
+    );
+    assert_eq!(
+        count("orders WHERE order_no LIKE 'MX-A%' AND status = 'WAIT_PAY'".into()).await,
+        50
+    );
+    assert_eq!(
+        count("orders WHERE order_no LIKE 'MX-R%' AND status = 'REFUNDED'".into()).await,
+        50
+    );
+    assert_eq!(count("orders WHERE order_no LIKE 'MX-U%'".into()).await, 0);
+    // One callback row per paid, conflicting (the first copy's), anomalous and refunded order.
+    assert_eq!(
+        count("pay_callback WHERE out_trade_no LIKE 'MX-U%'".into()).await,
+        0
+    );
+    assert_eq!(count("pay_callback".into()).await, 100 + 50 + 50 + 50);
+    assert_eq!(count("refund_callback".into()).await, 50);
+    assert_eq!(
+        app.messages("ORDER_PAID").await,
+        100 + conflicts_applied + 50
+    );
+    assert_eq!(
+        app.messages("PAYMENT_ANOMALY").await,
+        conflicts_anomaly + 50
+    );
+    assert_eq!(app.messages("ORDER_REFUNDED").await, 50);
+    assert_eq!(
+        count("local_message".into()).await,
+        100 + 50 + 50 + 50 + 50,
+        "nothing else"
+    );
+    // One message per order and topic.
+    assert_eq!(
+        count("(SELECT topic, biz_key FROM local_message GROUP BY topic, biz_key HAVING count(*) > 1) AS dup".into()).await,
+        0
+    );
 }
 
 async fn same_payment_with_different_content_is_a_conflict_and_changes_nothing(backend: Backend) {

@@ -1,0 +1,383 @@
+#!/usr/bin/env bash
+# The whole-service benchmark: a release build on a fresh PostgreSQL database with sandbox
+# keys, driven by wrk replaying pre-forged notifications (the load generator only sends
+# bytes), next to pgbench running the ledger's statements on the same server, in one run.
+#
+#   bench/run.sh                  # N=10000 notifications per pass, 64 connections
+#   N=20000 CONNS=64 bench/run.sh
+#
+# Passes, for the ledger alone and with the Redis gate, for WeChat Pay and Alipay:
+#   first      N first deliveries, each for its own order
+#   duplicate  the same N requests again, byte for byte
+#   mix        N/2 requests: 9 first deliveries of fresh orders, then 1 redelivery, repeated
+# After every pass exactly-once is checked in SQL (every order of the pass PAID, one callback
+# row and one ORDER_PAID message per order, no other message). Then receipts.store
+# "rejected" vs "off" for first deliveries, in alternating rounds (RECEIPT_ROUNDS, 0 to skip).
+# pgbench runs benches/sql/ledger_first.sql (three statements, five round trips),
+# ledger_first_cte.sql (the same rows in one statement) and ledger_duplicate.sql.
+#
+# Prints a table; with WRITE_DOCS=1 (the default) writes it between the markers in
+# docs/benchmarks.md and the latency plot to docs/bench/latency.png.
+#
+# Needs: cargo, psql/pgbench/createdb, redis-cli, curl, python3; wrk (installed from Debian
+# when missing) and gnuplot (for the plot; skipped without it). PostgreSQL at $PGURL
+# (default postgres://postgres@127.0.0.1:5432), Redis at $REDIS_URL (default
+# redis://127.0.0.1:6379). Everything runs on 127.0.0.1.
+set -euo pipefail
+
+N=${N:-10000}
+CONNS=${CONNS:-64}
+THREADS=${THREADS:-2}
+PGBENCH_CLIENTS=${PGBENCH_CLIENTS:-16}
+RECEIPT_ROUNDS=${RECEIPT_ROUNDS:-6}
+RECEIPT_N=${RECEIPT_N:-$((N / 2))}
+PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
+REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
+PORT=${PORT:-18931}
+WRITE_DOCS=${WRITE_DOCS:-1}
+ONLY=${ONLY:-}            # ONLY=ledger, gate or receipts: that part only
+SERVICE_ENV=${SERVICE_ENV:-}  # extra VAR=value words for the service, e.g. RUST_LOG=warn
+PERF_OUT=${PERF_OUT:-}    # with PERF_MATCH (a glob of config/channel/pass, e.g. "ledger/wechat/first"):
+PERF_MATCH=${PERF_MATCH:-}  # `perf record` of the service during matching passes, into $PERF_OUT.<pass>
+CHANNELS=${CHANNELS:-"wechat alipay"}
+PGBENCH=${PGBENCH:-1}     # 0: skip pgbench (quick comparisons of the service alone)
+PASSES=${PASSES:-"first duplicate mix"}
+AMOUNT=19900
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN=${BIN:-$TARGET/release/paynotify}
+
+command -v wrk >/dev/null || { echo "installing wrk"; apt-get install -y wrk >/dev/null; }
+echo "building (release)"
+[ "${BUILD:-1}" = 1 ] && cargo build --release --locked --bin paynotify 2>&1 | tail -1
+
+RUN_ID=$$
+DB=paynotify_bench_$RUN_ID
+DBURL=$PGURL/$DB
+WORK=$(mktemp -d /tmp/paynotify-bench.XXXXXX)
+REDIS_PREFIX="paynotify:bench:$RUN_ID:"
+SERVICE_PID=
+cleanup() {
+    [ -n "$SERVICE_PID" ] && kill "$SERVICE_PID" 2>/dev/null && wait "$SERVICE_PID" 2>/dev/null
+    psql -q "$PGURL/postgres" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1 || true
+    redis-cli -u "$REDIS_URL" --scan --pattern "${REDIS_PREFIX}*" | xargs -r -n 500 redis-cli -u "$REDIS_URL" DEL >/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+createdb_url() { psql -q "$PGURL/postgres" -c "CREATE DATABASE $DB" >/dev/null; }
+sql() { psql -qAt "$DBURL" -c "$1"; }
+
+createdb_url
+"$BIN" sandbox-keys --out "$WORK/keys" --listen "127.0.0.1:$PORT" >/dev/null
+# The schema, from the service's own migrations.
+(cd "$WORK/keys" && PAYNOTIFY__DATABASE__URL=$DBURL "$BIN" migrate --config paynotify.toml >/dev/null 2>&1)
+
+CLK_TCK=$(getconf CLK_TCK)
+MACHINE="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(psql -qAt "$PGURL/postgres" -c 'SHOW server_version' | cut -d' ' -f1) PostgreSQL, synchronous_commit=$(psql -qAt "$PGURL/postgres" -c 'SHOW synchronous_commit')"
+RESULTS=$WORK/results.tsv   # config channel pass answered ok errors rate p50 p99 p999 cpu_us rss_mb check
+: >"$RESULTS"
+
+seed_orders() { # prefix count [amount]
+    sql "INSERT INTO orders (order_no, status, amount_fen, refunded_fen, currency, subject, created_at, expire_at)
+         SELECT '$1' || g, 'WAIT_PAY', ${3:-$AMOUNT}, 0, 'CNY', 'bench', now(), now() + interval '1 day'
+         FROM generate_series(1, $2) g; ANALYZE orders;"
+}
+
+forge() { # kind prefix count file
+    (cd "$WORK/keys" && "$BIN" forge "$1" --prefix "$2" --count "$3" --amount-fen $AMOUNT \
+        --out "$4" --config paynotify.toml >/dev/null 2>&1)
+}
+
+# The mix: 9 requests of $1 (fresh orders), then 1 of $2 (a redelivery), repeated.
+interleave() { # fresh redeliveries out
+    python3 - "$1" "$2" "$3" <<'EOF'
+import sys
+def records(path):
+    with open(path, "rb") as f:
+        while True:
+            line = f.readline()
+            if not line:
+                return
+            yield line + f.read(int(line))
+fresh, again = records(sys.argv[1]), records(sys.argv[2])
+with open(sys.argv[3], "wb") as out:
+    for i, r in enumerate(fresh):
+        out.write(r)
+        if i % 9 == 8:
+            out.write(next(again))
+EOF
+}
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$SERVICE_PID/stat"; }
+rss_mb() { awk '/VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$SERVICE_PID/status"; }
+
+# Exactly-once for the orders $1*: every one PAID, one callback, one ORDER_PAID, nothing else.
+check() { # prefix count
+    local got
+    got=$(sql "SELECT (SELECT count(*) FROM orders WHERE order_no LIKE '$1%' AND status = 'PAID' AND paid_at IS NOT NULL)
+        || ' ' || (SELECT count(*) FROM pay_callback WHERE out_trade_no LIKE '$1%')
+        || ' ' || (SELECT count(*) FROM local_message WHERE topic = 'ORDER_PAID' AND biz_key LIKE '$1%')
+        || ' ' || (SELECT count(DISTINCT biz_key) FROM local_message WHERE topic = 'ORDER_PAID' AND biz_key LIKE '$1%')
+        || ' ' || (SELECT count(*) FROM local_message WHERE topic <> 'ORDER_PAID' AND biz_key LIKE '$1%')")
+    if [ "$got" = "$2 $2 $2 $2 0" ]; then
+        echo ok
+    else
+        echo "FAILED($1: paid callbacks messages distinct other = $got, want $2)" >&2
+        echo FAILED
+    fi
+}
+
+start_service() { # name, then VAR=value settings
+    local name=$1
+    shift
+    (cd "$WORK/keys" && exec env PAYNOTIFY__DATABASE__URL="$DBURL" PAYNOTIFY__DATABASE__AUTO_MIGRATE=false \
+        $SERVICE_ENV "$@" "$BIN" serve --config paynotify.toml >"$WORK/$name.log" 2>&1) &
+    SERVICE_PID=$!
+    for _ in $(seq 100); do
+        curl -fs "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "the service did not become ready; its log:" >&2
+    tail -20 "$WORK/$name.log" >&2
+    exit 1
+}
+
+stop_service() {
+    kill -TERM "$SERVICE_PID"
+    wait "$SERVICE_PID" || true
+    SERVICE_PID=
+}
+
+# One wrk pass over a file of requests; appends a row to $RESULTS.
+pass() { # config channel pass file checks...
+    local config=$1 channel=$2 name=$3 file=$4
+    shift 4
+    local before after line
+    local perf_pid=
+    # shellcheck disable=SC2053
+    if [ -n "$PERF_OUT" ] && [[ "$config/$channel/$name" == $PERF_MATCH ]]; then
+        perf record -e cpu-clock -F 999 -g -p "$SERVICE_PID" -o "$PERF_OUT.$config.$channel.$name" >/dev/null 2>&1 &
+        perf_pid=$!
+        sleep 0.5
+    fi
+    before=$(cpu_ticks)
+    rm -f "$WORK"/done.*
+    BENCH_REQUESTS=$file BENCH_THREADS=$THREADS BENCH_DONE=$WORK/done wrk -t"$THREADS" -c"$CONNS" \
+        -d300s --timeout 10s -s bench/notify.lua "http://127.0.0.1:$PORT" >"$WORK/wrk.out" &
+    local wrk_pid=$!
+    # wrk sleeps for -d whatever happens; every thread leaves a file when its share is answered.
+    while kill -0 "$wrk_pid" 2>/dev/null; do
+        if [ "$(find "$WORK" -maxdepth 1 -name 'done.*' | wc -l)" -ge "$THREADS" ]; then
+            kill -INT "$wrk_pid"
+            break
+        fi
+        sleep 0.05
+    done
+    wait "$wrk_pid" || true
+    line=$(grep '^RESULT' "$WORK/wrk.out")
+    after=$(cpu_ticks)
+    if [ -n "$perf_pid" ]; then
+        kill -INT "$perf_pid"
+        wait "$perf_pid" || true
+    fi
+    local answered ok errors duration p50 p99 p999 statuses
+    answered=$(sed 's/.*answered=\([0-9]*\).*/\1/' <<<"$line")
+    ok=$(sed 's/.* ok=\([0-9]*\).*/\1/' <<<"$line")
+    errors=$(sed 's/.*errors=\([0-9]*\).*/\1/' <<<"$line")
+    statuses=$(sed 's/.*statuses=\([^ ]*\).*/\1/' <<<"$line")
+    duration=$(sed 's/.*duration_us=\([0-9]*\).*/\1/' <<<"$line")
+    p50=$(sed 's/.*p50_us=\([0-9]*\).*/\1/' <<<"$line")
+    p99=$(sed 's/.*p99_us=\([0-9]*\).*/\1/' <<<"$line")
+    p999=$(sed 's/.*p999_us=\([0-9]*\).*/\1/' <<<"$line")
+    local verdict=ok
+    while [ $# -gt 0 ]; do
+        [ "$(check "$1" "$2")" = ok ] || verdict=FAILED
+        shift 2
+    done
+    local rate cpu
+    rate=$(awk -v a="$answered" -v d="$duration" 'BEGIN {printf "%.0f", a / (d / 1e6)}')
+    cpu=$(awk -v t=$((after - before)) -v hz="$CLK_TCK" -v a="$answered" 'BEGIN {printf "%.0f", t / hz / a * 1e6}')
+    local ms50 ms99 ms999
+    ms50=$(awk -v v="$p50" 'BEGIN {printf "%.1f", v / 1000}')
+    ms99=$(awk -v v="$p99" 'BEGIN {printf "%.1f", v / 1000}')
+    ms999=$(awk -v v="$p999" 'BEGIN {printf "%.1f", v / 1000}')
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$config" "$channel" "$name" \
+        "$answered" "$ok" "$errors" "$rate" "$ms50" "$ms99" "$ms999" "$cpu" "$(rss_mb)" "$verdict" >>"$RESULTS"
+    printf '  %-17s %-6s %-9s %6s answered, %s errors (%s), %6s/s, p50 %s ms, p99 %s ms, CPU %s µs/request, exactly-once %s\n' \
+        "$config" "$channel" "$name" "$answered" "$errors" "$statuses" "$rate" "$ms50" "$ms99" "$cpu" "$verdict"
+}
+
+PG_ROWS=$WORK/pgbench.tsv
+: >"$PG_ROWS"
+pgbench_run() { # label script transactions
+    local per_client=$(($3 / PGBENCH_CLIENTS)) tps
+    tps=$(pgbench -n -M prepared -c "$PGBENCH_CLIENTS" -j 2 -t "$per_client" -D "norders=$N" \
+        -f "$2" "$DBURL" 2>/dev/null | awk '/^tps = / {printf "%.0f", $3}')
+    printf '%s\t%s\n' "$1" "$tps" >>"$PG_ROWS"
+    echo "  pgbench $1: $tps tx/s"
+}
+
+pgbench_all() { # round
+    # Orders B1..B{3N}: B1..BN for the three statements, B{N+1}..B{2N} for the single
+    # statement; the duplicate script replays B1..BN.
+    sql "DELETE FROM pay_callback WHERE out_trade_no LIKE 'B%'; DELETE FROM local_message WHERE biz_key LIKE 'B%'; DELETE FROM orders WHERE order_no LIKE 'B%';
+         DROP SEQUENCE IF EXISTS bench_seq; CREATE SEQUENCE bench_seq START 1;" >/dev/null
+    seed_orders B $((2 * N)) 100 >/dev/null   # the amount the SQL scripts say
+    pgbench_run "three statements (5 round trips) #$1" benches/sql/ledger_first.sql "$N"
+    pgbench_run "one statement (CTE) #$1" benches/sql/ledger_first_cte.sql "$N"
+    sql "ALTER SEQUENCE bench_seq RESTART 1" >/dev/null
+    pgbench_run "duplicate (4 round trips) #$1" benches/sql/ledger_duplicate.sql "$N"
+    sql "DELETE FROM pay_callback WHERE out_trade_no LIKE 'B%'; DELETE FROM local_message WHERE biz_key LIKE 'B%';" >/dev/null
+}
+
+echo "machine: $MACHINE; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "$PGBENCH" = 1 ]; then
+    echo "pgbench, $PGBENCH_CLIENTS clients, $N transactions each"
+    pgbench_all 1
+fi
+
+configs="ledger gate"
+[ -n "$ONLY" ] && configs=$ONLY
+[ "$ONLY" = receipts ] && configs=
+for config in $configs; do
+    tag=$([ "$config" = gate ] && echo G || echo L)
+    echo "forging $config requests"
+    for channel in $CHANNELS; do
+        c=$([ "$channel" = wechat ] && echo W || echo A)
+        seed_orders "${tag}${c}F-" "$N" >/dev/null
+        seed_orders "${tag}${c}M-" $((N / 2 * 9 / 10)) >/dev/null
+        forge "$channel" "${tag}${c}F-" "$N" "$WORK/$config-$channel-first"
+        forge "$channel" "${tag}${c}M-" $((N / 2 * 9 / 10)) "$WORK/$config-$channel-fresh"
+        interleave "$WORK/$config-$channel-fresh" "$WORK/$config-$channel-first" "$WORK/$config-$channel-mix"
+    done
+    if [ "$config" = gate ]; then
+        start_service "$config" PAYNOTIFY__REDIS__URL="$REDIS_URL" PAYNOTIFY__REDIS__KEY_PREFIX="$REDIS_PREFIX"
+    else
+        start_service "$config"
+    fi
+    echo "$config: passes ($CONNS connections, $THREADS wrk threads)"
+    for channel in $CHANNELS; do
+        c=$([ "$channel" = wechat ] && echo W || echo A)
+        for p in $PASSES; do
+            case $p in
+                first | duplicate) pass "$config" "$channel" "$p" "$WORK/$config-$channel-first" "${tag}${c}F-" "$N" ;;
+                mix) pass "$config" "$channel" mix "$WORK/$config-$channel-mix" "${tag}${c}F-" "$N" \
+                    "${tag}${c}M-" $((N / 2 * 9 / 10)) ;;
+            esac
+        done
+    done
+    stop_service
+done
+
+if [ "$RECEIPT_ROUNDS" -gt 0 ]; then
+    echo "receipts.store rejected vs off: $RECEIPT_ROUNDS rounds each of $RECEIPT_N WeChat first deliveries"
+    order=()
+    for r in $(seq "$RECEIPT_ROUNDS"); do
+        # rejected, off, off, rejected, rejected, off, …: neither always goes first.
+        if [ $(((r - 1) % 2)) -eq 0 ]; then order+=(rejected off); else order+=(off rejected); fi
+    done
+    i=0
+    for mode in "${order[@]}"; do
+        i=$((i + 1))
+        # Forged right before its round: WeChat refuses timestamps over 5 minutes old.
+        seed_orders "R${i}F-" "$RECEIPT_N" >/dev/null
+        forge wechat "R${i}F-" "$RECEIPT_N" "$WORK/receipts-$i"
+        start_service "receipts-$mode" PAYNOTIFY__RECEIPTS__STORE="$mode"
+        pass "receipts-$mode" wechat first "$WORK/receipts-$i" "R${i}F-" "$RECEIPT_N"
+        stop_service
+    done
+fi
+
+if [ "$PGBENCH" = 1 ]; then
+    echo "pgbench again"
+    pgbench_all 2
+fi
+
+# The report.
+REPORT=$WORK/report.md
+python3 - "$RESULTS" "$PG_ROWS" "$REPORT" "$MACHINE" "$N" "$CONNS" "$PGBENCH_CLIENTS" "$(date -u '+%Y-%m-%d %H:%M UTC')" \
+    "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo +changes)" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'EOF'
+import sys, statistics
+results, pg_rows, report, machine, n, conns, clients, when, commit, load = sys.argv[1:]
+rows = [l.rstrip("\n").split("\t") for l in open(results) if l.strip()]
+pg = [l.rstrip("\n").split("\t") for l in open(pg_rows) if l.strip()]
+def mean_pg(prefix):
+    v = [float(t) for label, t in pg if label.startswith(prefix) and t]
+    return statistics.mean(v) if v else float("nan")
+three, cte, dup = mean_pg("three"), mean_pg("one"), mean_pg("duplicate")
+out = []
+w = out.append
+w(f"Run of {when}, commit {commit}: {machine}; N = {n} per pass, wrk {conns} connections; "
+  f"pgbench {clients} clients; load average at the end {load}.\n")
+w("| configuration | channel | pass | answered | errors | per s | p50 ms | p99 ms | p99.9 ms | service CPU µs/request | RSS MB | exactly-once |")
+w("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+for r in rows:
+    config, channel, name, answered, ok, errors, rate, p50, p99, p999, cpu, rss, check = r
+    w(f"| {config} | {channel} | {name} | {answered} | {errors} | {int(rate):,} | {p50} | {p99} | {p999} | {cpu} | {rss} | {check} |")
+w("")
+w("| pgbench (same server, same run) | tx/s |")
+w("|---|---:|")
+for label, tps in pg:
+    w(f"| {label} | {int(tps):,} |" if tps else f"| {label} | failed |")
+w("")
+def rate(config, channel, name):
+    v = [float(r[6]) for r in rows if r[0] == config and r[1] == channel and r[2] == name]
+    return statistics.mean(v) if v else float("nan")
+w("| ratio | value |")
+w("|---|---:|")
+for channel in ("wechat", "alipay"):
+    for config in ("ledger", "gate"):
+        f = rate(config, channel, "first")
+        if f == f:
+            w(f"| {channel}, {config}: first deliveries / pgbench three statements | {f / three:.2f} |")
+            w(f"| {channel}, {config}: first deliveries / pgbench one statement | {f / cte:.2f} |")
+    l, g = rate("ledger", channel, "first"), rate("gate", channel, "first")
+    if l == l and g == g:
+        w(f"| {channel}: gate on / gate off, first deliveries | {g / l:.2f} |")
+    d = rate("ledger", channel, "duplicate")
+    if d == d:
+        w(f"| {channel}, ledger: duplicates / pgbench duplicate | {d / dup:.2f} |")
+rej = [float(r[6]) for r in rows if r[0] == "receipts-rejected"]
+off = [float(r[6]) for r in rows if r[0] == "receipts-off"]
+if rej and off:
+    w(f"| receipts rejected / off, first deliveries (mean of {len(rej)} rounds each: "
+      f"{statistics.mean(rej):,.0f} / {statistics.mean(off):,.0f} per s) | {statistics.mean(rej) / statistics.mean(off):.3f} |")
+open(report, "w").write("\n".join(out) + "\n")
+EOF
+echo
+cat "$REPORT"
+
+if [ "$WRITE_DOCS" = 1 ]; then
+    mkdir -p docs/bench
+    if command -v gnuplot >/dev/null; then
+        awk -F'\t' '$1 == "ledger" || $1 == "gate" {print $1 "/" $2 "/" $3 "\t" $8 "\t" $9 "\t" $10}' "$RESULTS" >"$WORK/latency.dat"
+        gnuplot <<EOF
+set terminal pngcairo size 1000,500 noenhanced
+set output "docs/bench/latency.png"
+set title "paynotify latency by pass ($CONNS connections, N = $N)"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set logscale y
+set ylabel "ms"
+set xtics rotate by -30
+set key top left
+plot "$WORK/latency.dat" using 2:xtic(1) title "p50", '' using 3 title "p99", '' using 4 title "p99.9"
+EOF
+    fi
+    python3 - "$REPORT" docs/benchmarks.md <<'EOF'
+import sys
+report, doc = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+begin, end = "<!-- bench/run.sh: begin -->", "<!-- bench/run.sh: end -->"
+block = f"{begin}\n{report}\n![latency by pass](bench/latency.png)\n{end}"
+if begin in doc and end in doc:
+    doc = doc[:doc.index(begin)] + block + doc[doc.index(end) + len(end):]
+else:
+    doc = doc.rstrip("\n") + "\n\n## Latest `bench/run.sh` run\n\n" + block + "\n"
+open(sys.argv[2], "w").write(doc)
+EOF
+    echo "written: docs/benchmarks.md (between the bench/run.sh markers), docs/bench/latency.png"
+fi
