@@ -95,6 +95,8 @@ impl StoreError {
                     // InnoDB's lock waits carry no kind of their own.
                     let message = info.message();
                     message.contains("statement timeout")
+                        // PostgreSQL: a deadlock victim (40P01); the provider's retry succeeds.
+                        || message.contains("deadlock detected")
                         || message.contains("database is locked")
                         || message.contains("database is busy")
                         // MySQL/MariaDB: a row lock not granted in time, or a deadlock victim.
