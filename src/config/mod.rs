@@ -892,7 +892,9 @@ mod tests {
     /// just `PAYNOTIFY__`) was reported as ``config key ``: unknown field `` `` ``.
     #[test]
     fn an_empty_key_is_reported_at_its_parent() {
-        let cases: [(&str, &[(&str, &str)], &str, &str); 4] = [
+        // The file, the variables, the key named, words of the message.
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str);
+        let cases: [Case; 4] = [
             ("", &[("PAYNOTIFY__", "")], ".", "PAYNOTIFY__"),
             ("\"\" = 1\n", &[], ".", "unknown field ``"),
             ("[server]\n\"\" = 1\n", &[], "server", "unknown field ``"),
