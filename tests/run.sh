@@ -3,7 +3,8 @@
 # RabbitMQ; when they are installed but down), then runs every test. The Redis Cluster tests
 # start their own redis-server nodes and need redis-cli. A service that is missing is a loud failure, never a skip.
 # Then the fast fault suite (scripts/chaos/run-all.sh --fast), which also needs initdb/pg_ctl,
-# sqlite3 and python3.
+# mariadb-install-db/mariadbd, sqlite3, python3 and the nightly toolchain (its fuzz smoke
+# installs cargo-fuzz from crates.io when it is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -91,8 +92,9 @@ echo "tests/run.sh: PostgreSQL for tests at ${PG_URL%%@*}@…"
 cargo test --locked "$@"
 
 # The fast part of the fault suite (docs/reliability.md): two instances on one database,
-# database faults, an SQLite storm, on a PostgreSQL cluster, Redis and service processes of its
-# own (never the services above). Only for a whole run: a test filter skips it.
+# database faults on PostgreSQL and on MariaDB, an SQLite storm, on database servers, Redis and
+# service processes of its own (never the services above), and 15 s of each fuzz target. Only
+# for a whole run: a test filter skips it.
 if [ $# -eq 0 ]; then
   cargo build --locked --bin paynotify
   target_dir="${CARGO_TARGET_DIR:-target}"

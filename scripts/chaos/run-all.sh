@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Runs every fault scenario (or the fast subset with --fast) and ends with "N passed, M failed".
 #   scripts/chaos/run-all.sh            every scenario at full size (the soak alone takes 10 min)
-#   scripts/chaos/run-all.sh --fast     two-instances, db-faults and sqlite-storm, a few dozen orders
+#   scripts/chaos/run-all.sh --fast     two-instances, db-faults, mariadb-faults and sqlite-storm
+#                                       with a few dozen orders, and 15 s of each fuzz target
 #   scripts/chaos/run-all.sh NAME...    only these scenarios (file names without .sh)
-# Each scenario starts its own PostgreSQL, Redis and paynotify processes on free ports under a
+# Each scenario starts its own PostgreSQL, MariaDB, Redis and paynotify processes on free ports under a
 # temporary directory and stops them at the end; the shared services are never touched.
 # PAYNOTIFY_BIN names the binary (default: target/debug/paynotify; build it first).
 set -uo pipefail
 cd "$(dirname "$0")"
 
-ALL=(two-instances db-faults redis-faults process-death sqlite-storm hostile-input soak)
-FAST=(two-instances db-faults sqlite-storm)
+ALL=(two-instances db-faults mariadb-faults redis-faults process-death relay-lease sqlite-storm
+  hostile-input fuzz soak)
+FAST=(two-instances db-faults mariadb-faults sqlite-storm fuzz)
 if [ "${1:-}" = --fast ]; then
   shift
   export CHAOS_ORDERS=${CHAOS_ORDERS:-30} CHAOS_FAST=1

@@ -335,6 +335,63 @@ fn bad_json(what: &str) -> impl Fn(serde_json::Error) -> Rejection + '_ {
     move |e| Rejection::BadRequest(format!("{what}: {e}"))
 }
 
+/// A signed body opened: the envelope read and `resource` decrypted with `merchant`'s APIv3
+/// key. Only ever called on a body whose signature verified.
+fn open(merchant: &Arc<Merchant>, body: &[u8]) -> Result<Verified, Rejection> {
+    let envelope: Envelope = serde_json::from_slice(body).map_err(bad_json("envelope"))?;
+    if envelope
+        .resource_type
+        .as_deref()
+        .is_some_and(|t| t != "encrypt-resource")
+    {
+        return Err(Rejection::BadRequest(
+            "resource_type is not encrypt-resource".into(),
+        ));
+    }
+    let r = envelope.resource;
+    if r.algorithm != "AEAD_AES_256_GCM" {
+        return Err(Rejection::BadRequest(format!(
+            "unsupported algorithm {}",
+            r.algorithm
+        )));
+    }
+    let nonce = Nonce::try_assume_unique_for_key(r.nonce.as_bytes())
+        .map_err(|_| Rejection::BadRequest("resource.nonce is not 12 bytes".into()))?;
+    let mut sealed = BASE64
+        .decode(&r.ciphertext)
+        .map_err(|_| Rejection::BadRequest("resource.ciphertext is not base64".into()))?;
+    let plaintext = merchant
+        .apiv3_key
+        .open_in_place(nonce, Aad::from(r.associated_data.as_bytes()), &mut sealed)
+        .map_err(|_| {
+            Rejection::Undecryptable(format!(
+                "resource does not decrypt with the apiv3_key of merchant {}",
+                merchant.mchid
+            ))
+        })?
+        .to_vec();
+    Ok(Verified {
+        merchant: Arc::clone(merchant),
+        event_type: envelope.event_type,
+        plaintext,
+    })
+}
+
+#[cfg(feature = "fuzzing")]
+impl WechatPay {
+    /// Fuzzing only (the `fuzzing` feature, never in the service): [`Channel::admit`]'s
+    /// steps after the signature check, for a body as if signed with the key `serial`.
+    pub fn admit_signed_body(&self, serial: &str, body: &[u8]) -> Result<Notice, Rejection> {
+        let platform = self
+            .keys
+            .get(&serial.to_ascii_uppercase())
+            .ok_or_else(|| Rejection::BadSignature(format!("unknown Wechatpay-Serial {serial}")))?;
+        open(&platform.merchant, body)
+            .and_then(|v| self.decode(v))
+            .and_then(|n| n.check_lengths().map_err(Rejection::BadRequest).map(|()| n))
+    }
+}
+
 impl Channel for WechatPay {
     type Verified = Verified;
 
@@ -384,47 +441,8 @@ impl Channel for WechatPay {
         if !platform.key.verify(&message, &signature) {
             return Err(Rejection::BadSignature("signature does not verify".into()));
         }
-
         // Verified: from here on the body is WeChat's.
-        let envelope: Envelope =
-            serde_json::from_slice(request.body).map_err(bad_json("envelope"))?;
-        if envelope
-            .resource_type
-            .as_deref()
-            .is_some_and(|t| t != "encrypt-resource")
-        {
-            return Err(Rejection::BadRequest(
-                "resource_type is not encrypt-resource".into(),
-            ));
-        }
-        let r = envelope.resource;
-        if r.algorithm != "AEAD_AES_256_GCM" {
-            return Err(Rejection::BadRequest(format!(
-                "unsupported algorithm {}",
-                r.algorithm
-            )));
-        }
-        let nonce = Nonce::try_assume_unique_for_key(r.nonce.as_bytes())
-            .map_err(|_| Rejection::BadRequest("resource.nonce is not 12 bytes".into()))?;
-        let mut sealed = BASE64
-            .decode(&r.ciphertext)
-            .map_err(|_| Rejection::BadRequest("resource.ciphertext is not base64".into()))?;
-        let merchant = Arc::clone(&platform.merchant);
-        let plaintext = merchant
-            .apiv3_key
-            .open_in_place(nonce, Aad::from(r.associated_data.as_bytes()), &mut sealed)
-            .map_err(|_| {
-                Rejection::Undecryptable(format!(
-                    "resource does not decrypt with the apiv3_key of merchant {}",
-                    merchant.mchid
-                ))
-            })?
-            .to_vec();
-        Ok(Verified {
-            merchant,
-            event_type: envelope.event_type,
-            plaintext,
-        })
+        open(&platform.merchant, request.body)
     }
 
     fn decode(&self, v: Verified) -> Result<Notice, Rejection> {

@@ -339,7 +339,7 @@ impl Settings {
             .map_err(|e| file_error(e.to_string()))?;
         let settings: Settings = serde_path_to_error::deserialize(merged)
             .map_err(|e| {
-                let key = e.path().to_string();
+                let key = error_key(e.path());
                 invalid(key, e.into_inner().to_string())
             })
             .map_err(|e| name_env_source(e, &from_env))?;
@@ -491,6 +491,28 @@ impl Settings {
         }
         Ok(())
     }
+}
+
+/// The key a deserialisation error is about: serde's path (`wechat.merchants[0].mchid`),
+/// without the empty last segment an empty field name leaves (`"" = 1`, a variable named
+/// just `PAYNOTIFY__`): the field is reported at its parent, `.` for the top.
+fn error_key(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut segments: Vec<&Segment> = path.iter().collect();
+    if matches!(segments.last(), Some(Segment::Map { key }) if key.is_empty()) {
+        segments.pop();
+    }
+    if segments.is_empty() {
+        return ".".to_owned();
+    }
+    let mut key = String::new();
+    for (i, segment) in segments.into_iter().enumerate() {
+        if i > 0 && !matches!(segment, Segment::Seq { .. }) {
+            key.push('.');
+        }
+        key.push_str(&segment.to_string());
+    }
+    key
 }
 
 /// The configuration key an environment variable `PAYNOTIFY__SECTION__KEY` sets
@@ -949,6 +971,37 @@ mod tests {
     fn an_unknown_environment_key_is_named() {
         let err = load("", &[("PAYNOTIFY__DATABASE__POOLSIZE", "9")]).unwrap_err();
         assert!(err.to_string().contains("poolsize"), "{err}");
+    }
+
+    /// Found by the `config` fuzz target: an empty field name (`"" = 1`, or a variable named
+    /// just `PAYNOTIFY__`) was reported as ``config key ``: unknown field `` `` ``.
+    #[test]
+    fn an_empty_key_is_reported_at_its_parent() {
+        // The file, the variables, the key named, words of the message.
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str);
+        let cases: [Case; 4] = [
+            ("", &[("PAYNOTIFY__", "")], ".", "PAYNOTIFY__"),
+            ("\"\" = 1\n", &[], ".", "unknown field ``"),
+            ("[server]\n\"\" = 1\n", &[], "server", "unknown field ``"),
+            (
+                "",
+                &[("PAYNOTIFY__SERVER__", "x")],
+                "server.",
+                "PAYNOTIFY__SERVER__",
+            ),
+        ];
+        for (file, env, want_key, want_message) in cases {
+            match load(file, env) {
+                Err(ConfigError::Invalid { key, message }) => {
+                    assert_eq!(key, want_key, "{file:?} {env:?}: {message}");
+                    assert!(
+                        message.contains(want_message),
+                        "{file:?} {env:?}: {message}"
+                    );
+                }
+                other => panic!("{file:?} {env:?}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -102,11 +102,22 @@ impl StoreError {
                         // MySQL/MariaDB: a row lock not granted in time, or a deadlock victim.
                         || message.contains("Lock wait timeout exceeded")
                         || message.contains("Deadlock found")
+                        || is_mysql_connection_lost(message)
                 }
             }
             _ => false,
         }
     }
+}
+
+/// The MySQL driver reports a lost connection as a database error of no particular kind:
+/// a socket error (`Input/output error: …`), a connection it knows is gone, or the server
+/// going away (shutting down, or this connection killed).
+fn is_mysql_connection_lost(message: &str) -> bool {
+    message.starts_with("Input/output error")
+        || message.contains("Connection to the server is closed")
+        || message.contains("Server shutdown in progress")
+        || message.contains("Connection was killed")
 }
 
 pub(crate) enum Pools {
@@ -340,7 +351,11 @@ impl Store {
             }
             DatabaseUrl::Mysql(my_url) => {
                 let mut config = ManagerConfig::<AsyncMysqlConnection>::default();
-                config.recycling_method = RecyclingMethod::Fast;
+                // Unlike PostgreSQL's, a MySQL connection never reports itself broken
+                // (diesel-async has no `is_broken` for it): with `Fast`, connections to a
+                // server that restarted stay pooled and fail every statement until the
+                // service restarts. `Verified` pings each one on checkout and drops the dead.
+                config.recycling_method = RecyclingMethod::Verified;
                 let lock_wait_secs = statement_timeout_ms.div_ceil(1000).max(1);
                 let my_runtime = runtime.clone();
                 config.custom_setup = Box::new(move |url| {
@@ -507,7 +522,37 @@ fn mysql_version_supported(version: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{PgTarget, mysql_version_supported};
+    use super::{PgTarget, StoreError, mysql_version_supported};
+
+    fn mysql_error(message: &str) -> StoreError {
+        StoreError::Query(diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::Unknown,
+            Box::new(message.to_owned()),
+        ))
+    }
+
+    /// What the MySQL driver said while a MariaDB of its own restarted, crashed and had the
+    /// service's connections killed (scripts/chaos/mariadb-faults.sh): the database is away,
+    /// a 503, never a 500.
+    #[test]
+    fn a_lost_mysql_connection_is_unavailable_not_an_error() {
+        for message in [
+            "Input/output error: Input/output error: Broken pipe (os error 32)",
+            "Input/output error: Input/output error: Connection reset by peer (os error 104)",
+            "Input/output error: Input/output error: Driver error: `Connection to the server is closed.'",
+            "Server shutdown in progress",
+            "Connection was killed",
+        ] {
+            assert!(mysql_error(message).is_unavailable(), "{message}");
+        }
+        for message in [
+            "Table 'paynotify.nope' doesn't exist",
+            "You have an error in your SQL syntax",
+            "Duplicate entry 'x' for key 'PRIMARY'",
+        ] {
+            assert!(!mysql_error(message).is_unavailable(), "{message}");
+        }
+    }
 
     #[test]
     fn a_postgres_target_names_host_port_database_and_user_but_never_the_password() {
