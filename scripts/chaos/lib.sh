@@ -464,3 +464,42 @@ check_logs_clean() {
   hits=$(grep -hE 'panicked|PANIC' "$@" | head -n 3)
   [ -z "$hits" ] || fail "panic in the service log: $hits"
 }
+
+# The end of a database-faults scenario (PostgreSQL or MariaDB), once its faults are injected
+# and the load $LOAD is running: the rest of the load, every order once more as a duplicate,
+# then the checks (only 2xx/503, /readyz 503 while down, ledger, events, logs, RSS, SIGTERM).
+# Needs WORKERS, ORDERS, U, LOAD, READY_DOWN and RSS0; $1 is the scenario's order-number prefix.
+database_faults_end() {
+  local prefix=$1
+  DUP_PREFIX=$prefix
+  set_phase after
+  wait "$LOAD" || fail "some deliveries were never answered 2xx"
+  log "load done; every order once more (duplicates)"
+  set_phase duplicates
+  dup_worker() {
+    local w=$1 i no
+    for i in $(seq $((w + 1)) "$WORKERS" "$ORDERS"); do
+      no=$(order_no "$DUP_PREFIX" "$i")
+      forge "$no" "$no-dup"
+      deliver "$no-dup" "$U"
+    done
+  }
+  run_workers "$WORKERS" dup_worker
+
+  for c in "${READY_DOWN[@]}"; do
+    [ "$c" = 503 ] || fail "/readyz answered $c while the database was stopped (${READY_DOWN[*]})"
+  done
+  bad=$(codes_outside '^(2..|503)$')
+  [ -z "$bad" ] || fail "answers other than 2xx/503: $bad"
+  wait_drained 60
+  check_ledger "$prefix" "$ORDERS"
+  check_log_events "$prefix" "$ORDERS" "$T/pn-a.log"
+  check_logs_clean "$T/pn-a.log"
+  pn_alive a || fail "the service died"
+  RSS1=$(pn_rss_kb a)
+  n500=$(awk '$1 == 500' "$T/codes" | wc -l)
+  log "answers: $(codes_summary) | by phase, non-2xx: $(awk '$1 !~ /^2/ {n[$1" "$2]++} END {for (k in n) printf "%s×%d, ", k, n[k]}' "$T/codes")"
+  log "/readyz while stopped: ${READY_DOWN[*]}; RSS ${RSS0} kB → ${RSS1} kB; 500s: $n500"
+  pn_term a || fail "no exit within 20 s of SIGTERM"
+  chaos_end
+}
