@@ -5,8 +5,12 @@
 -- GET /healthz until its thread stops (at most one per connection; not counted below).
 -- Throughput is counted from the first request to the last answer, whichever thread.
 --
+-- With $BENCH_RATE (requests per second, all threads together) requests are sent on a
+-- schedule at that rate instead of as fast as answers come back (the soak uses it).
+--
 -- Prints one line for run.sh:
 --   RESULT answered=… ok=… errors=… statuses=… duration_us=… p50_us=… p99_us=… p999_us=…
+-- statuses counts the answers other than 200/204 by status, e.g. 401x12,404x3 (- for none).
 
 local ffi = require("ffi")
 ffi.cdef [[
@@ -57,7 +61,26 @@ function init(args)
    answered = 0
    ok = 0
    errors = 0
+   counts = {}
    statuses = ""
+   local rate = tonumber(os.getenv("BENCH_RATE") or "")
+   if rate then
+      interval_us = nthreads * 1000000 / rate
+   end
+   next_us = 0
+end
+
+if os.getenv("BENCH_RATE") then
+   -- Each thread sends its share on a fixed schedule: the request waits for its slot.
+   function delay()
+      local now = now_us()
+      if next_us < now then
+         next_us = now
+      end
+      local wait_ms = math.floor((next_us - now) / 1000)
+      next_us = next_us + interval_us
+      return wait_ms
+   end
 end
 
 function request()
@@ -82,9 +105,12 @@ function response(status, headers, body)
       ok = ok + 1
    else
       errors = errors + 1
-      if #statuses < 200 then
-         statuses = statuses .. status .. " "
+      counts[status] = (counts[status] or 0) + 1
+      local parts = {}
+      for code, n in pairs(counts) do
+         parts[#parts + 1] = code .. "x" .. n
       end
+      statuses = table.concat(parts, " ") .. " "
    end
    if answered >= expected then
       last_us = now_us()

@@ -11,6 +11,7 @@
 #   CHAOS_KEEP=1       keep the temporary directory (logs, databases) after the run
 #   CHAOS_TRIES        attempts per delivery before the sender gives up (default 80)
 #   CHAOS_RETRY_DELAY  seconds between attempts (default 0.25)
+#   CHAOS_DB           postgres (default) or mariadb, for the scenarios that call db_start
 
 set -uo pipefail
 
@@ -46,6 +47,7 @@ die() {
 # chaos_begin NAME: the temporary directory $T and the EXIT trap.
 chaos_begin() {
   SCENARIO=$1
+  [ "${CHAOS_DB:-postgres}" = postgres ] || SCENARIO=$1@$CHAOS_DB
   [ -x "$PAYNOTIFY_BIN" ] || {
     echo "$SCENARIO: no paynotify binary at $PAYNOTIFY_BIN (cargo build, or set PAYNOTIFY_BIN)" >&2
     exit 2
@@ -208,6 +210,16 @@ my_stop() {
 }
 my_gone() { ! kill -0 "$MY_PID" 2>/dev/null; }
 my_kill9() { kill -KILL "$MY_PID" 2>/dev/null; wait "$MY_PID" 2>/dev/null; ! kill -0 "$MY_PID" 2>/dev/null; }
+
+# db_start: the scenario's database, PostgreSQL unless CHAOS_DB=mariadb (run-all.sh sets it
+# for NAME@mariadb).
+db_start() {
+  case ${CHAOS_DB:-postgres} in
+  postgres) pg_start ;;
+  mariadb) my_start ;;
+  *) die "CHAOS_DB must be postgres or mariadb, not $CHAOS_DB" ;;
+  esac
+}
 
 # --- Redis of our own -------------------------------------------------------------------
 

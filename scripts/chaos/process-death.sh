@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Process death: kill -9 of the service three times mid-load, restarted each time, with the
+# Process death (PostgreSQL, or MariaDB with CHAOS_DB=mariadb): kill -9 of the service three
+# times mid-load, restarted each time, with the
 # relay publishing into a Redis stream (a redis-server of our own) every relay.interval_ms,
 # once with 200 and once with 1000. Rows a killed relay had claimed wait for their 60 s lease.
 # Checks: only 2xx, 503 and 000 (no answer while it is dead) seen; every order paid exactly
@@ -12,7 +13,7 @@ WORKERS=${CHAOS_WORKERS:-4}
 WINDOW=${CHAOS_WINDOW:-20}
 PACE=$(awk -v w="$WINDOW" -v n="$ORDERS" -v k="$WORKERS" 'BEGIN {printf "%.3f", w * k / n}')
 
-pg_start
+db_start
 sandbox_init
 capture_start
 REDIS_PORT=""

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Redis faults with the gate on (two instances, one PostgreSQL of our own, one redis-server of
+# Redis faults with the gate on (two instances, one PostgreSQL — or MariaDB — of our own, one redis-server of
 # our own that is both the gate and the relay's stream): kill -9 and restart, FLUSHALL,
 # DEBUG SLEEP 3, SIGSTOP for 3 s then SIGCONT, mid-load. Every order gets four deliveries (two
 # signings; identical bytes at once to both instances, then re-signed, then the first again).
@@ -14,7 +14,7 @@ WORKERS=${CHAOS_WORKERS:-4}
 WINDOW=${CHAOS_WINDOW:-30}
 PACE=$(awk -v w="$WINDOW" -v n="$ORDERS" -v k="$WORKERS" 'BEGIN {printf "%.3f", w * k / n}')
 
-pg_start
+db_start
 sandbox_init
 capture_start
 REDIS_PORT=""

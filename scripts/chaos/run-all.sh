@@ -3,15 +3,16 @@
 #   scripts/chaos/run-all.sh            every scenario at full size (the soak alone takes 10 min)
 #   scripts/chaos/run-all.sh --fast     two-instances, db-faults, mariadb-faults and sqlite-storm
 #                                       with a few dozen orders, and 15 s of each fuzz target
-#   scripts/chaos/run-all.sh NAME...    only these scenarios (file names without .sh)
+#   scripts/chaos/run-all.sh NAME...    only these scenarios (file names without .sh; NAME@mariadb
+#                                       runs a scenario that calls db_start on MariaDB)
 # Each scenario starts its own PostgreSQL, MariaDB, Redis and paynotify processes on free ports under a
 # temporary directory and stops them at the end; the shared services are never touched.
 # PAYNOTIFY_BIN names the binary (default: target/debug/paynotify; build it first).
 set -uo pipefail
 cd "$(dirname "$0")"
 
-ALL=(two-instances db-faults mariadb-faults redis-faults process-death relay-lease sqlite-storm
-  hostile-input fuzz soak)
+ALL=(two-instances two-instances@mariadb db-faults mariadb-faults redis-faults redis-faults@mariadb
+  process-death process-death@mariadb relay-lease sqlite-storm hostile-input fuzz soak)
 FAST=(two-instances db-faults mariadb-faults sqlite-storm fuzz)
 if [ "${1:-}" = --fast ]; then
   shift
@@ -27,7 +28,9 @@ passed=0
 failed=0
 failures=()
 for name in "${names[@]}"; do
-  script=./$name.sh
+  script=./${name%@*}.sh
+  db=postgres
+  [ "$name" = "${name%@*}" ] || db=${name#*@}
   if [ ! -f "$script" ]; then
     echo "run-all: no scenario $name" >&2
     failed=$((failed + 1))
@@ -37,7 +40,7 @@ for name in "${names[@]}"; do
   echo "=== $name" >&2
   started=$SECONDS
   # A bound on each scenario, whatever happens inside it.
-  if timeout -k 10 "${CHAOS_SCENARIO_TIMEOUT:-1200}" bash "$script"; then
+  if CHAOS_DB=$db timeout -k 10 "${CHAOS_SCENARIO_TIMEOUT:-1200}" bash "$script"; then
     passed=$((passed + 1))
     echo "=== $name: passed in $((SECONDS - started)) s" >&2
   else

@@ -1,22 +1,40 @@
 #!/usr/bin/env bash
-# Soak: CHAOS_SOAK_SECS (default 600) of steady mixed traffic at one instance (own PostgreSQL,
-# Redis gate and stream sink, relay every 200 ms): new orders paid by WeChat Pay or Alipay,
-# each delivered twice (identical bytes), every 10th order also a forged signature (401) and
-# a notification for an order that does not exist (404).
-# Reports and checks: RSS and open file descriptors after a one-minute warm-up and at the end
-# (the end under 1.5× the warm-up plus 32 MB), p99 of the notify answers in the first and the
-# last minute, no ERROR or panic line in the log, every order paid exactly once, every event
-# in the stream.
-#   CHAOS_SOAK_SECS (default 600), CHAOS_WORKERS (default 4).
+# Soak: the peak of one instance measured first, then CHAOS_SOAK_SECS (default 600) of steady
+# mixed traffic at half of it (own PostgreSQL, Redis gate, stream sink, relay every 200 ms).
+#
+# The traffic comes in segments of CHAOS_SOAK_SEGMENT seconds (default 60), each a file of
+# pre-forged requests that wrk replays on a fixed schedule (bench/notify.lua, BENCH_RATE),
+# composed by soak_mix.py:
+#   first deliveries of new orders (WeChat Pay and Alipay, half each): 10 % of the segment, at
+#       most CHAOS_SOAK_FIRSTS (default 2000; RSA signing is what the forger can afford beside
+#       the service: the next segment is forged while the current one runs)
+#   5 %  copies of earlier notifications with one signature character changed (401)
+#   5 %  signed notifications for orders that do not exist, 100 of them again and again (404)
+#   the rest: the previous segment's first deliveries again, byte for byte (duplicates; the
+#       gate answers most of them)
+# The peak is the same mix sent as fast as answers come back: a warm-up of CHAOS_SOAK_FIRSTS
+# first deliveries, then 10 × CHAOS_SOAK_FIRSTS requests of the mix.
+#
+# Checks: every answer is the expected one (2xx, 401 or 404, counted per segment; nothing
+# else), RSS and open file descriptors of the last segment against the first (under 1.5× plus
+# 32 MB; at most 20 more fds), p99 of the last segment at most 3× that of the first plus
+# 20 ms, every segment done within 1.5× its length, no ERROR or panic line in the log, every
+# order paid exactly once (one callback row, one ORDER_PAID), every event in the stream, and
+# SIGTERM still prompt. Reports them all.
+#   CHAOS_SOAK_SECS (600), CHAOS_SOAK_SEGMENT (60), CHAOS_SOAK_CONNS (32), CHAOS_SOAK_FIRSTS (2000)
 source "$(dirname "$0")/lib.sh"
 chaos_begin soak
 SECS=${CHAOS_SOAK_SECS:-600}
-WORKERS=${CHAOS_WORKERS:-4}
-MAX_PER_WORKER=${CHAOS_SOAK_MAX:-100000}
+SEG=${CHAOS_SOAK_SEGMENT:-60}
+CONNS=${CHAOS_SOAK_CONNS:-32}
+FIRSTS=${CHAOS_SOAK_FIRSTS:-2000}
+SEGMENTS=$(((SECS + SEG - 1) / SEG))
+AMOUNT=19900
+THREADS=2
+command -v wrk >/dev/null || die "wrk is needed (Debian: apt-get install wrk)"
 
 pg_start
 sandbox_init
-capture_start
 REDIS_PORT=""
 redis_start
 RP=$REDIS_PORT
@@ -25,87 +43,134 @@ PN_ENV=(PAYNOTIFY__DATABASE__AUTO_MIGRATE=false PAYNOTIFY__REDIS__URL="redis://1
 pn_migrate
 pn_start s "$(free_port)"
 U=$(pn_url s)
-START=$SECONDS
-END=$((START + SECS))
 
-timed_post() { # NAME -> appends "ELAPSED_S CODE LATENCY_S" to $T/lat
-  local r
-  r=$(curl -s -o /dev/null -w '%{http_code} %{time_total}' --max-time 15 -XPOST -H "@$T/cap/$1.hdr" \
-    --data-binary "@$T/cap/$1.body" "$U$(cat "$T/cap/$1.path")")
-  echo "$((SECONDS - START)) $r" >>"$T/lat"
+seed() { # PREFIX COUNT: waiting orders PREFIX1 … PREFIXCOUNT
+  sql "INSERT INTO orders (order_no, status, amount_fen, refunded_fen, currency, subject, created_at, expire_at)
+       SELECT '$1' || g, 'WAIT_PAY', $AMOUNT, 0, 'CNY', 'soak', now(), now() + interval '1 day'
+       FROM generate_series(1, $2) g" >/dev/null || die "seeding $1 failed"
+}
+forge_to() { # KIND PREFIX COUNT FILE
+  (cd "$T/sbx" && "$PAYNOTIFY_BIN" forge "$1" --prefix "$2" --count "$3" --amount-fen $AMOUNT \
+    --out "$4" --config paynotify.toml >/dev/null 2>>"$T/forge.err") || die "forge $2 failed: $(tail -n 2 "$T/forge.err")"
 }
 
-worker() {
-  local w=$1 n=0 i no
-  while [ "$SECONDS" -lt "$END" ] && [ "$n" -lt "$MAX_PER_WORKER" ]; do
-    n=$((n + 1))
-    i=$((n * WORKERS + w))
-    no=$(order_no P "$i")
-    echo "$no" >>"$T/orders"
-    create_orders_one "$no"
-    forge "$no" "$no"
-    deliver "$no" "$U"
-    timed_post "$no"
-    if [ $((n % 10)) = 0 ]; then
-      (cd "$T/sbx" && "$PAYNOTIFY_BIN" replay "$(kind_of "$no")" --config paynotify.toml \
-        --order-no "$no" --amount-fen "$(amount_of "$no")" --bad-signature --target "$U" \
-        >/dev/null 2>&1) || echo "bad-signature $no" >>"$T/unexpected"
-      forge "X-$no" "X-$no"
-      code=$(post "X-$no" "$U")
-      [ "$code" = 404 ] || echo "unknown order answered $code" >>"$T/unexpected"
+# segment NAME TOTAL FIRSTS_ONLY [PREVIOUS]: forges and composes $T/seg-NAME.req (TOTAL
+# requests) and $T/seg-NAME.want (see soak_mix.py); repeats come from segment PREVIOUS.
+segment() {
+  local name=$1 total=$2 only=$3 prev=${4:-} firsts half
+  firsts=$((total / 10))
+  [ "$firsts" -le "$FIRSTS" ] || firsts=$FIRSTS
+  [ "$only" = 1 ] && firsts=$total
+  half=$((firsts / 2))
+  seed "$name-W" "$half"
+  seed "$name-A" "$((firsts - half))"
+  forge_to wechat "$name-W" "$half" "$T/$name.fw"
+  forge_to alipay "$name-A" "$((firsts - half))" "$T/$name.fa"
+  if [ "$only" = 0 ]; then
+    forge_to wechat "$name-UW" 50 "$T/$name.uw"
+    forge_to alipay "$name-UA" 50 "$T/$name.ua"
+  fi
+  python3 "$CHAOS_DIR/soak_mix.py" "$T" "$name" "$total" "$only" $prev 2>>"$T/forge.err" ||
+    die "composing segment $name failed: $(tail -n 2 "$T/forge.err")"
+  rm -f "$T/$name".f? "$T/$name".u?
+}
+
+# replay NAME [RATE]: wrk over segment NAME (at RATE per second, else as fast as it answers);
+# checks the answers against the want file and writes "answered ok statuses duration_us
+# p99_us" to $T/result.
+replay() {
+  local name=$1 rate=${2:-} wrk_pid line
+  rm -f "$T"/done.*
+  env BENCH_REQUESTS="$T/seg-$name.req" BENCH_THREADS=$THREADS BENCH_DONE="$T/done" ${rate:+BENCH_RATE=$rate} \
+    wrk -t$THREADS -c"$CONNS" -d$((SEG * 3))s --timeout 10s -s "$REPO_DIR/bench/notify.lua" "$U" >"$T/wrk-$name.out" 2>&1 &
+  wrk_pid=$!
+  while kill -0 "$wrk_pid" 2>/dev/null; do
+    if [ "$(find "$T" -maxdepth 1 -name 'done.*' | wc -l)" -ge $THREADS ]; then
+      kill -INT "$wrk_pid"
+      break
     fi
+    sleep 0.1
   done
-}
-create_orders_one() {
-  local code
-  code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 -XPOST "$U/orders" \
-    -H "Authorization: Bearer $TOKEN" -H "Idempotency-Key: ck-$1" -H 'content-type: application/json' \
-    -d "{\"order_no\":\"$1\",\"amount_fen\":$(amount_of "$1"),\"currency\":\"CNY\",\"subject\":\"soak\"}")
-  [ "$code" = 201 ] || echo "create $1 answered $code" >>"$T/unexpected"
+  wait "$wrk_pid"
+  line=$(grep '^RESULT' "$T/wrk-$name.out") || die "wrk gave no result for $name: $(tail -n 3 "$T/wrk-$name.out")"
+  local answered ok statuses duration p99 n401 n404 other firsts dups bad unknown
+  answered=$(sed 's/.*answered=\([0-9]*\).*/\1/' <<<"$line")
+  ok=$(sed 's/.* ok=\([0-9]*\).*/\1/' <<<"$line")
+  statuses=$(sed 's/.*statuses=\([^ ]*\).*/\1/' <<<"$line")
+  duration=$(sed 's/.*duration_us=\([0-9]*\).*/\1/' <<<"$line")
+  p99=$(sed 's/.*p99_us=\([0-9]*\).*/\1/' <<<"$line")
+  read -r firsts dups bad unknown <"$T/seg-$name.want"
+  sum_code() { tr ',' '\n' <<<"$statuses" | awk -F x -v c="$1" '$1 == c {n += $2} END {print n + 0}'; }
+  n401=$(sum_code 401)
+  n404=$(sum_code 404)
+  other=$(tr ',' '\n' <<<"$statuses" | awk -F x '$1 != "" && $1 != "-" && $1 != 401 && $1 != 404 {n += $2} END {print n + 0}')
+  [ "$ok" = $((firsts + dups)) ] || fail "segment $name: $ok answered 2xx, expected $((firsts + dups)) ($statuses)"
+  [ "$n401" = "$bad" ] || fail "segment $name: $n401 answered 401, expected $bad"
+  [ "$n404" = "$unknown" ] || fail "segment $name: $n404 answered 404, expected $unknown"
+  [ "$other" = 0 ] || fail "segment $name: $other other answers ($statuses)"
+  echo "$answered $ok $statuses $duration $p99" >"$T/result"
 }
 
-run_workers "$WORKERS" worker &
-LOAD=$!
-sleep 60
-RSS0=$(pn_rss_kb s)
-FD0=$(pn_fds s)
-log "after warm-up: RSS $RSS0 kB, $FD0 fds"
-while kill -0 "$LOAD" 2>/dev/null && [ "$SECONDS" -lt $((END + 60)) ]; do
-  echo "$((SECONDS - START)) $(pn_rss_kb s) $(pn_fds s)" >>"$T/samples"
-  sleep 10
+log "warm-up and peak: $FIRSTS first deliveries, then $((FIRSTS * 10)) requests of the mix, unpaced, $CONNS connections"
+segment warm "$FIRSTS" 1
+segment peak $((FIRSTS * 10)) 0 warm
+replay warm
+replay peak
+read -r answered _ _ duration p99 <"$T/result"
+PEAK=$((answered * 1000000 / duration))
+RATE=$((PEAK / 2))
+[ "$RATE" -gt 0 ] || die "no peak measured"
+PER_SEG=$((RATE * SEG))
+log "peak $PEAK requests/s (p99 $((p99 / 1000)) ms); soak at $RATE/s: $SEGMENTS segments of $SEG s, $PER_SEG requests each"
+
+RSS_PEAK=$(pn_rss_kb s)
+segment s1 "$PER_SEG" 0 peak
+: >"$T/report"
+for k in $(seq 1 "$SEGMENTS"); do
+  next=$((k + 1))
+  if [ "$k" -lt "$SEGMENTS" ]; then
+    segment "s$next" "$PER_SEG" 0 "s$k" &
+    forging=$!
+  fi
+  started=$SECONDS
+  replay "s$k" "$RATE"
+  read -r answered ok statuses duration p99 <"$T/result"
+  took=$((SECONDS - started))
+  rss=$(pn_rss_kb s)
+  fds=$(pn_fds s)
+  echo "$k $answered $((answered * 1000000 / duration)) $((p99 / 1000)) $rss $fds $took $statuses" >>"$T/report"
+  log "segment $k: $answered requests at $((answered * 1000000 / duration))/s, p99 $((p99 / 1000)) ms, RSS $rss kB, $fds fds, ${took} s"
+  [ "$took" -le $((SEG * 3 / 2)) ] || fail "segment $k took $took s (the service fell behind $RATE/s)"
+  if [ "$k" -lt "$SEGMENTS" ]; then wait "$forging" || die "forging segment $next failed"; fi
+  rm -f "$T/seg-s$k.req" "$T/s$((k - 1)).first"
 done
-wait "$LOAD" || fail "some deliveries were never answered 2xx"
-RSS1=$(pn_rss_kb s)
-FD1=$(pn_fds s)
 
-ORDERS=$(wc -l <"$T/orders")
-p99() { # FROM TO: p99 latency (ms) of the answers sent in that window
-  awk -v a="$1" -v b="$2" '$1 >= a && $1 < b {print $3}' "$T/lat" | sort -g |
-    awk '{v[NR] = $1} END {if (NR) printf "%.1f", v[int((NR - 1) * 0.99) + 1] * 1000; else print "n/a"}'
-}
-P99A=$(p99 0 60)
-P99B=$(p99 $((SECS - 60)) $((SECS + 60)))
-[ ! -s "$T/unexpected" ] || fail "unexpected answers: $(sort "$T/unexpected" | uniq -c | head -n 5 | tr '\n' ' ')"
-bad=$(codes_outside '^(2..|503)$')
-[ -z "$bad" ] || fail "answers other than 2xx/503: $bad"
+read -r _ _ _ P99A RSS0 FD0 _ <"$T/report"
+read -r _ _ _ P99B RSS1 FD1 _ < <(tail -n 1 "$T/report")
 [ "$RSS1" -lt $((RSS0 * 3 / 2 + 32768)) ] || fail "RSS grew from $RSS0 kB to $RSS1 kB"
 [ "$FD1" -le $((FD0 + 20)) ] || fail "open fds grew from $FD0 to $FD1"
+[ "$P99B" -le $((P99A * 3 + 20)) ] || fail "p99 grew from $P99A ms to $P99B ms"
 errors=$(grep -cE ' ERROR |panicked' "$T/pn-s.log")
 [ "$errors" = 0 ] || fail "$errors ERROR/panic lines in the log: $(grep -m 3 -E ' ERROR |panicked' "$T/pn-s.log")"
-wait_drained 60
-# Orders are numbered by worker: check them by their list, not by a range.
+
+wait_drained 120
+ORDERS=$(sql "SELECT count(*) FROM orders")
 v=$(sql "SELECT count(*) FROM orders WHERE status = 'PAID'")
 [ "$v" = "$ORDERS" ] || fail "$v of $ORDERS orders PAID"
 v=$(sql "SELECT count(*) FROM pay_callback")
 [ "$v" = "$ORDERS" ] || fail "$v callback rows for $ORDERS orders"
-v=$(sql "SELECT count(*) FROM local_message WHERE topic = 'ORDER_PAID'")
-[ "$v" = "$ORDERS" ] || fail "$v ORDER_PAID events for $ORDERS orders"
+v=$(sql "SELECT count(DISTINCT biz_key) || ' ' || count(*) FROM local_message WHERE topic = 'ORDER_PAID'")
+[ "$v" = "$ORDERS $ORDERS" ] || fail "ORDER_PAID events (distinct, all) $v for $ORDERS orders"
 v=$(sql "SELECT count(*) FROM local_message WHERE topic <> 'ORDER_PAID'")
 [ "$v" = 0 ] || fail "$v other events"
+sql "SELECT order_no FROM orders" | sort >"$T/orders"
 rcli "$RP" --raw XRANGE paynotify:events - + | awk 'prev == "biz_key" {print} {prev = $0}' | sort -u >"$T/stream-keys"
-missing=$(sort "$T/orders" | comm -23 - "$T/stream-keys" | wc -l)
+missing=$(comm -23 "$T/orders" "$T/stream-keys" | wc -l)
 [ "$missing" = 0 ] || fail "$missing events never reached the stream"
-log "$SECS s, $ORDERS orders, $(wc -l <"$T/lat") timed + $(wc -l <"$T/codes") retried deliveries; answers: $(codes_summary)"
-log "RSS $RSS0 kB → $RSS1 kB; fds $FD0 → $FD1; p99 first minute ${P99A} ms, last minute ${P99B} ms; ERROR lines $errors"
+
+total=$(awk '{n += $2} END {print n}' "$T/report")
+log "peak $PEAK/s, soak $RATE/s for $SEGMENTS × $SEG s: $total requests, $ORDERS orders paid once each (warm-up and peak included)"
+log "RSS after the peak $RSS_PEAK kB; first segment $RSS0 kB → last $RSS1 kB; fds $FD0 → $FD1; p99 first segment $P99A ms, last $P99B ms; ERROR lines $errors"
+log "per segment (k, requests, per s, p99 ms, RSS kB, fds, seconds, non-2xx): $(tr '\n' ';' <"$T/report")"
 pn_term s || fail "no exit within 20 s of SIGTERM"
 chaos_end

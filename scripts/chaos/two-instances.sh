@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Two instances, one database (a PostgreSQL cluster of our own): every order gets five
+# Two instances, one database (a PostgreSQL cluster of our own, or MariaDB with CHAOS_DB=mariadb): every order gets five
 # deliveries of its payment notification, two signings of it (identical bytes twice at once to
 # both instances, then the re-signed copy the same way, then the first again), with and
 # without the Redis gate; both relays drain the outbox (into a Redis stream on our own
@@ -12,7 +12,7 @@ chaos_begin two-instances
 ORDERS=${CHAOS_ORDERS:-1000}
 WORKERS=${CHAOS_WORKERS:-4}
 
-pg_start
+db_start
 sandbox_init
 capture_start
 PN_ENV=(PAYNOTIFY__DATABASE__AUTO_MIGRATE=false PAYNOTIFY__DATABASE__POOL_SIZE=8)
