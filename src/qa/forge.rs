@@ -4,7 +4,6 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use rsa::sha2::Sha256;
 use serde_json::{Value, json};
 
 #[derive(Debug, thiserror::Error)]
@@ -48,12 +47,12 @@ fn random_token(len: usize) -> Result<String, ForgeError> {
     crate::random::token(ALPHABET, len).map_err(|_| ForgeError::Random)
 }
 
-/// RSASSA-PKCS1-v1_5 with SHA-256, base64: what both providers sign with.
+/// RSASSA-PKCS1-v1_5 with SHA-256, base64: what both providers sign with (ring's signer,
+/// as the service's own requests to the providers use).
 pub fn rsa_sign(key: &rsa::PrivateKey, message: &[u8]) -> Result<String, ForgeError> {
-    let signature = key
-        .pkcs1v15_sign::<Sha256>(message)
-        .map_err(|e| ForgeError::Sign(e.to_string()))?;
-    Ok(BASE64.encode(signature))
+    crate::channel::keys::RsaSigner::new(key)
+        .and_then(|signer| signer.sign_base64(message))
+        .map_err(ForgeError::Sign)
 }
 
 /// WeChat Pay API v3, from WeChat's side.
