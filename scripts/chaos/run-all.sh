@@ -8,6 +8,10 @@
 # Each scenario starts its own PostgreSQL, MariaDB, Redis and paynotify processes on free ports under a
 # temporary directory and stops them at the end; the shared services are never touched.
 # PAYNOTIFY_BIN names the binary (default: target/debug/paynotify; build it first).
+
+# One brace group: bash reads all of it before running any, so a run is never changed by an
+# edit of this file while it runs.
+{
 set -uo pipefail
 cd "$(dirname "$0")"
 
@@ -56,3 +60,5 @@ done
 [ "$failed" = 0 ] || echo "failed: ${failures[*]}" >&2
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
+exit
+}
