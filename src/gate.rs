@@ -356,7 +356,15 @@ impl Gate {
                 })
                 .await;
             if held != Some(true) {
-                return Decision::Proceed(None);
+                // The holder may have cached its answer and given the marker back between the
+                // two reads above: look once more before sending this twin to the ledger.
+                return match self.cached(key).await {
+                    Some(Some(seen)) if seen == digest => {
+                        self.metrics.gate_result(GateResult::HitAfterWait);
+                        Decision::Answered
+                    }
+                    _ => Decision::Proceed(None),
+                };
             }
         }
         self.metrics.gate_result(GateResult::Busy);
