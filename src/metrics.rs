@@ -13,6 +13,7 @@ use prometheus::{
 
 use crate::channel::Rejection;
 use crate::notice::{ChannelId, Outcome};
+use crate::store::GroupCounts;
 use crate::store::relay::OutboxStats;
 use crate::time::Timestamp;
 
@@ -170,6 +171,11 @@ pub struct Metrics {
     pub payments_recovered: IntCounterVec,
     /// What became of expired orders, by [`ExpiryResult`].
     pub expiry: IntCounterVec,
+    /// Payment groups applied together (group apply), and the payments they carried.
+    pub ledger_groups: IntCounter,
+    pub ledger_group_payments: IntCounter,
+    /// Groups that failed as a whole; their payments were applied one by one.
+    pub ledger_group_failures: IntCounter,
 }
 
 /// Which provider API call (`call` label).
@@ -356,8 +362,30 @@ impl Metrics {
             "Expired unpaid orders by what became of them",
             &["result"],
         );
+        let plain_counter = |name: &str, help: &str| {
+            register(
+                &registry,
+                IntCounter::new(name, help)
+                    .unwrap_or_else(|e| unreachable!("static metric definition {name}: {e}")),
+            )
+        };
+        let ledger_groups = plain_counter(
+            "paynotify_ledger_groups_total",
+            "Groups of payments applied together in one transaction",
+        );
+        let ledger_group_payments = plain_counter(
+            "paynotify_ledger_group_payments_total",
+            "Payments applied in those groups",
+        );
+        let ledger_group_failures = plain_counter(
+            "paynotify_ledger_group_failures_total",
+            "Groups that failed as a whole (a deadlock, a statement error); their payments were applied one by one",
+        );
         Self {
             registry,
+            ledger_groups,
+            ledger_group_payments,
+            ledger_group_failures,
             receipts,
             provider_calls,
             payments_recovered,
@@ -454,6 +482,17 @@ impl Metrics {
             self.db_pool
                 .with_label_values(&[label])
                 .set(i64::try_from(value).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// The store's group-apply counts since start-up (`Store::group_stats`).
+    pub fn groups(&self, counts: GroupCounts) {
+        for (counter, total) in [
+            (&self.ledger_groups, counts.groups),
+            (&self.ledger_group_payments, counts.payments),
+            (&self.ledger_group_failures, counts.failed),
+        ] {
+            counter.inc_by(total.saturating_sub(counter.get()));
         }
     }
 

@@ -79,6 +79,8 @@ pub struct DatabaseSettings {
     pub acquire_timeout_ms: u64,
     /// PostgreSQL `statement_timeout` set on every connection.
     pub statement_timeout_ms: u64,
+    /// Most payments applied together in one transaction (group apply); 0 turns it off.
+    pub group_apply_max: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -235,6 +237,7 @@ impl Default for DatabaseSettings {
             auto_migrate: true,
             acquire_timeout_ms: 2000,
             statement_timeout_ms: 5000,
+            group_apply_max: 64,
         }
     }
 }
@@ -382,6 +385,12 @@ impl Settings {
         }
         if self.database.statement_timeout_ms == 0 {
             return Err(invalid("database.statement_timeout_ms", "must be positive"));
+        }
+        if self.database.group_apply_max > 1000 {
+            return Err(invalid(
+                "database.group_apply_max",
+                "must be between 0 (off) and 1000",
+            ));
         }
         let r = &self.redis;
         if !r.url.is_empty() {

@@ -76,6 +76,7 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         Err(e) => tracing::warn!(error = %e, "metrics: outbox gauges not refreshed"),
     }
     m.pool(state.store.pool_status());
+    m.groups(state.store.group_stats());
     let open = state.gate.as_ref().is_some_and(|g| g.breaker_open());
     m.gate_breaker_open.set(i64::from(open));
     HttpResponse::Ok()

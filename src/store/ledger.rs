@@ -10,6 +10,7 @@
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
+use super::group::{APPLIERS, Answer, Batcher, GroupStats, Payment, PaymentGroup};
 use super::schema::{orders, pay_callback, refund_callback};
 use super::statements::{
     InsertMessage, InsertPayCallback, InsertRefundCallback, InsertStatusCallback, MESSAGE_KEY,
@@ -254,6 +255,83 @@ impl Store {
         }
     }
 
+    /// The group applier (`group.rs`), started by the first payment that needs it; `None`
+    /// when group apply is off or the store was built outside a runtime.
+    fn group(&self) -> Option<&Batcher<Payment, Answer>> {
+        if self.group_max == 0 {
+            return None;
+        }
+        let runtime = self.runtime.as_ref()?;
+        Some(self.group.get_or_init(|| {
+            // The appliers' own handle on the pool, without a group of its own (so the
+            // appliers end when the last handle with one is dropped).
+            let store = Store {
+                group_max: 0,
+                group: Default::default(),
+                ..self.clone()
+            };
+            // SQLite has one writer: a second applier would only wait for the first.
+            let appliers = if self.url.backend() == "sqlite" {
+                1
+            } else {
+                APPLIERS
+            };
+            let stats = std::sync::Arc::new(GroupStats::default());
+            let failures = stats.clone();
+            Batcher::start(self.group_max, appliers, runtime, stats, move |payments| {
+                let (store, failures) = (store.clone(), failures.clone());
+                async move { store.pay_together(payments, &failures).await }
+            })
+        }))
+    }
+
+    /// One group: one notice per order goes in (sorted by order, so groups lock orders in
+    /// the same order), its twins go alone.
+    async fn pay_together(&self, payments: Vec<Payment>, stats: &GroupStats) -> Vec<Answer> {
+        let mut answers = vec![Answer::Alone; payments.len()];
+        let mut orders = std::collections::HashSet::with_capacity(payments.len());
+        let mut chosen: Vec<usize> = (0..payments.len())
+            .filter(|&i| orders.insert(payments[i].notice.out_trade_no.as_str()))
+            .collect();
+        chosen.sort_by(|&a, &b| {
+            payments[a]
+                .notice
+                .out_trade_no
+                .cmp(&payments[b].notice.out_trade_no)
+        });
+        let group: Vec<&Payment> = chosen.iter().map(|&i| &payments[i]).collect();
+        let result: Result<_, StoreError> =
+            async { with_conn!(self, conn => Ok(conn.pay_group(&group).await?)) }.await;
+        match result {
+            Ok(outcomes) => {
+                let decided = outcomes.iter().flatten().count();
+                stats
+                    .decided
+                    .fetch_add(decided as u64, std::sync::atomic::Ordering::Relaxed);
+                for (&i, outcome) in chosen.iter().zip(outcomes) {
+                    answers[i] = outcome.map_or(Answer::Undecided, Answer::Decided);
+                }
+            }
+            // No connection within the wait: each caller would wait as long again.
+            Err(StoreError::Timeout(waited)) => {
+                for &i in &chosen {
+                    answers[i] = Answer::Unavailable(waited);
+                }
+            }
+            Err(e) => {
+                stats
+                    .failed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(
+                    payments = group.len(),
+                    error = %e,
+                    "group apply failed; its payments are applied one by one"
+                )
+            }
+        }
+        answers
+    }
+
     async fn apply_payment(
         &self,
         n: &Notice,
@@ -261,8 +339,23 @@ impl Store {
         now: Timestamp,
     ) -> Result<Outcome, StoreError> {
         let channel = n.channel.as_str();
+        // The one-statement path, unless the group tried it already.
+        let mut fast = true;
+        if let Some(group) = self.group().filter(|_| n.merchant_matches) {
+            let payment = Payment {
+                notice: n.clone(),
+                digest: digest.clone(),
+                now,
+            };
+            match group.submit(payment).await {
+                Some(Answer::Decided(outcome)) => return Ok(outcome),
+                Some(Answer::Undecided) => fast = false,
+                Some(Answer::Unavailable(waited)) => return Err(StoreError::Timeout(waited)),
+                Some(Answer::Alone) | None => {}
+            }
+        }
         let result = with_conn!(self, conn => {
-            if let Some(outcome) = conn.pay_fast(n, digest, now).await? {
+            if fast && let Some(outcome) = conn.pay_fast(n, digest, now).await? {
                 return Ok(outcome);
             }
             conn.transaction::<_, Abort, _>(async |conn| {

@@ -4,6 +4,8 @@
 //! Adding a backend (MySQL/MariaDB) means: a `migrations/<backend>` folder, one `Pools` variant,
 //! one arm in `with_conn!`, and a `Dialect` value for the few statements whose SQL differs.
 
+mod group;
+pub use group::GroupCounts;
 pub mod ledger;
 pub mod orders;
 pub mod outbox;
@@ -132,6 +134,12 @@ pub struct Store {
     pools: std::sync::Arc<Pools>,
     url: DatabaseUrl,
     acquire_timeout: Duration,
+    /// The runtime the store was built on, where the group applier runs.
+    runtime: Option<tokio::runtime::Handle>,
+    /// `database.group_apply_max`; 0: every payment on its own.
+    group_max: usize,
+    /// The group applier, started by the first payment (see `group.rs`).
+    group: std::sync::Arc<std::sync::OnceLock<group::Batcher<group::Payment, group::Answer>>>,
 }
 
 /// Opens every pooled connection on `runtime` (the one the store was built on), whichever
@@ -326,6 +334,7 @@ impl Store {
         let statement_timeout_ms = settings.statement_timeout_ms;
         let size = settings.pool_size as usize;
         let runtime = tokio::runtime::Handle::try_current().ok();
+        let store_runtime = runtime.clone();
         let pools = match &url {
             DatabaseUrl::Postgres(pg_url) => {
                 let mut config = ManagerConfig::<AsyncPgConnection>::default();
@@ -416,6 +425,9 @@ impl Store {
             pools: std::sync::Arc::new(pools),
             url,
             acquire_timeout: Duration::from_millis(settings.acquire_timeout_ms),
+            runtime: store_runtime,
+            group_max: settings.group_apply_max as usize,
+            group: Default::default(),
         })
     }
 
@@ -473,6 +485,13 @@ impl Store {
             Pools::Sqlite(pool) => pool.status(),
         };
         (s.size.saturating_sub(s.available), s.available, s.waiting)
+    }
+
+    /// What group apply did since start-up (all zero when it is off).
+    pub fn group_stats(&self) -> GroupCounts {
+        self.group
+            .get()
+            .map_or_else(GroupCounts::default, |group| group.stats.counts())
     }
 
     /// Refuses a server this build cannot run on: the relay claims with

@@ -289,3 +289,65 @@ impl QueryId for PayFirst<'_> {
 impl diesel::query_builder::Query for PayFirst<'_> {
     type SqlType = (BigInt, diesel::sql_types::Nullable<Text>, BigInt);
 }
+
+/// PostgreSQL: [`PayFirst`] for a group of payments at once — one statement, one commit for
+/// all of them (see `store/group.rs`). Every notice in it names a different order.
+///
+/// The same rules per notice: the order rows are locked first (`FOR UPDATE`, in `order_no`
+/// order, so two groups never wait for each other in a cycle), a callback row is written only
+/// for a locked order waiting for exactly its amount and only if its key is new, the order
+/// moves only with a new callback row, `ORDER_PAID` only with the move, and a callback row
+/// without its message is cast to an error that undoes the whole statement. It answers one row
+/// per notice: `(position, applied, seen_digest, guard)`, `position` counting from 1 in the
+/// order the arrays were bound.
+pub struct PayGroup<'a> {
+    pub out_trade_no: Vec<&'a str>,
+    pub channel: Vec<&'a str>,
+    pub transaction_id: Vec<&'a str>,
+    pub amount_fen: Vec<i64>,
+    pub currency: Vec<&'a str>,
+    pub digest: Vec<&'a str>,
+    pub payload: Vec<Payload>,
+    pub now: Vec<Timestamp>,
+}
+
+impl QueryFragment<Pg> for PayGroup<'_> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        use diesel::sql_types::Array;
+        sql!(out;
+            "WITH input AS (SELECT * FROM unnest("
+            [Array<Text>: &self.out_trade_no] ", " [Array<Text>: &self.channel] ", "
+            [Array<Text>: &self.transaction_id] ", " [Array<BigInt>: &self.amount_fen] ", "
+            [Array<Text>: &self.currency] ", " [Array<Text>: &self.digest] ", "
+            [Array<Json>: &self.payload] ", " [Array<UtcTs>: &self.now]
+            ") WITH ORDINALITY AS i(out_trade_no, channel, transaction_id, amount_fen, currency, digest, payload, now, position)), "
+            "target AS (SELECT o.order_no FROM orders o JOIN input i ON o.order_no = i.out_trade_no "
+            "WHERE o.status = 'WAIT_PAY' AND o.amount_fen = i.amount_fen AND o.currency = i.currency "
+            "ORDER BY o.order_no FOR UPDATE OF o), "
+            "cb AS (INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at) "
+            "SELECT i.out_trade_no, i.channel, i.transaction_id, i.amount_fen, i.digest, i.now"
+            " FROM input i JOIN target t ON t.order_no = i.out_trade_no "
+            "ON CONFLICT (out_trade_no, channel) DO NOTHING RETURNING out_trade_no), "
+            "paid AS (UPDATE orders o SET status = 'PAID', channel = i.channel, transaction_id = i.transaction_id, paid_at = i.now"
+            " FROM input i WHERE o.order_no = i.out_trade_no "
+            "AND o.order_no IN (SELECT out_trade_no FROM cb) AND o.status = 'WAIT_PAY' RETURNING o.order_no), "
+            "message AS (INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) "
+            "SELECT 'ORDER_PAID', i.out_trade_no, i.payload, 0, 0, i.now, i.now"
+            " FROM input i JOIN paid p ON p.order_no = i.out_trade_no RETURNING biz_key) "
+            "SELECT i.position, i.out_trade_no IN (SELECT biz_key FROM message), pc.digest, "
+            "CAST(CASE WHEN (SELECT count(*) FROM cb) = (SELECT count(*) FROM message) THEN '0' "
+            "ELSE 'paynotify: a callback row without its order change, undone: ' || (SELECT count(*) FROM cb) END AS bigint) "
+            "FROM input i LEFT JOIN pay_callback pc ON pc.out_trade_no = i.out_trade_no AND pc.channel = i.channel"
+        );
+        Ok(())
+    }
+}
+
+impl QueryId for PayGroup<'_> {
+    type QueryId = PayGroup<'static>;
+    const HAS_STATIC_QUERY_ID: bool = true;
+}
+
+impl diesel::query_builder::Query for PayGroup<'_> {
+    type SqlType = (BigInt, diesel::sql_types::Bool, Nullable<Text>, BigInt);
+}

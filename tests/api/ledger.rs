@@ -16,6 +16,9 @@ use crate::test_channel::TestNotification;
 crate::on_both_backends!(
     fifty_concurrent_deliveries_make_exactly_one_transition,
     five_hundred_mixed_notices_at_once_each_get_their_answer_and_rows,
+    five_hundred_mixed_notices_without_group_apply,
+    payments_released_together_share_groups_and_each_commits_once,
+    a_failed_group_is_retried_payment_by_payment,
     same_payment_with_different_content_is_a_conflict_and_changes_nothing,
     a_second_payment_under_the_same_key_is_recorded_once,
     a_refund_of_another_payment_leaves_the_order_alone,
@@ -130,11 +133,27 @@ async fn fifty_concurrent_deliveries_make_exactly_one_transition(backend: Backen
 /// conflicting copy (same transaction, other amount), amount anomalies, unknown orders, and
 /// refunds with their twin. Every answer is one the rules allow, and the rows add up.
 async fn five_hundred_mixed_notices_at_once_each_get_their_answer_and_rows(backend: Backend) {
+    let app = five_hundred_mixed_notices(backend, 64).await;
+    let counts = app.store.group_stats();
+    assert!(
+        counts.groups > 0 && counts.payments > counts.groups && counts.decided > 0,
+        "payments released together share groups: {counts:?}"
+    );
+}
+
+/// The same with `database.group_apply_max = 0`: every payment on its own.
+async fn five_hundred_mixed_notices_without_group_apply(backend: Backend) {
+    let app = five_hundred_mixed_notices(backend, 0).await;
+    assert_eq!(app.store.group_stats(), Default::default());
+}
+
+async fn five_hundred_mixed_notices(backend: Backend, group_apply_max: u32) -> TestApp {
     // 500 notices queue for 8 connections: generous waits, so a machine busy with other
     // work slows this test down instead of turning a wait into a 503.
     let app = crate::helpers::spawn_app_with(backend, |s| {
         s.database.acquire_timeout_ms = 60_000;
         s.database.statement_timeout_ms = 60_000;
+        s.database.group_apply_max = group_apply_max;
     })
     .await;
     let mut groups: Vec<(&str, Vec<Notice>)> = Vec::new();
@@ -272,6 +291,148 @@ async fn five_hundred_mixed_notices_at_once_each_get_their_answer_and_rows(backe
         count("(SELECT topic, biz_key FROM local_message GROUP BY topic, biz_key HAVING count(*) > 1) AS dup".into()).await,
         0
     );
+    app
+}
+
+/// First deliveries of 200 orders released at once, with group apply: they share groups
+/// (fewer groups than payments), every one is applied exactly once, and a group's rows are
+/// all there: one callback row, one `PAID` order and one `ORDER_PAID` per order, stamped with
+/// the notice's own time.
+async fn payments_released_together_share_groups_and_each_commits_once(backend: Backend) {
+    let app = crate::helpers::spawn_app_with(backend, |s| {
+        s.database.acquire_timeout_ms = 60_000;
+        s.database.statement_timeout_ms = 60_000;
+        s.database.group_apply_max = 16;
+    })
+    .await;
+    let notices: Vec<Notice> = orders_with_payments(&app, 200, "GR").await;
+    let now = app.clock.now();
+    let outcomes = apply_at_once(&app, &notices, now).await;
+    for (n, outcome) in notices.iter().zip(&outcomes) {
+        assert_eq!(
+            outcome.as_ref().expect("no database error"),
+            &Outcome::Applied,
+            "{}",
+            n.out_trade_no
+        );
+    }
+    let counts = app.store.group_stats();
+    assert_eq!(counts.payments, 200, "every payment went through a group");
+    assert_eq!(counts.decided, 200, "and was decided there: {counts:?}");
+    assert!(counts.groups < counts.payments, "{counts:?}");
+    assert_eq!(counts.failed, 0);
+    assert_eq!(
+        app.db
+            .count("orders WHERE order_no LIKE 'GR-%' AND status = 'PAID'")
+            .await,
+        200
+    );
+    assert_eq!(app.db.count("pay_callback").await, 200);
+    assert_eq!(app.messages("ORDER_PAID").await, 200);
+    assert_eq!(app.db.count("local_message").await, 200);
+    let paid = app.outbox("ORDER_PAID").await;
+    assert!(
+        paid.iter()
+            .all(|m| m.payload.0["paid_at"] == serde_json::json!(now)),
+        "each ORDER_PAID carries its notice's time"
+    );
+
+    // Redelivered together: duplicates, decided in groups, nothing written.
+    let again = apply_at_once(&app, &notices, app.clock.now()).await;
+    assert!(
+        again.iter().all(|o| matches!(o, Ok(Outcome::Duplicate))),
+        "{again:?}"
+    );
+    assert_eq!(app.db.count("local_message").await, 200);
+    let counts = app.store.group_stats();
+    assert_eq!((counts.payments, counts.decided), (400, 400), "{counts:?}");
+}
+
+/// A group that fails as a whole (here: one order's `ORDER_PAID` already exists, so the
+/// group's outbox insert fails) is undone and its payments are applied one by one: the one
+/// that cannot be written fails alone, every other one is applied.
+async fn a_failed_group_is_retried_payment_by_payment(backend: Backend) {
+    let app = crate::helpers::spawn_app_with(backend, |s| {
+        s.database.acquire_timeout_ms = 60_000;
+        s.database.statement_timeout_ms = 60_000;
+    })
+    .await;
+    // Rounds until the poisoned payment shared a group (the first, as a rule).
+    for round in 0..10 {
+        let prefix = format!("FG{round}");
+        let notices = orders_with_payments(&app, 30, &prefix).await;
+        let poisoned = &notices[7].out_trade_no;
+        app.db
+            .execute(&format!(
+                "INSERT INTO local_message (topic, biz_key, payload, status, attempts, \
+                 next_attempt_at, created_at) VALUES ('ORDER_PAID', '{poisoned}', '{{}}', 1, 0, \
+                 '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')"
+            ))
+            .await;
+        let outcomes = apply_at_once(&app, &notices, app.clock.now()).await;
+        for (n, outcome) in notices.iter().zip(&outcomes) {
+            if &n.out_trade_no == poisoned {
+                assert!(outcome.is_err(), "{poisoned}: {outcome:?}");
+                assert_eq!(app.status_of(poisoned).await, "WAIT_PAY");
+            } else {
+                assert_eq!(
+                    outcome.as_ref().ok(),
+                    Some(&Outcome::Applied),
+                    "{}",
+                    n.out_trade_no
+                );
+                assert_eq!(app.status_of(&n.out_trade_no).await, "PAID");
+            }
+        }
+        assert_eq!(
+            app.db
+                .count(&format!(
+                    "pay_callback WHERE out_trade_no LIKE '{prefix}-%'"
+                ))
+                .await,
+            29,
+            "nothing of the poisoned payment"
+        );
+        if app.store.group_stats().failed > 0 {
+            return;
+        }
+    }
+    panic!("the poisoned payment never shared a group in ten rounds");
+}
+
+/// `count` orders `{prefix}-{i}` of 19900 fen, and a first delivery for each.
+async fn orders_with_payments(app: &TestApp, count: usize, prefix: &str) -> Vec<Notice> {
+    let mut notices = Vec::with_capacity(count);
+    for i in 0..count {
+        let no = format!("{prefix}-{i:03}");
+        app.create_order(&no, 19900).await;
+        notices.push(paid(&no, &format!("T-{no}"), 19900));
+    }
+    notices
+}
+
+/// Applies every notice at once (released by one barrier), answers in order.
+async fn apply_at_once(
+    app: &TestApp,
+    notices: &[Notice],
+    now: paynotify::time::Timestamp,
+) -> Vec<Result<Outcome, paynotify::store::StoreError>> {
+    let barrier = Arc::new(Barrier::new(notices.len()));
+    let tasks: Vec<_> = notices
+        .iter()
+        .map(|n| {
+            let (store, notice, barrier) = (app.store.clone(), n.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.apply(&notice, now).await
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        outcomes.push(task.await.expect("task"));
+    }
+    outcomes
 }
 
 async fn same_payment_with_different_content_is_a_conflict_and_changes_nothing(backend: Backend) {

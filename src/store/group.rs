@@ -1,0 +1,305 @@
+//! Group apply: payments that arrive together share one transaction, and one commit.
+//!
+//! A request with a verified payment hands it to a small applier (a queue, and two tasks on
+//! the runtime that owns the pool) and waits for its answer. An applier takes whatever is
+//! queued — never waiting for more, so a lone notice goes at once — up to
+//! `database.group_apply_max`, and applies the common case of all of them together: a first
+//! delivery for an order waiting for exactly its amount (`Applied`), or an exact repeat of a
+//! committed one (`Duplicate`). PostgreSQL does it in one statement ([`PayGroup`]); MySQL and
+//! SQLite in one transaction, each notice in a savepoint of its own. Each notice's three rows
+//! still commit together, and nobody is answered before the commit.
+//!
+//! Whatever the group did not decide wrote nothing, and its caller runs the full transaction
+//! of `ledger.rs` as before (conflicts, anomalies, unknown orders, a repeat racing its first
+//! delivery). A group that fails (a deadlock, a statement error) is retried notice by notice
+//! through the ordinary path; one that found no connection in time answers every caller with
+//! that (503). Refunds, closes and payments signed by another merchant never queue.
+//!
+//! This file holds the queue ([`Batcher`], which knows nothing of payments) and what one
+//! group does on each backend ([`PaymentGroup`]); `ledger.rs` wires them to the pool.
+//!
+//! [`PayGroup`]: super::statements::PayGroup
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use diesel::{QueryDsl, QueryResult};
+use diesel_async::{AsyncConnection, RunQueryDsl};
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+use super::schema::pay_callback;
+use super::statements::{
+    InsertMessage, InsertPayCallback, MarkPaid, PRIMARY, PayGroup, unless_exists,
+};
+use super::types::Payload;
+use crate::notice::{Digest, Notice, Outcome};
+use crate::outbox::Message;
+use crate::time::Timestamp;
+
+/// Appliers per store: while one waits for its commit, the next group forms and goes.
+pub(crate) const APPLIERS: usize = 2;
+
+/// A verified payment, signed by its own merchant, as queued.
+pub(crate) struct Payment {
+    pub notice: Notice,
+    pub digest: Digest,
+    pub now: Timestamp,
+}
+
+/// What the group made of one payment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// Applied or a duplicate, committed.
+    Decided(Outcome),
+    /// Not a common case; nothing was written: the full transaction decides.
+    Undecided,
+    /// Not tried in a group (another notice of its order was in it, the queue was full, or
+    /// the group failed): the ordinary path, from the start.
+    Alone,
+    /// No database connection within this wait (503).
+    Unavailable(Duration),
+}
+
+/// Counts since start-up, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct GroupStats {
+    /// Groups applied (each one statement or one transaction).
+    pub groups: AtomicU64,
+    /// Items those groups carried.
+    pub items: AtomicU64,
+    /// Items a group decided.
+    pub decided: AtomicU64,
+    /// Groups that failed as a whole (their items were then handled one by one).
+    pub failed: AtomicU64,
+}
+
+impl GroupStats {
+    pub fn counts(&self) -> GroupCounts {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        GroupCounts {
+            groups: read(&self.groups),
+            payments: read(&self.items),
+            decided: read(&self.decided),
+            failed: read(&self.failed),
+        }
+    }
+}
+
+/// What group apply did since start-up: `Store::group_stats`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct GroupCounts {
+    /// Groups applied together (one statement or one transaction each).
+    pub groups: u64,
+    /// Payments those groups carried.
+    pub payments: u64,
+    /// Payments a group decided (applied, or answered as duplicates); the others went on to
+    /// the full transaction.
+    pub decided: u64,
+    /// Groups that failed as a whole; their payments were applied one by one.
+    pub failed: u64,
+}
+
+/// A queue whose items are handled in groups: each of `workers` tasks takes whatever is
+/// queued, up to `max`, hands the group to `apply`, and answers each item with its result.
+pub(crate) struct Batcher<I, O> {
+    queue: mpsc::Sender<(I, oneshot::Sender<O>)>,
+    pub(crate) stats: Arc<GroupStats>,
+}
+
+impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
+    /// Starts the workers on `runtime`; they end when the batcher is dropped. `apply` must
+    /// answer one result per item, in order; it may count its failures in `stats`.
+    pub(crate) fn start<F, Fut>(
+        max: usize,
+        workers: usize,
+        runtime: &tokio::runtime::Handle,
+        stats: Arc<GroupStats>,
+        apply: F,
+    ) -> Self
+    where
+        F: Fn(Vec<I>) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Vec<O>> + Send,
+    {
+        let (queue, rx) = mpsc::channel(max * 16);
+        let rx = Arc::new(Mutex::new(rx));
+        for _ in 0..workers {
+            let (rx, stats, apply) = (rx.clone(), stats.clone(), apply.clone());
+            runtime.spawn(async move {
+                while let Some(group) = next_group(&rx, max).await {
+                    let (items, replies): (Vec<I>, Vec<oneshot::Sender<O>>) =
+                        group.into_iter().unzip();
+                    stats.groups.fetch_add(1, Ordering::Relaxed);
+                    stats.items.fetch_add(items.len() as u64, Ordering::Relaxed);
+                    for (reply, result) in replies.into_iter().zip(apply(items).await) {
+                        // The caller may have gone (its request was dropped).
+                        let _ = reply.send(result);
+                    }
+                }
+            });
+        }
+        Self { queue, stats }
+    }
+
+    /// Queues `item` and waits for its result; `None` when the queue is full or the workers
+    /// are gone (the runtime is stopping): the caller does the work itself.
+    pub(crate) async fn submit(&self, item: I) -> Option<O> {
+        let (reply, result) = oneshot::channel();
+        self.queue.try_send((item, reply)).ok()?;
+        result.await.ok()
+    }
+}
+
+/// Whatever is queued, up to `max`, once at least one item is; `None` once the queue closed.
+async fn next_group<T>(rx: &Mutex<mpsc::Receiver<T>>, max: usize) -> Option<Vec<T>> {
+    let mut rx = rx.lock().await;
+    let first = rx.recv().await?;
+    let mut group = Vec::with_capacity(max);
+    group.push(first);
+    while group.len() < max {
+        match rx.try_recv() {
+            Ok(item) => group.push(item),
+            Err(_) => break,
+        }
+    }
+    Some(group)
+}
+
+/// A group of payments, every one of a different order: for each, `Some(Applied)`,
+/// `Some(Duplicate)` or `None` (it wrote nothing), in order. `Err` undid the whole group.
+pub(crate) trait PaymentGroup {
+    async fn pay_group(&mut self, payments: &[&Payment]) -> QueryResult<Vec<Option<Outcome>>>;
+}
+
+impl PaymentGroup for diesel_async::AsyncPgConnection {
+    async fn pay_group(&mut self, payments: &[&Payment]) -> QueryResult<Vec<Option<Outcome>>> {
+        let statement = PayGroup {
+            out_trade_no: payments
+                .iter()
+                .map(|p| p.notice.out_trade_no.as_str())
+                .collect(),
+            channel: payments.iter().map(|p| p.notice.channel.as_str()).collect(),
+            transaction_id: payments
+                .iter()
+                .map(|p| p.notice.transaction_id.as_str())
+                .collect(),
+            amount_fen: payments.iter().map(|p| p.notice.amount_fen).collect(),
+            currency: payments
+                .iter()
+                .map(|p| p.notice.currency.as_str())
+                .collect(),
+            digest: payments.iter().map(|p| p.digest.as_str()).collect(),
+            payload: payments
+                .iter()
+                .map(|p| Payload(Message::order_paid(&p.notice, p.now).payload))
+                .collect(),
+            now: payments.iter().map(|p| p.now).collect(),
+        };
+        let rows: Vec<(i64, bool, Option<String>, i64)> = statement.load(self).await?;
+        let mut outcomes = vec![None; payments.len()];
+        for (position, applied, seen_digest, _guard) in rows {
+            let Some(index) = usize::try_from(position - 1)
+                .ok()
+                .filter(|i| *i < payments.len())
+            else {
+                continue;
+            };
+            let digest = &payments[index].digest;
+            outcomes[index] = if applied {
+                Some(Outcome::Applied)
+            } else if seen_digest.as_deref() == Some(digest.as_str()) {
+                Some(Outcome::Duplicate)
+            } else {
+                None
+            };
+        }
+        Ok(outcomes)
+    }
+}
+
+/// Undoes one notice's savepoint, or the whole group on a database error.
+enum Undo {
+    Db(diesel::result::Error),
+    Notice,
+}
+
+impl From<diesel::result::Error> for Undo {
+    fn from(e: diesel::result::Error) -> Self {
+        Self::Db(e)
+    }
+}
+
+/// MySQL and SQLite: one transaction (one commit, one sync) for the group, each notice in a
+/// savepoint of its own: the callback row, the compare-and-set and `ORDER_PAID`, or — when
+/// the order did not move — nothing.
+macro_rules! pay_each {
+    ($conn:expr, $payments:expr) => {{
+        let payments: &[&Payment] = $payments;
+        $conn
+            .transaction::<_, diesel::result::Error, _>(async |conn| {
+                let mut outcomes = Vec::with_capacity(payments.len());
+                for p in payments {
+                    let (n, digest, now) = (&p.notice, &p.digest, p.now);
+                    let channel = n.channel.as_str();
+                    let one = conn
+                        .transaction::<_, Undo, _>(async |conn| {
+                            let written = InsertPayCallback {
+                                out_trade_no: &n.out_trade_no,
+                                channel,
+                                transaction_id: &n.transaction_id,
+                                amount_fen: n.amount_fen,
+                                digest: digest.as_str(),
+                                created_at: now,
+                            }
+                            .execute(conn)
+                            .await;
+                            if unless_exists(written, PRIMARY)? == 0 {
+                                let seen: String = pay_callback::table
+                                    .find((&n.out_trade_no, channel))
+                                    .select(pay_callback::digest)
+                                    .first(conn)
+                                    .await?;
+                                return Ok((seen == digest.as_str()).then_some(Outcome::Duplicate));
+                            }
+                            let moved = MarkPaid {
+                                order_no: &n.out_trade_no,
+                                amount_fen: n.amount_fen,
+                                currency: &n.currency,
+                                channel,
+                                transaction_id: &n.transaction_id,
+                                paid_at: now,
+                            }
+                            .execute(conn)
+                            .await?;
+                            if moved != 1 {
+                                return Err(Undo::Notice);
+                            }
+                            let message = Message::order_paid(n, now);
+                            InsertMessage::pending(&message, now).execute(conn).await?;
+                            Ok(Some(Outcome::Applied))
+                        })
+                        .await;
+                    outcomes.push(match one {
+                        Ok(outcome) => outcome,
+                        Err(Undo::Notice) => None,
+                        Err(Undo::Db(e)) => return Err(e),
+                    });
+                }
+                Ok(outcomes)
+            })
+            .await
+    }};
+}
+
+impl PaymentGroup for diesel_async::AsyncMysqlConnection {
+    async fn pay_group(&mut self, payments: &[&Payment]) -> QueryResult<Vec<Option<Outcome>>> {
+        pay_each!(self, payments)
+    }
+}
+
+impl PaymentGroup for super::SqliteAsync {
+    async fn pay_group(&mut self, payments: &[&Payment]) -> QueryResult<Vec<Option<Outcome>>> {
+        pay_each!(self, payments)
+    }
+}
