@@ -6,7 +6,9 @@
 #   bench/run.sh                  # N=10000 notifications per pass, 64 connections
 #   N=20000 CONNS=64 bench/run.sh
 #
-# Passes, for the ledger alone and with the Redis gate, for WeChat Pay and Alipay:
+# Passes, for the ledger alone (group apply on, the default), the ledger with group apply off
+# (`single`: every payment its own statement) and with the Redis gate, for WeChat Pay and
+# Alipay:
 #   first      N first deliveries, each for its own order
 #   duplicate  the same N requests again, byte for byte
 #   mix        N/2 requests: 9 first deliveries of fresh orders, then 1 redelivery, repeated
@@ -35,7 +37,7 @@ PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
 PORT=${PORT:-18931}
 WRITE_DOCS=${WRITE_DOCS:-1}
-ONLY=${ONLY:-}            # ONLY=ledger, gate or receipts: that part only
+ONLY=${ONLY:-}            # ONLY=ledger, single, gate or receipts: that part only (or several, "ledger single")
 SERVICE_ENV=${SERVICE_ENV:-}  # extra VAR=value words for the service, e.g. RUST_LOG=warn
 PERF_OUT=${PERF_OUT:-}    # with PERF_MATCH (a glob of config/channel/pass, e.g. "ledger/wechat/first"):
 PERF_MATCH=${PERF_MATCH:-}  # `perf record` of the service during matching passes, into $PERF_OUT.<pass>
@@ -77,7 +79,7 @@ createdb_url
 
 CLK_TCK=$(getconf CLK_TCK)
 MACHINE="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(psql -qAt "$PGURL/postgres" -c 'SHOW server_version' | cut -d' ' -f1) PostgreSQL, synchronous_commit=$(psql -qAt "$PGURL/postgres" -c 'SHOW synchronous_commit')"
-RESULTS=$WORK/results.tsv   # config channel pass answered ok errors rate p50 p99 p999 cpu_us rss_mb check
+RESULTS=$WORK/results.tsv   # config channel pass answered ok errors rate p50 p99 p999 cpu_us rss_mb check group
 : >"$RESULTS"
 
 seed_orders() { # prefix count [amount]
@@ -112,6 +114,13 @@ EOF
 }
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$SERVICE_PID/stat"; }
+# "groups payments" applied together so far (group apply's counters in /metrics).
+group_counts() {
+    curl -fs "http://127.0.0.1:$PORT/metrics" | awk '
+        $1 == "paynotify_ledger_groups_total" {g = $2}
+        $1 == "paynotify_ledger_group_payments_total" {p = $2}
+        END {print g + 0, p + 0}'
+}
 rss_mb() { awk '/VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$SERVICE_PID/status"; }
 
 # Exactly-once for the orders $1*: every one PAID, one callback, one ORDER_PAID, nothing else.
@@ -163,6 +172,8 @@ pass() { # config channel pass file checks...
         perf_pid=$!
         sleep 0.5
     fi
+    local groups_before
+    groups_before=$(group_counts)
     before=$(cpu_ticks)
     rm -f "$WORK"/done.*
     BENCH_REQUESTS=$file BENCH_THREADS=$THREADS BENCH_DONE=$WORK/done wrk -t"$THREADS" -c"$CONNS" \
@@ -179,6 +190,9 @@ pass() { # config channel pass file checks...
     wait "$wrk_pid" || true
     line=$(grep '^RESULT' "$WORK/wrk.out")
     after=$(cpu_ticks)
+    local group
+    # The mean group size of the pass: payments per group ("-" when nothing was grouped).
+    group=$(echo "$groups_before $(group_counts)" | awk '{g = $3 - $1; p = $4 - $2; if (g > 0) printf "%.1f", p / g; else print "-"}')
     if [ -n "$perf_pid" ]; then
         kill -INT "$perf_pid"
         wait "$perf_pid" || true
@@ -204,10 +218,10 @@ pass() { # config channel pass file checks...
     ms50=$(awk -v v="$p50" 'BEGIN {printf "%.1f", v / 1000}')
     ms99=$(awk -v v="$p99" 'BEGIN {printf "%.1f", v / 1000}')
     ms999=$(awk -v v="$p999" 'BEGIN {printf "%.1f", v / 1000}')
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$config" "$channel" "$name" \
-        "$answered" "$ok" "$errors" "$rate" "$ms50" "$ms99" "$ms999" "$cpu" "$(rss_mb)" "$verdict" >>"$RESULTS"
-    printf '  %-17s %-6s %-9s %6s answered, %s errors (%s), %6s/s, p50 %s ms, p99 %s ms, CPU %s µs/request, exactly-once %s\n' \
-        "$config" "$channel" "$name" "$answered" "$errors" "$statuses" "$rate" "$ms50" "$ms99" "$cpu" "$verdict"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$config" "$channel" "$name" \
+        "$answered" "$ok" "$errors" "$rate" "$ms50" "$ms99" "$ms999" "$cpu" "$(rss_mb)" "$verdict" "$group" >>"$RESULTS"
+    printf '  %-17s %-6s %-9s %6s answered, %s errors (%s), %6s/s, p50 %s ms, p99 %s ms, CPU %s µs/request, group %s, exactly-once %s\n' \
+        "$config" "$channel" "$name" "$answered" "$errors" "$statuses" "$rate" "$ms50" "$ms99" "$cpu" "$group" "$verdict"
 }
 
 PG_ROWS=$WORK/pgbench.tsv
@@ -239,11 +253,11 @@ if [ "$PGBENCH" = 1 ]; then
     pgbench_all 1
 fi
 
-configs="ledger gate"
+configs="ledger single gate"
 [ -n "$ONLY" ] && configs=$ONLY
 [ "$ONLY" = receipts ] && configs=
 for config in $configs; do
-    tag=$([ "$config" = gate ] && echo G || echo L)
+    case $config in gate) tag=G ;; single) tag=S ;; *) tag=L ;; esac
     echo "forging $config requests"
     for channel in $CHANNELS; do
         c=$([ "$channel" = wechat ] && echo W || echo A)
@@ -253,11 +267,11 @@ for config in $configs; do
         forge "$channel" "${tag}${c}M-" $((N / 2 * 9 / 10)) "$WORK/$config-$channel-fresh"
         interleave "$WORK/$config-$channel-fresh" "$WORK/$config-$channel-first" "$WORK/$config-$channel-mix"
     done
-    if [ "$config" = gate ]; then
-        start_service "$config" PAYNOTIFY__REDIS__URL="$REDIS_URL" PAYNOTIFY__REDIS__KEY_PREFIX="$REDIS_PREFIX"
-    else
-        start_service "$config"
-    fi
+    case $config in
+        gate) start_service "$config" PAYNOTIFY__REDIS__URL="$REDIS_URL" PAYNOTIFY__REDIS__KEY_PREFIX="$REDIS_PREFIX" ;;
+        single) start_service "$config" PAYNOTIFY__DATABASE__GROUP_APPLY_MAX=0 ;;
+        *) start_service "$config" ;;
+    esac
     echo "$config: passes ($CONNS connections, $THREADS wrk threads)"
     for channel in $CHANNELS; do
         c=$([ "$channel" = wechat ] && echo W || echo A)
@@ -312,11 +326,11 @@ out = []
 w = out.append
 w(f"Run of {when}, commit {commit}: {machine}; N = {n} per pass, wrk {conns} connections; "
   f"pgbench {clients} clients; load average at the end {load}.\n")
-w("| configuration | channel | pass | answered | errors | per s | p50 ms | p99 ms | p99.9 ms | service CPU µs/request | RSS MB | exactly-once |")
-w("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+w("| configuration | channel | pass | answered | errors | per s | p50 ms | p99 ms | p99.9 ms | service CPU µs/request | RSS MB | mean group | exactly-once |")
+w("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for r in rows:
-    config, channel, name, answered, ok, errors, rate, p50, p99, p999, cpu, rss, check = r
-    w(f"| {config} | {channel} | {name} | {answered} | {errors} | {int(rate):,} | {p50} | {p99} | {p999} | {cpu} | {rss} | {check} |")
+    config, channel, name, answered, ok, errors, rate, p50, p99, p999, cpu, rss, check, group = r
+    w(f"| {config} | {channel} | {name} | {answered} | {errors} | {int(rate):,} | {p50} | {p99} | {p999} | {cpu} | {rss} | {group} | {check} |")
 w("")
 w("| pgbench (same server, same run) | tx/s |")
 w("|---|---:|")
@@ -329,14 +343,16 @@ def rate(config, channel, name):
 w("| ratio | value |")
 w("|---|---:|")
 for channel in ("wechat", "alipay"):
-    for config in ("ledger", "gate"):
+    for config in ("ledger", "single", "gate"):
         f = rate(config, channel, "first")
         if f == f:
             w(f"| {channel}, {config}: first deliveries / pgbench three statements | {f / three:.2f} |")
             w(f"| {channel}, {config}: first deliveries / pgbench one statement | {f / cte:.2f} |")
-    l, g = rate("ledger", channel, "first"), rate("gate", channel, "first")
+    l, g, one = rate("ledger", channel, "first"), rate("gate", channel, "first"), rate("single", channel, "first")
     if l == l and g == g:
         w(f"| {channel}: gate on / gate off, first deliveries | {g / l:.2f} |")
+    if l == l and one == one:
+        w(f"| {channel}: group apply on / off, first deliveries | {l / one:.2f} |")
     d = rate("ledger", channel, "duplicate")
     if d == d:
         w(f"| {channel}, ledger: duplicates / pgbench duplicate | {d / dup:.2f} |")
@@ -353,7 +369,7 @@ cat "$REPORT"
 if [ "$WRITE_DOCS" = 1 ]; then
     mkdir -p docs/bench
     if command -v gnuplot >/dev/null; then
-        awk -F'\t' '$1 == "ledger" || $1 == "gate" {print $1 "/" $2 "/" $3 "\t" $8 "\t" $9 "\t" $10}' "$RESULTS" >"$WORK/latency.dat"
+        awk -F'\t' '$1 == "ledger" || $1 == "single" || $1 == "gate" {print $1 "/" $2 "/" $3 "\t" $8 "\t" $9 "\t" $10}' "$RESULTS" >"$WORK/latency.dat"
         gnuplot <<EOF
 set terminal pngcairo size 1000,500 noenhanced
 set output "docs/bench/latency.png"

@@ -945,6 +945,24 @@ mod tests {
     }
 
     #[test]
+    fn group_apply_max_is_off_at_zero_and_bounded() {
+        let on = load("", &[]).expect("default");
+        assert_eq!(on.database.group_apply_max, 64);
+        let off = load("[database]\ngroup_apply_max = 0\n", &[]).expect("0 turns it off");
+        assert_eq!(off.database.group_apply_max, 0);
+        for bad in [
+            "[database]\ngroup_apply_max = 1001\n",
+            "[database]\ngroup_apply_max = -1\n",
+        ] {
+            let err = load(bad, &[]).unwrap_err();
+            assert!(
+                err.to_string().contains("database.group_apply_max"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn an_in_memory_sqlite_database_is_refused_naming_database_url() {
         for url in [
             "sqlite://:memory:",
