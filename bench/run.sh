@@ -14,7 +14,8 @@
 #   mix        N/2 requests: 9 first deliveries of fresh orders, then 1 redelivery, repeated
 # After every pass exactly-once is checked in SQL (every order of the pass PAID, one callback
 # row and one ORDER_PAID message per order, no other message). Then receipts.store
-# "rejected" vs "off" for first deliveries, in alternating rounds (RECEIPT_ROUNDS, 0 to skip).
+# "rejected" vs "off" for first deliveries, in alternating rounds (RECEIPT_ROUNDS, 0 to skip),
+# and the same for group apply on vs off (GROUP_ROUNDS, N each, 0 to skip).
 # pgbench runs benches/sql/ledger_first.sql (three statements, five round trips),
 # ledger_first_cte.sql (the same rows in one statement) and ledger_duplicate.sql.
 #
@@ -32,6 +33,7 @@ CONNS=${CONNS:-64}
 THREADS=${THREADS:-2}
 PGBENCH_CLIENTS=${PGBENCH_CLIENTS:-16}
 RECEIPT_ROUNDS=${RECEIPT_ROUNDS:-6}
+GROUP_ROUNDS=${GROUP_ROUNDS:-4}
 RECEIPT_N=${RECEIPT_N:-$((N / 2))}
 PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
@@ -286,23 +288,35 @@ for config in $configs; do
     stop_service
 done
 
-if [ "$RECEIPT_ROUNDS" -gt 0 ]; then
-    echo "receipts.store rejected vs off: $RECEIPT_ROUNDS rounds each of $RECEIPT_N WeChat first deliveries"
-    order=()
-    for r in $(seq "$RECEIPT_ROUNDS"); do
-        # rejected, off, off, rejected, rejected, off, …: neither always goes first.
-        if [ $(((r - 1) % 2)) -eq 0 ]; then order+=(rejected off); else order+=(off rejected); fi
+# Rounds of WeChat first deliveries alternating two settings (a, b, b, a, a, b, …: neither
+# always goes first), a fresh service and fresh orders per round.
+alternate() { # rounds count name_a setting_a name_b setting_b
+    local rounds=$1 count=$2 order=() r i=0 mode setting
+    for r in $(seq "$rounds"); do
+        if [ $(((r - 1) % 2)) -eq 0 ]; then order+=("$3" "$5"); else order+=("$5" "$3"); fi
     done
-    i=0
     for mode in "${order[@]}"; do
         i=$((i + 1))
+        if [ "$mode" = "$3" ]; then setting=$4; else setting=$6; fi
         # Forged right before its round: WeChat refuses timestamps over 5 minutes old.
-        seed_orders "R${i}F-" "$RECEIPT_N" >/dev/null
-        forge wechat "R${i}F-" "$RECEIPT_N" "$WORK/receipts-$i"
-        start_service "receipts-$mode" PAYNOTIFY__RECEIPTS__STORE="$mode"
-        pass "receipts-$mode" wechat first "$WORK/receipts-$i" "R${i}F-" "$RECEIPT_N"
+        seed_orders "${mode:0:1}${i}R-" "$count" >/dev/null
+        forge wechat "${mode:0:1}${i}R-" "$count" "$WORK/round-$i"
+        start_service "$mode" "$setting"
+        pass "$mode" wechat first "$WORK/round-$i" "${mode:0:1}${i}R-" "$count"
         stop_service
     done
+}
+
+if [ "$GROUP_ROUNDS" -gt 0 ]; then
+    echo "group apply on vs off: $GROUP_ROUNDS rounds each of $N WeChat first deliveries"
+    alternate "$GROUP_ROUNDS" "$N" group-on PAYNOTIFY__DATABASE__GROUP_APPLY_MAX=64 \
+        group-off PAYNOTIFY__DATABASE__GROUP_APPLY_MAX=0
+fi
+
+if [ "$RECEIPT_ROUNDS" -gt 0 ]; then
+    echo "receipts.store rejected vs off: $RECEIPT_ROUNDS rounds each of $RECEIPT_N WeChat first deliveries"
+    alternate "$RECEIPT_ROUNDS" "$RECEIPT_N" receipts-rejected PAYNOTIFY__RECEIPTS__STORE=rejected \
+        receipts-off PAYNOTIFY__RECEIPTS__STORE=off
 fi
 
 if [ "$PGBENCH" = 1 ]; then
@@ -356,11 +370,20 @@ for channel in ("wechat", "alipay"):
     d = rate("ledger", channel, "duplicate")
     if d == d:
         w(f"| {channel}, ledger: duplicates / pgbench duplicate | {d / dup:.2f} |")
-rej = [float(r[6]) for r in rows if r[0] == "receipts-rejected"]
-off = [float(r[6]) for r in rows if r[0] == "receipts-off"]
-if rej and off:
-    w(f"| receipts rejected / off, first deliveries (mean of {len(rej)} rounds each: "
-      f"{statistics.mean(rej):,.0f} / {statistics.mean(off):,.0f} per s) | {statistics.mean(rej) / statistics.mean(off):.3f} |")
+def alternated(a, b, what):
+    ra = [float(r[6]) for r in rows if r[0] == a]
+    rb = [float(r[6]) for r in rows if r[0] == b]
+    ca = [float(r[10]) for r in rows if r[0] == a]
+    cb = [float(r[10]) for r in rows if r[0] == b]
+    if ra and rb:
+        w(f"| {what}, first deliveries (mean of {len(ra)} alternating rounds each: "
+          f"{statistics.mean(ra):,.0f} / {statistics.mean(rb):,.0f} per s; CPU "
+          f"{statistics.mean(ca):.0f} / {statistics.mean(cb):.0f} µs) | {statistics.mean(ra) / statistics.mean(rb):.3f} |")
+    return statistics.mean(ra) if ra else float("nan")
+on = alternated("group-on", "group-off", "group apply on / off")
+if on == on:
+    w(f"| group apply on (alternating rounds) / pgbench three statements | {on / three:.2f} |")
+alternated("receipts-rejected", "receipts-off", "receipts rejected / off")
 open(report, "w").write("\n".join(out) + "\n")
 EOF
 echo
