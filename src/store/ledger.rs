@@ -318,7 +318,9 @@ impl Store {
                     answers[i] = Answer::Unavailable(waited);
                 }
             }
-            Err(e) => {
+            // A statement failed (a deadlock, a timeout, a row that cannot be written): the
+            // payments are retried one by one, and only the one at fault fails again.
+            Err(e @ StoreError::Query(_)) => {
                 stats
                     .failed
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -328,6 +330,9 @@ impl Store {
                     "group apply failed; its payments are applied one by one"
                 )
             }
+            // No connection could be opened: each payment tries on its own (and answers 503
+            // if it cannot either).
+            Err(_) => {}
         }
         answers
     }

@@ -99,6 +99,12 @@ impl StoreError {
                     message.contains("statement timeout")
                         // PostgreSQL: a deadlock victim (40P01); the provider's retry succeeds.
                         || message.contains("deadlock detected")
+                        // PostgreSQL ended this connection mid-statement (57P01
+                        // pg_terminate_backend or a fast shutdown, 57P02 a crash of another
+                        // backend), or is starting up or shutting down (57P03): whatever the
+                        // statement did was rolled back or is found by the retry.
+                        || message.starts_with("terminating connection")
+                        || message.starts_with("the database system is")
                         || message.contains("database is locked")
                         || message.contains("database is busy")
                         // MySQL/MariaDB: a row lock not granted in time, or a deadlock victim.
@@ -543,7 +549,8 @@ fn mysql_version_supported(version: &str) -> bool {
 mod tests {
     use super::{PgTarget, StoreError, mysql_version_supported};
 
-    fn mysql_error(message: &str) -> StoreError {
+    /// A database error of no particular kind, as the drivers report many of them.
+    fn db_error(message: &str) -> StoreError {
         StoreError::Query(diesel::result::Error::DatabaseError(
             diesel::result::DatabaseErrorKind::Unknown,
             Box::new(message.to_owned()),
@@ -562,14 +569,32 @@ mod tests {
             "Server shutdown in progress",
             "Connection was killed",
         ] {
-            assert!(mysql_error(message).is_unavailable(), "{message}");
+            assert!(db_error(message).is_unavailable(), "{message}");
         }
         for message in [
             "Table 'paynotify.nope' doesn't exist",
             "You have an error in your SQL syntax",
             "Duplicate entry 'x' for key 'PRIMARY'",
         ] {
-            assert!(!mysql_error(message).is_unavailable(), "{message}");
+            assert!(!db_error(message).is_unavailable(), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_postgres_connection_ended_by_the_server_is_unavailable_not_an_error() {
+        for message in [
+            "terminating connection due to administrator command",
+            "terminating connection because of crash of another server process",
+            "the database system is starting up",
+            "the database system is shutting down",
+        ] {
+            assert!(db_error(message).is_unavailable(), "{message}");
+        }
+        for message in [
+            "relation \"nope\" does not exist",
+            "duplicate key value violates unique constraint \"local_message_topic_biz_key\"",
+        ] {
+            assert!(!db_error(message).is_unavailable(), "{message}");
         }
     }
 
