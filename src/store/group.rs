@@ -244,16 +244,7 @@ macro_rules! pay_each {
                     let channel = n.channel.as_str();
                     let one = conn
                         .transaction::<_, Undo, _>(async |conn| {
-                            let written = InsertPayCallback {
-                                out_trade_no: &n.out_trade_no,
-                                channel,
-                                transaction_id: &n.transaction_id,
-                                amount_fen: n.amount_fen,
-                                digest: digest.as_str(),
-                                created_at: now,
-                            }
-                            .execute(conn)
-                            .await;
+                            let written = InsertPayCallback::of(n, digest, now).execute(conn).await;
                             if unless_exists(written, PRIMARY)? == 0 {
                                 let seen: String = pay_callback::table
                                     .find((&n.out_trade_no, channel))
@@ -262,16 +253,7 @@ macro_rules! pay_each {
                                     .await?;
                                 return Ok((seen == digest.as_str()).then_some(Outcome::Duplicate));
                             }
-                            let moved = MarkPaid {
-                                order_no: &n.out_trade_no,
-                                amount_fen: n.amount_fen,
-                                currency: &n.currency,
-                                channel,
-                                transaction_id: &n.transaction_id,
-                                paid_at: now,
-                            }
-                            .execute(conn)
-                            .await?;
+                            let moved = MarkPaid::of(n, now).execute(conn).await?;
                             if moved != 1 {
                                 return Err(Undo::Notice);
                             }

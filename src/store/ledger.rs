@@ -364,15 +364,7 @@ impl Store {
                 return Ok(outcome);
             }
             conn.transaction::<_, Abort, _>(async |conn| {
-                let written = InsertPayCallback {
-                    out_trade_no: &n.out_trade_no,
-                    channel,
-                    transaction_id: &n.transaction_id,
-                    amount_fen: n.amount_fen,
-                    digest: digest.as_str(),
-                    created_at: now,
-                }
-                .execute(conn)
+                let written = InsertPayCallback::of(n, digest, now).execute(conn)
                 .await;
                 if unless_exists(written, PRIMARY)? == 0 {
                     // The insert waited for the winner to commit; under READ COMMITTED (every
@@ -398,15 +390,7 @@ impl Store {
                     return insert_anomaly!(conn, n, &n.transaction_id, AnomalyReason::DuplicatePayment, &order, now);
                 }
                 if n.merchant_matches {
-                    let moved = MarkPaid {
-                        order_no: &n.out_trade_no,
-                        amount_fen: n.amount_fen,
-                        currency: &n.currency,
-                        channel,
-                        transaction_id: &n.transaction_id,
-                        paid_at: now,
-                    }
-                    .execute(conn)
+                    let moved = MarkPaid::of(n, now).execute(conn)
                     .await?;
                     if moved == 1 {
                         let message = Message::order_paid(n, now);

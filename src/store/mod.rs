@@ -557,45 +557,53 @@ mod tests {
         ))
     }
 
+    /// Each of `unavailable` is a 503 (the database is away), each of `failed` a 500.
+    fn assert_classified(unavailable: &[&str], failed: &[&str]) {
+        for message in unavailable {
+            assert!(db_error(message).is_unavailable(), "{message}");
+        }
+        for message in failed {
+            assert!(!db_error(message).is_unavailable(), "{message}");
+        }
+    }
+
     /// What the MySQL driver said while a MariaDB of its own restarted, crashed and had the
     /// service's connections killed (scripts/chaos/mariadb-faults.sh): the database is away,
     /// a 503, never a 500.
     #[test]
     fn a_lost_mysql_connection_is_unavailable_not_an_error() {
-        for message in [
-            "Input/output error: Input/output error: Broken pipe (os error 32)",
-            "Input/output error: Input/output error: Connection reset by peer (os error 104)",
-            "Input/output error: Input/output error: Driver error: `Connection to the server is closed.'",
-            "Server shutdown in progress",
-            "Connection was killed",
-        ] {
-            assert!(db_error(message).is_unavailable(), "{message}");
-        }
-        for message in [
-            "Table 'paynotify.nope' doesn't exist",
-            "You have an error in your SQL syntax",
-            "Duplicate entry 'x' for key 'PRIMARY'",
-        ] {
-            assert!(!db_error(message).is_unavailable(), "{message}");
-        }
+        assert_classified(
+            &[
+                "Input/output error: Input/output error: Broken pipe (os error 32)",
+                "Input/output error: Input/output error: Connection reset by peer (os error 104)",
+                "Input/output error: Input/output error: Driver error: `Connection to the server is closed.'",
+                "Server shutdown in progress",
+                "Connection was killed",
+            ],
+            &[
+                "Table 'paynotify.nope' doesn't exist",
+                "You have an error in your SQL syntax",
+                "Duplicate entry 'x' for key 'PRIMARY'",
+            ],
+        );
     }
 
+    /// What PostgreSQL says when it ends a connection mid-statement
+    /// (scripts/chaos/db-faults.sh: pg_terminate_backend, restarts).
     #[test]
     fn a_postgres_connection_ended_by_the_server_is_unavailable_not_an_error() {
-        for message in [
-            "terminating connection due to administrator command",
-            "terminating connection because of crash of another server process",
-            "the database system is starting up",
-            "the database system is shutting down",
-        ] {
-            assert!(db_error(message).is_unavailable(), "{message}");
-        }
-        for message in [
-            "relation \"nope\" does not exist",
-            "duplicate key value violates unique constraint \"local_message_topic_biz_key\"",
-        ] {
-            assert!(!db_error(message).is_unavailable(), "{message}");
-        }
+        assert_classified(
+            &[
+                "terminating connection due to administrator command",
+                "terminating connection because of crash of another server process",
+                "the database system is starting up",
+                "the database system is shutting down",
+            ],
+            &[
+                "relation \"nope\" does not exist",
+                "duplicate key value violates unique constraint \"local_message_topic_biz_key\"",
+            ],
+        );
     }
 
     #[test]

@@ -23,6 +23,7 @@ use diesel::sql_types::{BigInt, Nullable, Text};
 use diesel::sqlite::Sqlite;
 
 use super::types::{Json, Payload, UtcTs};
+use crate::notice::{Digest, Notice};
 use crate::time::Timestamp;
 
 /// The unique key a MySQL duplicate-key error names: the primary key, or the outbox's
@@ -101,6 +102,20 @@ pub struct InsertPayCallback<'a> {
     pub created_at: Timestamp,
 }
 
+impl<'a> InsertPayCallback<'a> {
+    /// The callback row of a payment notice.
+    pub fn of(n: &'a Notice, digest: &'a Digest, created_at: Timestamp) -> Self {
+        Self {
+            out_trade_no: &n.out_trade_no,
+            channel: n.channel.as_str(),
+            transaction_id: &n.transaction_id,
+            amount_fen: n.amount_fen,
+            digest: digest.as_str(),
+            created_at,
+        }
+    }
+}
+
 statement!(InsertPayCallback, |self, out| {
     "INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at) VALUES ("
     [Text: self.out_trade_no] ", " [Text: self.channel] ", " [Text: self.transaction_id] ", "
@@ -175,6 +190,20 @@ pub struct MarkPaid<'a> {
     pub channel: &'a str,
     pub transaction_id: &'a str,
     pub paid_at: Timestamp,
+}
+
+impl<'a> MarkPaid<'a> {
+    /// The compare-and-set a payment notice asks for.
+    pub fn of(n: &'a Notice, paid_at: Timestamp) -> Self {
+        Self {
+            order_no: &n.out_trade_no,
+            amount_fen: n.amount_fen,
+            currency: &n.currency,
+            channel: n.channel.as_str(),
+            transaction_id: &n.transaction_id,
+            paid_at,
+        }
+    }
 }
 
 statement!(MarkPaid, |self, out| {

@@ -77,6 +77,12 @@ async fn a_body_reserialised_by_a_proxy_is_refused_and_kept_as_it_arrived(backen
     );
     assert_eq!(headers["content-type"][0], "application/json");
     assert!(receipt.request_id.is_some() && receipt.peer.is_some());
+    // The writer counts a batch once its insert returned, which is just after the row can
+    // be seen: wait (bounded) for the count too.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&app, "paynotify_receipts_total", &["written"]) == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(metric(&app, "paynotify_receipts_total", &["written"]), 1);
 }
 
