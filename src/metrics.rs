@@ -375,7 +375,7 @@ impl Metrics {
         );
         let ledger_group_payments = plain_counter(
             "paynotify_ledger_group_payments_total",
-            "Payments applied in those groups",
+            "Payments carried by those groups (decided there or passed on to the full transaction)",
         );
         let ledger_group_failures = plain_counter(
             "paynotify_ledger_group_failures_total",
@@ -487,6 +487,11 @@ impl Metrics {
 
     /// The store's group-apply counts since start-up (`Store::group_stats`).
     pub fn groups(&self, counts: GroupCounts) {
+        // Two scrapes at once must not both add the same difference.
+        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = ONE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         for (counter, total) in [
             (&self.ledger_groups, counts.groups),
             (&self.ledger_group_payments, counts.payments),

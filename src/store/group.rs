@@ -49,7 +49,7 @@ pub(crate) struct Payment {
 }
 
 /// What the group made of one payment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Answer {
     /// Applied or a duplicate, committed.
     Decided(Outcome),
@@ -58,8 +58,9 @@ pub(crate) enum Answer {
     /// Not tried in a group (another notice of its order was in it, the queue was full, or
     /// the group failed): the ordinary path, from the start.
     Alone,
-    /// No database connection within this wait (503).
-    Unavailable(Duration),
+    /// The database is away or too busy (503): no connection within the wait, a statement
+    /// timeout, a lost connection. Retrying every payment alone would only wait as long again.
+    Unavailable(Arc<str>),
 }
 
 /// Counts since start-up, for `/metrics`.
@@ -73,6 +74,8 @@ pub struct GroupStats {
     pub decided: AtomicU64,
     /// Groups that failed as a whole (their items were then handled one by one).
     pub failed: AtomicU64,
+    /// Items those failed groups carried.
+    pub failed_items: AtomicU64,
 }
 
 impl GroupStats {
@@ -83,6 +86,7 @@ impl GroupStats {
             payments: read(&self.items),
             decided: read(&self.decided),
             failed: read(&self.failed),
+            failed_payments: read(&self.failed_items),
         }
     }
 }
@@ -99,6 +103,8 @@ pub struct GroupCounts {
     pub decided: u64,
     /// Groups that failed as a whole; their payments were applied one by one.
     pub failed: u64,
+    /// Payments those failed groups carried.
+    pub failed_payments: u64,
 }
 
 /// A queue whose items are handled in groups: each of `workers` tasks takes whatever is
@@ -142,12 +148,18 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
         Self { queue, stats }
     }
 
-    /// Queues `item` and waits for its result; `None` when the queue is full or the workers
-    /// are gone (the runtime is stopping): the caller does the work itself.
-    pub(crate) async fn submit(&self, item: I) -> Option<O> {
+    /// Queues `item` and waits at most `deadline` for its result. `Err(())` when the deadline
+    /// passed (the item may still be handled after); `Ok(None)` when the queue is full or the
+    /// workers are gone (the runtime is stopping): the caller does the work itself.
+    pub(crate) async fn submit(&self, item: I, deadline: Duration) -> Result<Option<O>, ()> {
         let (reply, result) = oneshot::channel();
-        self.queue.try_send((item, reply)).ok()?;
-        result.await.ok()
+        if self.queue.try_send((item, reply)).is_err() {
+            return Ok(None);
+        }
+        match tokio::time::timeout(deadline, result).await {
+            Ok(result) => Ok(result.ok()),
+            Err(_) => Err(()),
+        }
     }
 }
 

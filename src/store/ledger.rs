@@ -288,6 +288,7 @@ impl Store {
     /// One group: one notice per order goes in (sorted by order, so groups lock orders in
     /// the same order), its twins go alone.
     async fn pay_together(&self, payments: Vec<Payment>, stats: &GroupStats) -> Vec<Answer> {
+        use std::sync::atomic::Ordering::Relaxed;
         let mut answers = vec![Answer::Alone; payments.len()];
         let mut orders = std::collections::HashSet::with_capacity(payments.len());
         let mut chosen: Vec<usize> = (0..payments.len())
@@ -305,34 +306,30 @@ impl Store {
         match result {
             Ok(outcomes) => {
                 let decided = outcomes.iter().flatten().count();
-                stats
-                    .decided
-                    .fetch_add(decided as u64, std::sync::atomic::Ordering::Relaxed);
+                stats.decided.fetch_add(decided as u64, Relaxed);
                 for (&i, outcome) in chosen.iter().zip(outcomes) {
                     answers[i] = outcome.map_or(Answer::Undecided, Answer::Decided);
                 }
             }
-            // No connection within the wait: each caller would wait as long again.
-            Err(StoreError::Timeout(waited)) => {
-                for &i in &chosen {
-                    answers[i] = Answer::Unavailable(waited);
-                }
-            }
-            // A statement failed (a deadlock, a timeout, a row that cannot be written): the
-            // payments are retried one by one, and only the one at fault fails again.
-            Err(e @ StoreError::Query(_)) => {
-                stats
-                    .failed
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // A deadlock, or a statement that cannot be written (a row of one of the payments):
+            // the payments are retried one by one, and only the one at fault fails again.
+            Err(e @ StoreError::Query(_)) if !e.is_unavailable() || e.is_deadlock() => {
+                stats.failed.fetch_add(1, Relaxed);
+                stats.failed_items.fetch_add(group.len() as u64, Relaxed);
                 tracing::warn!(
                     payments = group.len(),
                     error = %e,
                     "group apply failed; its payments are applied one by one"
                 )
             }
-            // No connection could be opened: each payment tries on its own (and answers 503
-            // if it cannot either).
-            Err(_) => {}
+            // The database is away or too busy (no connection within the wait, a statement
+            // timeout, a lost connection): each payment alone would wait as long again.
+            Err(e) => {
+                let why: std::sync::Arc<str> = e.to_string().into();
+                for &i in &chosen {
+                    answers[i] = Answer::Unavailable(why.clone());
+                }
+            }
         }
         answers
     }
@@ -352,11 +349,22 @@ impl Store {
                 digest: digest.clone(),
                 now,
             };
-            match group.submit(payment).await {
-                Some(Answer::Decided(outcome)) => return Ok(outcome),
-                Some(Answer::Undecided) => fast = false,
-                Some(Answer::Unavailable(waited)) => return Err(StoreError::Timeout(waited)),
-                Some(Answer::Alone) | None => {}
+            // As long as the ordinary path could take: a connection, then one statement.
+            let deadline = self.acquire_timeout + self.statement_timeout;
+            match group.submit(payment, deadline).await {
+                Ok(Some(Answer::Decided(outcome))) => return Ok(outcome),
+                Ok(Some(Answer::Undecided)) => fast = false,
+                Ok(Some(Answer::Unavailable(why))) => {
+                    return Err(StoreError::Unavailable(why.to_string()));
+                }
+                Ok(Some(Answer::Alone) | None) => {}
+                // Still queued or running: 503, and the provider's retry finds what it did.
+                Err(()) => {
+                    return Err(StoreError::Unavailable(format!(
+                        "no group answered within {} ms",
+                        deadline.as_millis()
+                    )));
+                }
             }
         }
         let result = with_conn!(self, conn => {

@@ -78,16 +78,29 @@ pub enum StoreError {
     /// The task running the work ended before it did (a panic, or the runtime stopping).
     #[error("database task ended early: {0}")]
     Task(#[from] tokio::task::JoinError),
+    /// The database was away or too busy for a group of payments (see `group.rs`).
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl StoreError {
+    /// A deadlock victim (PostgreSQL 40P01, InnoDB 1213): retrying at once succeeds.
+    pub fn is_deadlock(&self) -> bool {
+        matches!(self, Self::Query(diesel::result::Error::DatabaseError(_, info))
+            if info.message().contains("deadlock detected") || info.message().contains("Deadlock found"))
+    }
+
     /// Whether the database could not be reached or was too busy (the caller answers 503),
     /// as opposed to a statement that failed on a working database (500). Providers retry
     /// both; operators tell them apart in the logs and in `paynotify_notifications_total`.
     pub fn is_unavailable(&self) -> bool {
         use diesel::result::{DatabaseErrorKind, Error};
         match self {
-            Self::Timeout(_) | Self::Connect(_) | Self::MigrationConnect(_) | Self::Task(_) => true,
+            Self::Timeout(_)
+            | Self::Connect(_)
+            | Self::MigrationConnect(_)
+            | Self::Task(_)
+            | Self::Unavailable(_) => true,
             Self::Query(Error::DatabaseError(kind, info)) => {
                 matches!(
                     kind,
@@ -140,6 +153,8 @@ pub struct Store {
     pools: std::sync::Arc<Pools>,
     url: DatabaseUrl,
     acquire_timeout: Duration,
+    /// `database.statement_timeout_ms`.
+    statement_timeout: Duration,
     /// The runtime the store was built on, where the group applier runs.
     runtime: Option<tokio::runtime::Handle>,
     /// `database.group_apply_max`; 0: every payment on its own.
@@ -431,6 +446,7 @@ impl Store {
             pools: std::sync::Arc::new(pools),
             url,
             acquire_timeout: Duration::from_millis(settings.acquire_timeout_ms),
+            statement_timeout: Duration::from_millis(statement_timeout_ms),
             runtime: store_runtime,
             group_max: settings.group_apply_max as usize,
             group: Default::default(),

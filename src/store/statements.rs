@@ -323,7 +323,9 @@ impl diesel::query_builder::Query for PayFirst<'_> {
 /// all of them (see `store/group.rs`). Every notice in it names a different order.
 ///
 /// The same rules per notice: the order rows are locked first (`FOR UPDATE`, in `order_no`
-/// order, so two groups never wait for each other in a cycle), a callback row is written only
+/// order), skipping any that another transaction holds (`SKIP LOCKED`: that notice is left
+/// undecided and takes the ordinary path, which waits for the lock, so one busy order never
+/// holds up a whole group), a callback row is written only
 /// for a locked order waiting for exactly its amount and only if its key is new, the order
 /// moves only with a new callback row, `ORDER_PAID` only with the move, and a callback row
 /// without its message is cast to an error that undoes the whole statement. It answers one row
@@ -352,7 +354,7 @@ impl QueryFragment<Pg> for PayGroup<'_> {
             ") WITH ORDINALITY AS i(out_trade_no, channel, transaction_id, amount_fen, currency, digest, payload, now, position)), "
             "target AS (SELECT o.order_no FROM orders o JOIN input i ON o.order_no = i.out_trade_no "
             "WHERE o.status = 'WAIT_PAY' AND o.amount_fen = i.amount_fen AND o.currency = i.currency "
-            "ORDER BY o.order_no FOR UPDATE OF o), "
+            "ORDER BY o.order_no FOR UPDATE OF o SKIP LOCKED), "
             "cb AS (INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at) "
             "SELECT i.out_trade_no, i.channel, i.transaction_id, i.amount_fen, i.digest, i.now"
             " FROM input i JOIN target t ON t.order_no = i.out_trade_no "

@@ -330,11 +330,34 @@ async fn payments_released_together_share_groups_and_each_commits_once(backend: 
     assert_eq!(app.db.count("pay_callback").await, 200);
     assert_eq!(app.messages("ORDER_PAID").await, 200);
     assert_eq!(app.db.count("local_message").await, 200);
+    // Each payment's own values landed on its own order: nothing bound out of step.
     let paid = app.outbox("ORDER_PAID").await;
-    assert!(
-        paid.iter()
-            .all(|m| m.payload.0["paid_at"] == serde_json::json!(now)),
-        "each ORDER_PAID carries its notice's time"
+    for (i, n) in notices.iter().enumerate() {
+        let at = serde_json::json!(now.plus_seconds(i64::try_from(i).expect("small")));
+        let message = paid
+            .iter()
+            .find(|m| m.biz_key == n.out_trade_no)
+            .unwrap_or_else(|| panic!("ORDER_PAID of {}", n.out_trade_no));
+        let p = &message.payload.0;
+        assert_eq!(p["order_no"], n.out_trade_no.as_str());
+        assert_eq!(p["transaction_id"], n.transaction_id.as_str());
+        assert_eq!(p["amount_fen"], n.amount_fen);
+        assert_eq!(
+            p["paid_at"], at,
+            "{}: the notice's own time",
+            n.out_trade_no
+        );
+        let order = app.get_order(&n.out_trade_no).await;
+        assert_eq!(order["status"], "PAID");
+        assert_eq!(order["transaction_id"], n.transaction_id.as_str());
+        assert_eq!(order["paid_at"], at, "{}", n.out_trade_no);
+    }
+    assert_eq!(
+        app.db
+            .count("pay_callback c JOIN orders o ON o.order_no = c.out_trade_no WHERE c.amount_fen = o.amount_fen AND c.transaction_id = o.transaction_id")
+            .await,
+        200,
+        "every callback row carries its own payment's amount and transaction"
     );
 
     // Redelivered together: duplicates, decided in groups, nothing written.
@@ -369,6 +392,7 @@ async fn a_failed_group_is_retried_payment_by_payment(backend: Backend) {
                  '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')"
             ))
             .await;
+        let before = app.store.group_stats();
         let outcomes = apply_at_once(&app, &notices, app.clock.now()).await;
         for (n, outcome) in notices.iter().zip(&outcomes) {
             if &n.out_trade_no == poisoned {
@@ -393,35 +417,41 @@ async fn a_failed_group_is_retried_payment_by_payment(backend: Backend) {
             29,
             "nothing of the poisoned payment"
         );
-        if app.store.group_stats().failed > 0 {
+        // Done once a failed group carried other payments besides the poisoned one (each of
+        // them applied above, one by one).
+        let after = app.store.group_stats();
+        if after.failed_payments - before.failed_payments > after.failed - before.failed {
             return;
         }
     }
     panic!("the poisoned payment never shared a group in ten rounds");
 }
 
-/// `count` orders `{prefix}-{i}` of 19900 fen, and a first delivery for each.
+/// `count` orders `{prefix}-{i}` of 19900 + i fen, and a first delivery for each
+/// (transaction `T-{order}`), so a payment's values never match another's.
 async fn orders_with_payments(app: &TestApp, count: usize, prefix: &str) -> Vec<Notice> {
     let mut notices = Vec::with_capacity(count);
     for i in 0..count {
         let no = format!("{prefix}-{i:03}");
-        app.create_order(&no, 19900).await;
-        notices.push(paid(&no, &format!("T-{no}"), 19900));
+        let fen = 19900 + i64::try_from(i).expect("small");
+        app.create_order(&no, fen).await;
+        notices.push(paid(&no, &format!("T-{no}"), fen));
     }
     notices
 }
 
-/// Applies every notice at once (released by one barrier), answers in order.
+/// Applies every notice at once (released by one barrier), the i-th received `now` + i
+/// seconds; answers in order.
 async fn apply_at_once(
     app: &TestApp,
     notices: &[Notice],
     now: paynotify::time::Timestamp,
 ) -> Vec<Result<Outcome, paynotify::store::StoreError>> {
     let barrier = Arc::new(Barrier::new(notices.len()));
-    let tasks: Vec<_> = notices
-        .iter()
-        .map(|n| {
-            let (store, notice, barrier) = (app.store.clone(), n.clone(), barrier.clone());
+    let tasks: Vec<_> = (0..notices.len())
+        .map(|i| {
+            let (store, notice, barrier) = (app.store.clone(), notices[i].clone(), barrier.clone());
+            let now = now.plus_seconds(i64::try_from(i).expect("small"));
             tokio::spawn(async move {
                 barrier.wait().await;
                 store.apply(&notice, now).await
@@ -1036,4 +1066,41 @@ async fn state_never_moves_backwards(backend: Backend) {
             );
         }
     }
+}
+
+/// A group whose statement times out (the database too busy) answers every payment in it
+/// "unavailable" (503, the provider retries) at once, without retrying each alone for as long
+/// again; nothing is written, and the retry after the database is free applies each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_times_out_is_503_for_all_and_not_retried_alone() {
+    let app = crate::helpers::spawn_app_with(Backend::Postgres, |s| {
+        s.database.statement_timeout_ms = 300;
+    })
+    .await;
+    let notices = orders_with_payments(&app, 20, "TO").await;
+    // Every callback insert waits for this lock longer than a statement may run.
+    let lock = app
+        .db
+        .hold_table_lock("pay_callback", std::time::Duration::from_millis(2000))
+        .await;
+    let outcomes = apply_at_once(&app, &notices, app.clock.now()).await;
+    for (n, outcome) in notices.iter().zip(&outcomes) {
+        match outcome {
+            Err(e) => assert!(e.is_unavailable(), "{}: {e}", n.out_trade_no),
+            Ok(o) => panic!("{}: {o:?} while the table is locked", n.out_trade_no),
+        }
+    }
+    let counts = app.store.group_stats();
+    assert_eq!(counts.payments, 20, "{counts:?}");
+    assert_eq!(counts.failed, 0, "not retried one by one: {counts:?}");
+    lock.await.expect("lock released");
+    assert_eq!(app.db.count("pay_callback").await, 0);
+    assert_eq!(app.db.count("local_message").await, 0);
+
+    let again = apply_at_once(&app, &notices, app.clock.now()).await;
+    assert!(
+        again.iter().all(|o| matches!(o, Ok(Outcome::Applied))),
+        "{again:?}"
+    );
+    assert_eq!(app.messages("ORDER_PAID").await, 20);
 }
