@@ -15,7 +15,8 @@
 # After every pass exactly-once is checked in SQL (every order of the pass PAID, one callback
 # row and one ORDER_PAID message per order, no other message). Then receipts.store
 # "rejected" vs "off" for first deliveries, in alternating rounds (RECEIPT_ROUNDS, 0 to skip),
-# and the same for group apply on vs off (GROUP_ROUNDS, N each, 0 to skip).
+# and the same for group apply on vs off (GROUP_ROUNDS, N each, 0 to skip) and for the Redis
+# gate on vs off (GATE_ROUNDS, N each, 0 to skip).
 # pgbench runs benches/sql/ledger_first.sql (three statements, five round trips),
 # ledger_first_cte.sql (the same rows in one statement) and ledger_duplicate.sql.
 #
@@ -34,6 +35,7 @@ THREADS=${THREADS:-2}
 PGBENCH_CLIENTS=${PGBENCH_CLIENTS:-16}
 RECEIPT_ROUNDS=${RECEIPT_ROUNDS:-6}
 GROUP_ROUNDS=${GROUP_ROUNDS:-4}
+GATE_ROUNDS=${GATE_ROUNDS:-4}
 RECEIPT_N=${RECEIPT_N:-$((N / 2))}
 PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
@@ -116,12 +118,16 @@ EOF
 }
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$SERVICE_PID/stat"; }
-# "groups payments" applied together so far (group apply's counters in /metrics).
+# Busy ticks of the whole machine (service, database, Redis, wrk: all it costs on two cores).
+machine_ticks() { awk '$1 == "cpu" {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
+# "groups payments gate-round-trips gate-calls" so far (from /metrics).
 group_counts() {
     curl -fs "http://127.0.0.1:$PORT/metrics" | awk '
         $1 == "paynotify_ledger_groups_total" {g = $2}
         $1 == "paynotify_ledger_group_payments_total" {p = $2}
-        END {print g + 0, p + 0}'
+        $1 == "paynotify_gate_round_trips_total" {r = $2}
+        $1 == "paynotify_gate_calls_total" {c = $2}
+        END {print g + 0, p + 0, r + 0, c + 0}'
 }
 rss_mb() { awk '/VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$SERVICE_PID/status"; }
 
@@ -177,6 +183,8 @@ pass() { # config channel pass file checks...
     local groups_before
     groups_before=$(group_counts)
     before=$(cpu_ticks)
+    local machine_before
+    machine_before=$(machine_ticks)
     rm -f "$WORK"/done.*
     BENCH_REQUESTS=$file BENCH_THREADS=$THREADS BENCH_DONE=$WORK/done wrk -t"$THREADS" -c"$CONNS" \
         -d300s --timeout 10s -s bench/notify.lua "http://127.0.0.1:$PORT" >"$WORK/wrk.out" &
@@ -192,9 +200,14 @@ pass() { # config channel pass file checks...
     wait "$wrk_pid" || true
     line=$(grep '^RESULT' "$WORK/wrk.out")
     after=$(cpu_ticks)
-    local group
+    local machine_after
+    machine_after=$(machine_ticks)
+    local group pipeline counts
+    counts="$groups_before $(group_counts)"
     # The mean group size of the pass: payments per group ("-" when nothing was grouped).
-    group=$(echo "$groups_before $(group_counts)" | awk '{g = $3 - $1; p = $4 - $2; if (g > 0) printf "%.1f", p / g; else print "-"}')
+    group=$(echo "$counts" | awk '{g = $5 - $1; p = $6 - $2; if (g > 0) printf "%.1f", p / g; else print "-"}')
+    # The mean gate pipeline: calls per round trip to Redis ("-" without the gate).
+    pipeline=$(echo "$counts" | awk '{r = $7 - $3; c = $8 - $4; if (r > 0) printf "%.1f", c / r; else print "-"}')
     if [ -n "$perf_pid" ]; then
         kill -INT "$perf_pid"
         wait "$perf_pid" || true
@@ -213,17 +226,18 @@ pass() { # config channel pass file checks...
         [ "$(check "$1" "$2")" = ok ] || verdict=FAILED
         shift 2
     done
-    local rate cpu
+    local rate cpu machine
     rate=$(awk -v a="$answered" -v d="$duration" 'BEGIN {printf "%.0f", a / (d / 1e6)}')
     cpu=$(awk -v t=$((after - before)) -v hz="$CLK_TCK" -v a="$answered" 'BEGIN {printf "%.0f", t / hz / a * 1e6}')
+    machine=$(awk -v t=$((machine_after - machine_before)) -v hz="$CLK_TCK" -v a="$answered" 'BEGIN {printf "%.0f", t / hz / a * 1e6}')
     local ms50 ms99 ms999
     ms50=$(awk -v v="$p50" 'BEGIN {printf "%.1f", v / 1000}')
     ms99=$(awk -v v="$p99" 'BEGIN {printf "%.1f", v / 1000}')
     ms999=$(awk -v v="$p999" 'BEGIN {printf "%.1f", v / 1000}')
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$config" "$channel" "$name" \
-        "$answered" "$ok" "$errors" "$rate" "$ms50" "$ms99" "$ms999" "$cpu" "$(rss_mb)" "$verdict" "$group" >>"$RESULTS"
-    printf '  %-17s %-6s %-9s %6s answered, %s errors (%s), %6s/s, p50 %s ms, p99 %s ms, CPU %s µs/request, group %s, exactly-once %s\n' \
-        "$config" "$channel" "$name" "$answered" "$errors" "$statuses" "$rate" "$ms50" "$ms99" "$cpu" "$group" "$verdict"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$config" "$channel" "$name" \
+        "$answered" "$ok" "$errors" "$rate" "$ms50" "$ms99" "$ms999" "$cpu" "$(rss_mb)" "$verdict" "$group" "$machine" >>"$RESULTS"
+    printf '  %-17s %-6s %-9s %6s answered, %s errors (%s), %6s/s, p50 %s ms, p99 %s ms, CPU %s µs/request (machine %s), group %s, gate pipeline %s, exactly-once %s\n' \
+        "$config" "$channel" "$name" "$answered" "$errors" "$statuses" "$rate" "$ms50" "$ms99" "$cpu" "$machine" "$group" "$pipeline" "$verdict"
 }
 
 PG_ROWS=$WORK/pgbench.tsv
@@ -289,19 +303,23 @@ for config in $configs; do
 done
 
 # Rounds of WeChat first deliveries alternating two settings (a, b, b, a, a, b, …: neither
-# always goes first), a fresh service and fresh orders per round.
+# always goes first), a fresh service and fresh orders per round. A setting is one or more
+# VAR=value words.
+ROUND=0
 alternate() { # rounds count name_a setting_a name_b setting_b
-    local rounds=$1 count=$2 order=() r i=0 mode setting
+    local rounds=$1 count=$2 order=() r mode setting i
     for r in $(seq "$rounds"); do
         if [ $(((r - 1) % 2)) -eq 0 ]; then order+=("$3" "$5"); else order+=("$5" "$3"); fi
     done
     for mode in "${order[@]}"; do
-        i=$((i + 1))
+        ROUND=$((ROUND + 1))
+        i=$ROUND
         if [ "$mode" = "$3" ]; then setting=$4; else setting=$6; fi
         # Forged right before its round: WeChat refuses timestamps over 5 minutes old.
         seed_orders "${mode:0:1}${i}R-" "$count" >/dev/null
         forge wechat "${mode:0:1}${i}R-" "$count" "$WORK/round-$i"
-        start_service "$mode" "$setting"
+        # shellcheck disable=SC2086 # a setting may be several VAR=value words
+        start_service "$mode" $setting
         pass "$mode" wechat first "$WORK/round-$i" "${mode:0:1}${i}R-" "$count"
         stop_service
     done
@@ -311,6 +329,13 @@ if [ "$GROUP_ROUNDS" -gt 0 ]; then
     echo "group apply on vs off: $GROUP_ROUNDS rounds each of $N WeChat first deliveries"
     alternate "$GROUP_ROUNDS" "$N" group-on PAYNOTIFY__DATABASE__GROUP_APPLY_MAX=64 \
         group-off PAYNOTIFY__DATABASE__GROUP_APPLY_MAX=0
+fi
+
+if [ "$GATE_ROUNDS" -gt 0 ]; then
+    echo "Redis gate on vs off: $GATE_ROUNDS rounds each of $N WeChat first deliveries"
+    alternate "$GATE_ROUNDS" "$N" \
+        gate-on "PAYNOTIFY__REDIS__URL=$REDIS_URL PAYNOTIFY__REDIS__KEY_PREFIX=$REDIS_PREFIX" \
+        gate-off PAYNOTIFY__REDIS__URL=
 fi
 
 if [ "$RECEIPT_ROUNDS" -gt 0 ]; then
@@ -340,11 +365,11 @@ out = []
 w = out.append
 w(f"Run of {when}, commit {commit}: {machine}; N = {n} per pass, wrk {conns} connections; "
   f"pgbench {clients} clients; load average at the end {load}.\n")
-w("| configuration | channel | pass | answered | errors | per s | p50 ms | p99 ms | p99.9 ms | service CPU µs/request | RSS MB | mean group | exactly-once |")
-w("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+w("| configuration | channel | pass | answered | errors | per s | p50 ms | p99 ms | p99.9 ms | service CPU µs/request | machine CPU µs/request | RSS MB | mean group | exactly-once |")
+w("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for r in rows:
-    config, channel, name, answered, ok, errors, rate, p50, p99, p999, cpu, rss, check, group = r
-    w(f"| {config} | {channel} | {name} | {answered} | {errors} | {int(rate):,} | {p50} | {p99} | {p999} | {cpu} | {rss} | {group} | {check} |")
+    config, channel, name, answered, ok, errors, rate, p50, p99, p999, cpu, rss, check, group, machine = r
+    w(f"| {config} | {channel} | {name} | {answered} | {errors} | {int(rate):,} | {p50} | {p99} | {p999} | {cpu} | {machine} | {rss} | {group} | {check} |")
 w("")
 w("| pgbench (same server, same run) | tx/s |")
 w("|---|---:|")
@@ -375,14 +400,18 @@ def alternated(a, b, what):
     rb = [float(r[6]) for r in rows if r[0] == b]
     ca = [float(r[10]) for r in rows if r[0] == a]
     cb = [float(r[10]) for r in rows if r[0] == b]
+    ma = [float(r[14]) for r in rows if r[0] == a]
+    mb = [float(r[14]) for r in rows if r[0] == b]
     if ra and rb:
         w(f"| {what}, first deliveries (mean of {len(ra)} alternating rounds each: "
-          f"{statistics.mean(ra):,.0f} / {statistics.mean(rb):,.0f} per s; CPU "
-          f"{statistics.mean(ca):.0f} / {statistics.mean(cb):.0f} µs) | {statistics.mean(ra) / statistics.mean(rb):.3f} |")
+          f"{statistics.mean(ra):,.0f} / {statistics.mean(rb):,.0f} per s; service CPU "
+          f"{statistics.mean(ca):.0f} / {statistics.mean(cb):.0f} µs; machine CPU "
+          f"{statistics.mean(ma):.0f} / {statistics.mean(mb):.0f} µs) | {statistics.mean(ra) / statistics.mean(rb):.3f} |")
     return statistics.mean(ra) if ra else float("nan")
 on = alternated("group-on", "group-off", "group apply on / off")
 if on == on:
     w(f"| group apply on (alternating rounds) / pgbench three statements | {on / three:.2f} |")
+alternated("gate-on", "gate-off", "gate on / off")
 alternated("receipts-rejected", "receipts-off", "receipts rejected / off")
 open(report, "w").write("\n".join(out) + "\n")
 EOF

@@ -6,10 +6,17 @@
 //! breaker stops trying for a while after repeated failures. A cached answer is only used
 //! when its digest equals the notice's, so a stale entry can never turn a conflict into a
 //! success.
+//!
+//! A notice makes two calls. Before the ledger, one round trip reads the cached answer and
+//! takes the marker (`GET`, `SET NX PX`, pipelined); the request waits for it. After the
+//! ledger, caching the answer and deleting the marker is queued ([`Batcher`]) and goes once
+//! the provider has its answer, [`LINGER`] later, in one pipeline with those of the notices
+//! answered meanwhile (on a cluster, whose pipelines stay within one slot, one pipeline per
+//! notice, all at once).
 
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -18,6 +25,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Value};
 use tokio::sync::OnceCell;
 
+use crate::batch::{Batcher, GroupStats};
 use crate::config::{ConfigError, RedisNodes, RedisSettings, invalid};
 use crate::metrics::{GateResult, Metrics};
 use crate::notice::{Notice, NoticeKind, Outcome};
@@ -28,23 +36,12 @@ const BREAKER_OPEN: Duration = Duration::from_secs(5);
 /// How long a twin waits for the marker holder's answer before asking the provider to retry.
 const TWIN_WAIT: Duration = Duration::from_millis(250);
 const TWIN_POLL: Duration = Duration::from_millis(10);
-
-/// KEYS: result, marker. ARGV: token, marker TTL (ms). The cached answer (`R{digest}`),
-/// else the marker taken (`A`) or held by someone else (`H`).
-const ENTER: &str = r#"
-local cached = redis.call('GET', KEYS[1])
-if cached then return 'R' .. cached end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return 'A' end
-return 'H'
-"#;
-
-/// KEYS: result, marker. ARGV: answer (empty: cache nothing), TTL (s), token. Caches the
-/// answer, then compare-and-deletes the marker: only its holder removes it.
-const LEAVE: &str = r#"
-if ARGV[1] ~= '' then redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) end
-if ARGV[3] ~= '' and redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
-return 1
-"#;
+/// After-ledger calls sent together at most, and how long the first of them waits for others
+/// (notices are answered a few hundred microseconds apart under load, and a round trip costs
+/// Redis and us far more than its commands do). A repeat that comes meanwhile finds the
+/// marker still held and waits for it, as for any holder.
+const ROUND_TRIP_MAX: usize = 512;
+const LINGER: Duration = Duration::from_millis(2);
 
 /// What the gate decided for a notice.
 #[derive(Debug)]
@@ -57,11 +54,9 @@ pub enum Decision {
     Proceed(Option<Marker>),
 }
 
+/// A marker this request took: its key.
 #[derive(Debug)]
-pub struct Marker {
-    key: String,
-    token: String,
-}
+pub struct Marker(String);
 
 /// Consecutive failures and, when open, until when (ms since the gate was made).
 struct Breaker {
@@ -134,17 +129,213 @@ impl redis::aio::ConnectionLike for Connection {
     }
 }
 
-pub struct Gate {
+/// One notice's gate call, queued for the next round trip.
+enum Call {
+    /// Before the ledger: read the cached answer under `key`, take `marker` if nobody holds
+    /// it. Replies: the cached answer, and `OK` if the marker was taken.
+    Enter {
+        key: String,
+        marker: String,
+        ttl_ms: u64,
+    },
+    /// After the ledger: cache `answer` under `key` (`None`: nothing final to cache) and give
+    /// `marker` back (`None`: none was taken). No reply; nobody waits for it.
+    Leave {
+        key: String,
+        answer: Option<String>,
+        marker: Option<String>,
+        ttl_secs: u64,
+    },
+}
+
+impl Call {
+    fn commands(&self, pipe: &mut Pipeline) {
+        match self {
+            Self::Enter {
+                key,
+                marker,
+                ttl_ms,
+            } => {
+                pipe.get(key)
+                    .cmd("SET")
+                    .arg(marker)
+                    .arg(1)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms);
+            }
+            Self::Leave {
+                key,
+                answer,
+                marker,
+                ttl_secs,
+            } => {
+                if let Some(answer) = answer {
+                    pipe.set_ex(key, answer, *ttl_secs).ignore();
+                }
+                if let Some(marker) = marker {
+                    pipe.del(marker).ignore();
+                }
+            }
+        }
+    }
+
+    /// How many replies its commands give (the others are ignored).
+    fn replies(&self) -> usize {
+        match self {
+            Self::Enter { .. } => 2,
+            Self::Leave { .. } => 0,
+        }
+    }
+
+    /// Whether it gives a marker back, which is tried even while the breaker is open (the
+    /// marker would block its key until its TTL otherwise).
+    fn releases(&self) -> bool {
+        matches!(
+            self,
+            Self::Leave {
+                marker: Some(_),
+                ..
+            }
+        )
+    }
+}
+
+/// The connection side of the gate: the client, the timeout and the breaker.
+struct Link {
     client: Client,
-    enter: redis::Script,
-    leave: redis::Script,
     connection: OnceCell<Connection>,
-    prefix: String,
     timeout: Duration,
-    result_ttl_secs: u64,
-    marker_ttl_ms: u64,
     breaker: Breaker,
     metrics: Arc<Metrics>,
+}
+
+impl Link {
+    async fn connection(&self) -> Result<Connection, String> {
+        let connect = async {
+            match &self.client {
+                Client::Single(client) => {
+                    let config = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(self.timeout))
+                        .set_response_timeout(Some(self.timeout))
+                        .set_number_of_retries(1);
+                    client
+                        .get_connection_manager_with_config(config)
+                        .await
+                        .map(Connection::Single)
+                }
+                Client::Cluster(client) => {
+                    client.get_async_connection().await.map(Connection::Cluster)
+                }
+            }
+            .map_err(|e| e.to_string())
+        };
+        self.connection.get_or_try_init(|| connect).await.cloned()
+    }
+
+    /// Runs one Redis call (carrying `calls` gate calls) under the timeout and the breaker;
+    /// `None` means "bypass".
+    async fn call<T, F, Fut>(&self, what: &'static str, calls: u64, f: F) -> Option<T>
+    where
+        F: FnOnce(Connection) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        if what != "release" && self.breaker.is_open() {
+            self.metrics
+                .gate_results(GateResult::BypassBreakerOpen, calls);
+            return None;
+        }
+        let result = tokio::time::timeout(self.timeout, async {
+            let conn = self.connection().await?;
+            f(conn).await.map_err(|e| e.to_string())
+        })
+        .await;
+        match result {
+            Ok(Ok(value)) => {
+                self.breaker.success();
+                Some(value)
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(what, %error, "redis gate bypassed");
+                self.metrics.gate_results(GateResult::BypassError, calls);
+                self.breaker.failure();
+                None
+            }
+            Err(_) => {
+                self.metrics.gate_results(GateResult::BypassTimeout, calls);
+                self.breaker.failure();
+                None
+            }
+        }
+    }
+
+    async fn cached(&self, key: &str) -> Option<Option<String>> {
+        self.call("GET", 1, |mut c| async move { c.get(key).await })
+            .await
+    }
+
+    /// One round trip for many notices' calls: one pipeline on one node; on a cluster, one
+    /// pipeline per call (its keys share a slot), all at once. Each call's replies, `None`
+    /// where Redis was bypassed.
+    async fn round_trip(self: Arc<Self>, calls: Vec<Call>) -> Vec<Option<Vec<Value>>> {
+        self.metrics.gate_calls.inc_by(calls.len() as u64);
+        let what = if calls.iter().any(Call::releases) {
+            "release"
+        } else {
+            "round trip"
+        };
+        if let Client::Cluster(_) = self.client {
+            self.metrics.gate_round_trips.inc_by(calls.len() as u64);
+            let mut pending = tokio::task::JoinSet::new();
+            for (i, call) in calls.iter().enumerate() {
+                let (link, mut pipe) = (self.clone(), redis::pipe());
+                call.commands(&mut pipe);
+                pending.spawn(async move {
+                    let replies = link
+                        .call(what, 1, |mut c| async move {
+                            pipe.query_async::<Vec<Value>>(&mut c).await
+                        })
+                        .await;
+                    (i, replies)
+                });
+            }
+            let mut replies = vec![None; calls.len()];
+            for (i, reply) in pending.join_all().await {
+                replies[i] = reply;
+            }
+            return replies;
+        }
+        self.metrics.gate_round_trips.inc();
+        let mut pipe = redis::pipe();
+        for call in &calls {
+            call.commands(&mut pipe);
+        }
+        let replies = self
+            .call(what, calls.len() as u64, |mut c| async move {
+                pipe.query_async::<Vec<Value>>(&mut c).await
+            })
+            .await;
+        let Some(replies) = replies else {
+            return vec![None; calls.len()];
+        };
+        let mut replies = replies.into_iter();
+        calls
+            .iter()
+            .map(|call| {
+                let mine: Vec<Value> = replies.by_ref().take(call.replies()).collect();
+                (mine.len() == call.replies()).then_some(mine)
+            })
+            .collect()
+    }
+}
+
+pub struct Gate {
+    link: Arc<Link>,
+    /// After-ledger calls, queued; started by the first notice that needs it.
+    queue: OnceLock<Batcher<Call, Option<Vec<Value>>>>,
+    prefix: String,
+    marker_ttl_ms: u64,
+    result_ttl_secs: u64,
 }
 
 impl std::fmt::Debug for Gate {
@@ -167,12 +358,6 @@ fn escape(part: &str) -> String {
         }
     }
     out
-}
-
-/// A marker's owner token. A failed RNG gives a fixed token: compare-and-delete then only
-/// lets a twin release the marker early, which costs speed, never correctness.
-fn random_token() -> String {
-    crate::notice::hex(&crate::random::bytes::<16>().unwrap_or_default())
 }
 
 impl Gate {
@@ -199,22 +384,44 @@ impl Gate {
                     .map_err(|e| invalid("redis.url", e.to_string()))?,
             )),
         };
-        Ok(Self {
+        let link = Link {
             client,
-            enter: redis::Script::new(ENTER),
-            leave: redis::Script::new(LEAVE),
             connection: OnceCell::new(),
-            prefix: prefix.to_owned(),
             timeout,
-            result_ttl_secs: settings.result_ttl_secs,
-            marker_ttl_ms: settings.marker_ttl_ms,
             breaker: Breaker {
                 failures: AtomicU32::new(0),
                 open_until_ms: AtomicI64::new(0),
                 epoch: Instant::now(),
             },
             metrics,
+        };
+        Ok(Self {
+            link: Arc::new(link),
+            queue: OnceLock::new(),
+            prefix: prefix.to_owned(),
+            marker_ttl_ms: settings.marker_ttl_ms,
+            result_ttl_secs: settings.result_ttl_secs,
         })
+    }
+
+    /// The queue of after-ledger calls, its sender started on the runtime of the first notice;
+    /// `None` outside a runtime.
+    fn queue(&self) -> Option<&Batcher<Call, Option<Vec<Value>>>> {
+        if let Some(queue) = self.queue.get() {
+            return Some(queue);
+        }
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        Some(self.queue.get_or_init(|| {
+            let link = self.link.clone();
+            Batcher::start(
+                ROUND_TRIP_MAX,
+                1,
+                LINGER,
+                &runtime,
+                Arc::new(GroupStats::default()),
+                move |calls| link.clone().round_trip(calls),
+            )
+        }))
     }
 
     /// The result key of a notice, hash-tagged by order so a notice's keys share a Redis
@@ -241,69 +448,6 @@ impl Gate {
         }
     }
 
-    async fn connection(&self) -> Result<Connection, String> {
-        let connect = async {
-            match &self.client {
-                Client::Single(client) => {
-                    let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(self.timeout))
-                        .set_response_timeout(Some(self.timeout))
-                        .set_number_of_retries(1);
-                    client
-                        .get_connection_manager_with_config(config)
-                        .await
-                        .map(Connection::Single)
-                }
-                Client::Cluster(client) => {
-                    client.get_async_connection().await.map(Connection::Cluster)
-                }
-            }
-            .map_err(|e| e.to_string())
-        };
-        self.connection.get_or_try_init(|| connect).await.cloned()
-    }
-
-    /// Runs one Redis call under the timeout and the breaker; `None` means "bypass".
-    async fn call<T, F, Fut>(&self, what: &'static str, f: F) -> Option<T>
-    where
-        F: FnOnce(Connection) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
-    {
-        // A marker we hold is always given back, breaker or not: it would block its key
-        // until its TTL otherwise.
-        if what != "release" && self.breaker.is_open() {
-            self.metrics.gate_result(GateResult::BypassBreakerOpen);
-            return None;
-        }
-        let result = tokio::time::timeout(self.timeout, async {
-            let conn = self.connection().await?;
-            f(conn).await.map_err(|e| e.to_string())
-        })
-        .await;
-        match result {
-            Ok(Ok(value)) => {
-                self.breaker.success();
-                Some(value)
-            }
-            Ok(Err(error)) => {
-                tracing::debug!(what, %error, "redis gate bypassed");
-                self.metrics.gate_result(GateResult::BypassError);
-                self.breaker.failure();
-                None
-            }
-            Err(_) => {
-                self.metrics.gate_result(GateResult::BypassTimeout);
-                self.breaker.failure();
-                None
-            }
-        }
-    }
-
-    async fn cached(&self, key: &str) -> Option<Option<String>> {
-        self.call("GET", |mut c| async move { c.get(key).await })
-            .await
-    }
-
     /// Before the ledger: a cached answer for the same content, the marker, or a bypass.
     pub async fn enter(&self, n: &Notice) -> Decision {
         let Some(key) = self.key(n) else {
@@ -311,26 +455,51 @@ impl Gate {
         };
         let digest = n.digest();
         let marker = Self::marker_key(&key);
-        let token = random_token();
-        let ttl = self.marker_ttl_ms;
-        // One round trip: the cached answer, else the marker.
+        if self.link.breaker.is_open() {
+            self.link.metrics.gate_result(GateResult::BypassBreakerOpen);
+            return Decision::Proceed(None);
+        }
+        // One round trip: the cached answer, and the marker if nobody holds it.
+        let call = Call::Enter {
+            key: key.clone(),
+            marker: marker.clone(),
+            ttl_ms: self.marker_ttl_ms,
+        };
         let reply = self
-            .call("enter", |mut c| {
-                let mut invocation = self.enter.key(&key);
-                invocation.key(&marker).arg(&token).arg(ttl);
-                async move { invocation.invoke_async::<String>(&mut c).await }
-            })
-            .await;
-        match reply.as_deref() {
-            None => Decision::Proceed(None),
-            Some("A") => Decision::Proceed(Some(Marker { key: marker, token })),
-            Some("H") => self.wait_for_twin(&key, &marker, digest.as_str()).await,
-            Some(cached) if cached.strip_prefix('R') == Some(digest.as_str()) => {
-                self.metrics.gate_result(GateResult::Hit);
+            .link
+            .clone()
+            .round_trip(vec![call])
+            .await
+            .pop()
+            .flatten()
+            .and_then(|replies| {
+                let [cached, taken]: [Value; 2] = replies.try_into().ok()?;
+                let cached = redis::from_redis_value::<Option<String>>(cached).ok()?;
+                let taken = redis::from_redis_value::<Option<String>>(taken).ok()?;
+                Some((cached, taken))
+            });
+        let Some((cached, taken)) = reply else {
+            return Decision::Proceed(None);
+        };
+        let taken = taken.map(|_| Marker(marker.clone()));
+        match cached {
+            Some(seen) if seen == digest.as_str() => {
+                self.link.metrics.gate_result(GateResult::Hit);
+                if let Some(Marker(marker)) = taken {
+                    self.post(Call::Leave {
+                        key,
+                        answer: None,
+                        marker: Some(marker),
+                        ttl_secs: self.result_ttl_secs,
+                    })
+                    .await;
+                }
                 Decision::Answered
             }
             // Different content under this key: the ledger decides (a conflict).
-            Some(_) => Decision::Proceed(None),
+            Some(_) => Decision::Proceed(taken),
+            None if taken.is_some() => Decision::Proceed(taken),
+            None => self.wait_for_twin(&key, &marker, digest.as_str()).await,
         }
     }
 
@@ -341,95 +510,111 @@ impl Gate {
         let deadline = Instant::now() + TWIN_WAIT;
         while Instant::now() < deadline {
             tokio::time::sleep(TWIN_POLL).await;
-            match self.cached(key).await {
+            match self.link.cached(key).await {
                 None => return Decision::Proceed(None),
                 Some(Some(seen)) if seen == digest => {
-                    self.metrics.gate_result(GateResult::HitAfterWait);
+                    self.link.metrics.gate_result(GateResult::HitAfterWait);
                     return Decision::Answered;
                 }
                 Some(Some(_)) => return Decision::Proceed(None),
                 Some(None) => {}
             }
             let held = self
-                .call("EXISTS", |mut c| async move {
+                .link
+                .call("EXISTS", 1, |mut c| async move {
                     c.exists::<_, bool>(marker).await
                 })
                 .await;
             if held != Some(true) {
                 // The holder may have cached its answer and given the marker back between the
                 // two reads above: look once more before sending this twin to the ledger.
-                return match self.cached(key).await {
+                return match self.link.cached(key).await {
                     Some(Some(seen)) if seen == digest => {
-                        self.metrics.gate_result(GateResult::HitAfterWait);
+                        self.link.metrics.gate_result(GateResult::HitAfterWait);
                         Decision::Answered
                     }
                     _ => Decision::Proceed(None),
                 };
             }
         }
-        self.metrics.gate_result(GateResult::Busy);
+        self.link.metrics.gate_result(GateResult::Busy);
         Decision::Busy
     }
 
     /// After the ledger: cache a final answer for the providers' retry window and give the
-    /// marker back (only ours: compare-and-delete).
-    /// `outcome` is `None` when the ledger failed: nothing is cached then.
+    /// marker back, without waiting (see [`LINGER`]). `outcome` is `None` when the
+    /// ledger failed: nothing is cached then.
+    ///
+    /// The marker is deleted, not compared first: it is ours unless it outlived its TTL while
+    /// the ledger worked and a twin took it, and deleting that one only lets a third twin on
+    /// to the ledger, whose unique keys decide.
     pub async fn leave(&self, n: &Notice, marker: Option<Marker>, outcome: Option<Outcome>) {
         let Some(key) = self.key(n) else { return };
         let settled = matches!(
             outcome,
             Some(Outcome::Applied | Outcome::Duplicate | Outcome::Anomaly(_))
         );
-        if !settled && marker.is_none() {
+        let leave = Call::Leave {
+            key,
+            answer: settled.then(|| n.digest().as_str().to_owned()),
+            marker: marker.map(|Marker(key)| key),
+            ttl_secs: self.result_ttl_secs,
+        };
+        self.post(leave).await;
+    }
+
+    /// Queues a `Leave` without waiting (or, when the queue is full, sends it now).
+    async fn post(&self, leave: Call) {
+        if let Call::Leave {
+            answer: None,
+            marker: None,
+            ..
+        } = leave
+        {
             return;
         }
-        let answer = if settled {
-            n.digest().as_str().to_owned()
-        } else {
-            String::new()
+        if !leave.releases() && self.link.breaker.is_open() {
+            self.link.metrics.gate_result(GateResult::BypassBreakerOpen);
+            return;
+        }
+        let leave = match self.queue() {
+            Some(queue) => match queue.post(leave) {
+                Ok(()) => return,
+                Err(leave) => leave,
+            },
+            None => leave,
         };
-        let (marker, token) = match marker {
-            Some(Marker { key, token }) => (key, token),
-            None => (Self::marker_key(&key), String::new()),
-        };
-        let ttl = self.result_ttl_secs;
-        // One round trip: cache the answer and give our marker back.
-        // Giving a held marker back is tried even while the breaker is open.
-        let what = if token.is_empty() { "cache" } else { "release" };
-        self.call(what, |mut c| {
-            let mut invocation = self.leave.key(&key);
-            invocation.key(&marker).arg(&answer).arg(ttl).arg(&token);
-            async move { invocation.invoke_async::<i64>(&mut c).await }
-        })
-        .await;
+        self.link.clone().round_trip(vec![leave]).await;
     }
 
     /// A stored `POST /orders` answer for an `Idempotency-Key`, if Redis has it.
     pub async fn idempotent_answer(&self, key: &str) -> Option<String> {
         let key = format!("{}idem:{key}", self.prefix);
-        self.cached(&key).await.flatten()
+        self.link.cached(&key).await.flatten()
     }
 
     pub async fn remember_answer(&self, key: &str, answer: &str) {
         let key = format!("{}idem:{key}", self.prefix);
         let ttl = self.result_ttl_secs;
-        self.call("SET EX", |mut c| async move {
-            c.set_ex::<_, _, ()>(&key, answer, ttl).await
-        })
-        .await;
+        self.link
+            .call("SET EX", 1, |mut c| async move {
+                c.set_ex::<_, _, ()>(&key, answer, ttl).await
+            })
+            .await;
     }
 
     /// Whether the breaker is open (Redis is being bypassed) right now.
     pub fn breaker_open(&self) -> bool {
-        self.breaker.is_open()
+        self.link.breaker.is_open()
     }
 
     /// Whether Redis answers a PING now.
     pub async fn is_up(&self) -> bool {
-        self.call("PING", |mut c| async move {
-            redis::cmd("PING").query_async::<String>(&mut c).await
-        })
-        .await
-        .is_some()
+        self.link
+            .call("PING", 1, |mut c| async move {
+                redis::cmd("PING").query_async::<String>(&mut c).await
+            })
+            .await
+            .is_some()
     }
 }

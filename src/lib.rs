@@ -1,6 +1,7 @@
 //! paynotify: verifies payment notifications and turns each into exactly one order state
 //! change plus one outbox message.
 
+pub(crate) mod batch;
 pub mod body_deadline;
 pub mod channel;
 pub mod config;

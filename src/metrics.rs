@@ -161,6 +161,10 @@ pub struct Metrics {
     pub db_pool: IntGaugeVec,
     /// 1 while the Redis gate's breaker is open (Redis bypassed), else 0.
     pub gate_breaker_open: IntGauge,
+    /// The gate's calls for notices (one before the ledger, one after), and the round trips
+    /// to Redis that carried them.
+    pub gate_calls: IntCounter,
+    pub gate_round_trips: IntCounter,
     /// Receipts by [`ReceiptResult`].
     pub receipts: IntCounterVec,
     /// Calls to a provider's API by channel, [`ProviderCall`] and the answer's label
@@ -342,6 +346,14 @@ impl Metrics {
             "paynotify_gate_breaker_open",
             "1 while the Redis gate is bypassed after repeated failures",
         );
+        let gate_calls = single(
+            "paynotify_gate_calls_total",
+            "Redis gate calls for notices: before the ledger, and after it",
+        );
+        let gate_round_trips = single(
+            "paynotify_gate_round_trips_total",
+            "Round trips to Redis that carried those calls (many notices' each)",
+        );
         let receipts = counter(
             "paynotify_receipts_total",
             "Notify receipts written to notify_receipt, or dropped (queue full, insert failed)",
@@ -403,6 +415,8 @@ impl Metrics {
             request_seconds,
             db_pool,
             gate_breaker_open,
+            gate_calls,
+            gate_round_trips,
         }
     }
 
@@ -450,7 +464,12 @@ impl Metrics {
     }
 
     pub fn gate_result(&self, result: GateResult) {
-        self.gate.with_label_values(&[result.label()]).inc();
+        self.gate_results(result, 1);
+    }
+
+    /// Counts `n` gate calls with the same result (one round trip carries many).
+    pub fn gate_results(&self, result: GateResult, n: u64) {
+        self.gate.with_label_values(&[result.label()]).inc_by(n);
     }
 
     /// Starts timing a request, labelled by its route pattern (or `unmatched`) and method

@@ -15,25 +15,24 @@
 //! through the ordinary path; one that found no connection in time answers every caller with
 //! that (503). Refunds, closes and payments signed by another merchant never queue.
 //!
-//! This file holds the queue ([`Batcher`], which knows nothing of payments) and what one
-//! group does on each backend ([`PaymentGroup`]); `ledger.rs` wires them to the pool.
+//! This file holds what one group does on each backend ([`PaymentGroup`]); the queue is
+//! `batch.rs` ([`Batcher`], which knows nothing of payments); `ledger.rs` wires them to the
+//! pool.
 //!
 //! [`PayGroup`]: super::statements::PayGroup
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use diesel::{QueryDsl, QueryResult};
 use diesel_async::{AsyncConnection, RunQueryDsl};
-use tokio::sync::{Mutex, mpsc, oneshot};
 
 use super::schema::pay_callback;
 use super::statements::{
     InsertMessage, InsertPayCallback, MarkPaid, PRIMARY, PayGroup, unless_exists,
 };
 use super::types::Payload;
+pub(crate) use crate::batch::{Batcher, GroupStats};
 use crate::notice::{Digest, Notice, Outcome};
 use crate::outbox::Message;
 use crate::time::Timestamp;
@@ -63,34 +62,6 @@ pub(crate) enum Answer {
     Unavailable(Arc<str>),
 }
 
-/// Counts since start-up, for `/metrics`.
-#[derive(Debug, Default)]
-pub struct GroupStats {
-    /// Groups applied (each one statement or one transaction).
-    pub groups: AtomicU64,
-    /// Items those groups carried.
-    pub items: AtomicU64,
-    /// Items a group decided.
-    pub decided: AtomicU64,
-    /// Groups that failed as a whole (their items were then handled one by one).
-    pub failed: AtomicU64,
-    /// Items those failed groups carried.
-    pub failed_items: AtomicU64,
-}
-
-impl GroupStats {
-    pub fn counts(&self) -> GroupCounts {
-        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        GroupCounts {
-            groups: read(&self.groups),
-            payments: read(&self.items),
-            decided: read(&self.decided),
-            failed: read(&self.failed),
-            failed_payments: read(&self.failed_items),
-        }
-    }
-}
-
 /// What group apply did since start-up: `Store::group_stats`.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct GroupCounts {
@@ -107,75 +78,17 @@ pub struct GroupCounts {
     pub failed_payments: u64,
 }
 
-/// A queue whose items are handled in groups: each of `workers` tasks takes whatever is
-/// queued, up to `max`, hands the group to `apply`, and answers each item with its result.
-pub(crate) struct Batcher<I, O> {
-    queue: mpsc::Sender<(I, oneshot::Sender<O>)>,
-    pub(crate) stats: Arc<GroupStats>,
-}
-
-impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
-    /// Starts the workers on `runtime`; they end when the batcher is dropped. `apply` must
-    /// answer one result per item, in order; it may count its failures in `stats`.
-    pub(crate) fn start<F, Fut>(
-        max: usize,
-        workers: usize,
-        runtime: &tokio::runtime::Handle,
-        stats: Arc<GroupStats>,
-        apply: F,
-    ) -> Self
-    where
-        F: Fn(Vec<I>) -> Fut + Clone + Send + Sync + 'static,
-        Fut: Future<Output = Vec<O>> + Send,
-    {
-        let (queue, rx) = mpsc::channel(max * 16);
-        let rx = Arc::new(Mutex::new(rx));
-        for _ in 0..workers {
-            let (rx, stats, apply) = (rx.clone(), stats.clone(), apply.clone());
-            runtime.spawn(async move {
-                while let Some(group) = next_group(&rx, max).await {
-                    let (items, replies): (Vec<I>, Vec<oneshot::Sender<O>>) =
-                        group.into_iter().unzip();
-                    stats.groups.fetch_add(1, Ordering::Relaxed);
-                    stats.items.fetch_add(items.len() as u64, Ordering::Relaxed);
-                    for (reply, result) in replies.into_iter().zip(apply(items).await) {
-                        // The caller may have gone (its request was dropped).
-                        let _ = reply.send(result);
-                    }
-                }
-            });
-        }
-        Self { queue, stats }
-    }
-
-    /// Queues `item` and waits at most `deadline` for its result. `Err(())` when the deadline
-    /// passed (the item may still be handled after); `Ok(None)` when the queue is full or the
-    /// workers are gone (the runtime is stopping): the caller does the work itself.
-    pub(crate) async fn submit(&self, item: I, deadline: Duration) -> Result<Option<O>, ()> {
-        let (reply, result) = oneshot::channel();
-        if self.queue.try_send((item, reply)).is_err() {
-            return Ok(None);
-        }
-        match tokio::time::timeout(deadline, result).await {
-            Ok(result) => Ok(result.ok()),
-            Err(_) => Err(()),
+impl From<&GroupStats> for GroupCounts {
+    fn from(stats: &GroupStats) -> Self {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        Self {
+            groups: read(&stats.groups),
+            payments: read(&stats.items),
+            decided: read(&stats.decided),
+            failed: read(&stats.failed),
+            failed_payments: read(&stats.failed_items),
         }
     }
-}
-
-/// Whatever is queued, up to `max`, once at least one item is; `None` once the queue closed.
-async fn next_group<T>(rx: &Mutex<mpsc::Receiver<T>>, max: usize) -> Option<Vec<T>> {
-    let mut rx = rx.lock().await;
-    let first = rx.recv().await?;
-    let mut group = Vec::with_capacity(max);
-    group.push(first);
-    while group.len() < max {
-        match rx.try_recv() {
-            Ok(item) => group.push(item),
-            Err(_) => break,
-        }
-    }
-    Some(group)
 }
 
 /// A group of payments, every one of a different order: for each, `Some(Applied)`,

@@ -278,10 +278,18 @@ impl Store {
             };
             let stats = std::sync::Arc::new(GroupStats::default());
             let failures = stats.clone();
-            Batcher::start(self.group_max, appliers, runtime, stats, move |payments| {
-                let (store, failures) = (store.clone(), failures.clone());
-                async move { store.pay_together(payments, &failures).await }
-            })
+            let linger = std::time::Duration::ZERO;
+            Batcher::start(
+                self.group_max,
+                appliers,
+                linger,
+                runtime,
+                stats,
+                move |payments| {
+                    let (store, failures) = (store.clone(), failures.clone());
+                    async move { store.pay_together(payments, &failures).await }
+                },
+            )
         }))
     }
 

@@ -511,9 +511,9 @@ impl Store {
 
     /// What group apply did since start-up (all zero when it is off).
     pub fn group_stats(&self) -> GroupCounts {
-        self.group
-            .get()
-            .map_or_else(GroupCounts::default, |group| group.stats.counts())
+        self.group.get().map_or_else(GroupCounts::default, |group| {
+            GroupCounts::from(&*group.stats)
+        })
     }
 
     /// Refuses a server this build cannot run on: the relay claims with
