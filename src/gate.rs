@@ -93,8 +93,8 @@ enum Client {
 }
 
 /// A connection to either. Both reconnect by themselves; the cluster connection also follows
-/// `MOVED`/`ASK` redirections and refreshes its slot map. Every gate script touches the keys
-/// of one order, which share a hash tag and so a slot.
+/// `MOVED`/`ASK` redirections and refreshes its slot map. Every notice's pipeline touches the
+/// keys of one order, which share a hash tag and so a slot.
 #[derive(Clone)]
 enum Connection {
     Single(ConnectionManager),
@@ -278,21 +278,22 @@ impl Link {
     /// pipeline per call (its keys share a slot), all at once. Each call's replies, `None`
     /// where Redis was bypassed.
     async fn round_trip(self: Arc<Self>, calls: Vec<Call>) -> Vec<Option<Vec<Value>>> {
-        self.metrics.gate_calls.inc_by(calls.len() as u64);
-        let what = if calls.iter().any(Call::releases) {
-            "release"
-        } else {
-            "round trip"
+        // Counted when sent (not when the breaker or a lost connection kept them back).
+        let sent = |metrics: Arc<Metrics>, calls: u64| {
+            metrics.gate_round_trips.inc();
+            metrics.gate_calls.inc_by(calls);
         };
         if let Client::Cluster(_) = self.client {
-            self.metrics.gate_round_trips.inc_by(calls.len() as u64);
             let mut pending = tokio::task::JoinSet::new();
             for (i, call) in calls.iter().enumerate() {
                 let (link, mut pipe) = (self.clone(), redis::pipe());
                 call.commands(&mut pipe);
+                let what = if call.releases() { "release" } else { "call" };
                 pending.spawn(async move {
+                    let metrics = link.metrics.clone();
                     let replies = link
                         .call(what, 1, |mut c| async move {
+                            sent(metrics, 1);
                             pipe.query_async::<Vec<Value>>(&mut c).await
                         })
                         .await;
@@ -305,13 +306,21 @@ impl Link {
             }
             return replies;
         }
-        self.metrics.gate_round_trips.inc();
+        // A marker given back goes even while the breaker is open, and takes the calls queued
+        // with it along.
+        let what = if calls.iter().any(Call::releases) {
+            "release"
+        } else {
+            "round trip"
+        };
         let mut pipe = redis::pipe();
         for call in &calls {
             call.commands(&mut pipe);
         }
+        let (metrics, n) = (self.metrics.clone(), calls.len() as u64);
         let replies = self
-            .call(what, calls.len() as u64, |mut c| async move {
+            .call(what, n, |mut c| async move {
+                sent(metrics, n);
                 pipe.query_async::<Vec<Value>>(&mut c).await
             })
             .await;

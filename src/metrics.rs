@@ -161,8 +161,8 @@ pub struct Metrics {
     pub db_pool: IntGaugeVec,
     /// 1 while the Redis gate's breaker is open (Redis bypassed), else 0.
     pub gate_breaker_open: IntGauge,
-    /// The gate's calls for notices (one before the ledger, one after), and the round trips
-    /// to Redis that carried them.
+    /// The gate's calls for notices (one before the ledger; one after it, or after a cached
+    /// answer to give back the marker taken with it), and the round trips that carried them.
     pub gate_calls: IntCounter,
     pub gate_round_trips: IntCounter,
     /// Receipts by [`ReceiptResult`].

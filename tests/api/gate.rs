@@ -167,10 +167,11 @@ async fn notices_answered_together_are_cached_in_shared_round_trips() {
         app.metrics.gate_round_trips.get(),
     );
     assert_eq!(calls, 2 * N as u64);
-    // … one round trip each before the ledger, and the calls after it many to a round trip.
+    // … one round trip each before the ledger, and the calls after it several to a round
+    // trip (one each without the shared pipelines: `after` would be N).
     let after = trips.saturating_sub(N as u64);
     assert!(
-        trips >= N as u64 && after * 4 <= N as u64,
+        after * 2 <= N as u64,
         "{trips} round trips for {calls} calls"
     );
     // Every answer was cached: each repeat comes from the cache, none from the ledger.
@@ -393,8 +394,9 @@ async fn a_marker_whose_holder_died_blocks_only_until_it_expires() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(deliver(&app, &n).await.0, StatusCode::NO_CONTENT);
     assert_eq!(app.status_of("G-M").await, "PAID");
-    // Our own marker is given back once the provider has its answer (within milliseconds).
-    let deadline = Instant::now() + Duration::from_secs(2);
+    // Our own marker is given back once the provider has its answer, within milliseconds:
+    // well before its TTL (2 s here) would remove it anyway.
+    let deadline = Instant::now() + Duration::from_millis(300);
     let mut left: Option<String> = Some(String::new());
     while left.is_some() && Instant::now() < deadline {
         left = redis::cmd("GET")
