@@ -23,8 +23,8 @@
 # Prints a table; with WRITE_DOCS=1 (the default) writes it between the markers in
 # docs/benchmarks.md and the latency plot to docs/bench/latency.png.
 #
-# Needs: cargo, psql/pgbench/createdb, redis-cli, curl, python3; wrk (installed from Debian
-# when missing) and gnuplot (for the plot; skipped without it). PostgreSQL at $PGURL
+# Needs: cargo, psql/pgbench/createdb, redis-cli, curl, python3; wrk and gnuplot (both
+# installed from Debian when missing; without gnuplot the report has no plot). PostgreSQL at $PGURL
 # (default postgres://postgres@127.0.0.1:5432), Redis at $REDIS_URL (default
 # redis://127.0.0.1:6379). Everything runs on 127.0.0.1.
 set -euo pipefail
@@ -56,6 +56,10 @@ TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 BIN=${BIN:-$TARGET/release/paynotify}
 
 command -v wrk >/dev/null || { echo "installing wrk"; apt-get install -y wrk >/dev/null; }
+if [ "$WRITE_DOCS" = 1 ] && ! command -v gnuplot >/dev/null; then
+    echo "installing gnuplot"
+    apt-get install -y gnuplot-nox >/dev/null || echo "no gnuplot: the report will have no plot"
+fi
 echo "building (release)"
 [ "${BUILD:-1}" = 1 ] && cargo build --release --locked --bin paynotify 2>&1 | tail -1
 
@@ -420,7 +424,9 @@ cat "$REPORT"
 
 if [ "$WRITE_DOCS" = 1 ]; then
     mkdir -p docs/bench
+    plot=
     if command -v gnuplot >/dev/null; then
+        plot="bench/latency.png"
         awk -F'\t' '$1 == "ledger" || $1 == "single" || $1 == "gate" {print $1 "/" $2 "/" $3 "\t" $8 "\t" $9 "\t" $10}' "$RESULTS" >"$WORK/latency.dat"
         gnuplot <<EOF
 set terminal pngcairo size 1000,500 noenhanced
@@ -432,20 +438,23 @@ set style fill solid 0.8 border -1
 set logscale y
 set ylabel "ms"
 set xtics rotate by -30
+set rmargin 12
 set key top left
 plot "$WORK/latency.dat" using 2:xtic(1) title "p50", '' using 3 title "p99", '' using 4 title "p99.9"
 EOF
     fi
-    python3 - "$REPORT" docs/benchmarks.md <<'EOF'
+    python3 - "$REPORT" docs/benchmarks.md "$plot" <<'EOF'
 import sys
-report, doc = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+report, doc, plot = open(sys.argv[1]).read(), open(sys.argv[2]).read(), sys.argv[3]
 begin, end = "<!-- bench/run.sh: begin -->", "<!-- bench/run.sh: end -->"
-block = f"{begin}\n{report}\n![latency by pass](bench/latency.png)\n{end}"
+# Only a plot drawn by this run is shown with its table.
+figure = f"\n![latency by pass]({plot})" if plot else ""
+block = f"{begin}\n{report}{figure}\n{end}"
 if begin in doc and end in doc:
     doc = doc[:doc.index(begin)] + block + doc[doc.index(end) + len(end):]
 else:
     doc = doc.rstrip("\n") + "\n\n## Latest `bench/run.sh` run\n\n" + block + "\n"
 open(sys.argv[2], "w").write(doc)
 EOF
-    echo "written: docs/benchmarks.md (between the bench/run.sh markers), docs/bench/latency.png"
+    echo "written: docs/benchmarks.md (between the bench/run.sh markers)${plot:+, docs/$plot}"
 fi
