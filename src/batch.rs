@@ -12,7 +12,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 /// Counts since start-up, for `/metrics` and tests.
 #[derive(Debug, Default)]
 pub struct GroupStats {
-    /// Groups applied (each one statement or one transaction).
+    /// Groups handed to `apply` (for group apply, each one statement or one transaction).
     pub groups: AtomicU64,
     /// Items those groups carried.
     pub items: AtomicU64,

@@ -32,7 +32,7 @@ use super::statements::{
     InsertMessage, InsertPayCallback, MarkPaid, PRIMARY, PayGroup, unless_exists,
 };
 use super::types::Payload;
-pub(crate) use crate::batch::{Batcher, GroupStats};
+use crate::batch::GroupStats;
 use crate::notice::{Digest, Notice, Outcome};
 use crate::outbox::Message;
 use crate::time::Timestamp;

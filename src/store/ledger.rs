@@ -10,7 +10,7 @@
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::group::{APPLIERS, Answer, Batcher, GroupStats, Payment, PaymentGroup};
+use super::group::{APPLIERS, Answer, Payment, PaymentGroup};
 use super::schema::{orders, pay_callback, refund_callback};
 use super::statements::{
     InsertMessage, InsertPayCallback, InsertRefundCallback, InsertStatusCallback, MESSAGE_KEY,
@@ -18,6 +18,7 @@ use super::statements::{
 };
 use super::types::Payload;
 use super::{Store, StoreError, with_conn};
+use crate::batch::{Batcher, GroupStats};
 use crate::notice::{AnomalyReason, Digest, Notice, NoticeKind, Outcome, Refund, RefundAmount};
 use crate::order::{Order, OrderStatus};
 use crate::outbox::Message;
