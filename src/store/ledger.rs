@@ -81,7 +81,10 @@ impl PaymentFastPath for diesel_async::AsyncPgConnection {
             return Ok(None);
         }
         let message = Message::order_paid(n, now);
-        let (applied, seen_digest, _guard): (i64, Option<String>, i64) = PayFirst {
+        // `load`, not `get_result`: the statement commits implicitly, and only the end of its
+        // reply says whether that commit succeeded (a deferred constraint, a serialization
+        // failure or a server going down report after the row). `get_result` stops at the row.
+        let rows: Vec<(i64, Option<String>, i64)> = PayFirst {
             out_trade_no: &n.out_trade_no,
             channel: n.channel.as_str(),
             transaction_id: &n.transaction_id,
@@ -91,8 +94,17 @@ impl PaymentFastPath for diesel_async::AsyncPgConnection {
             now,
             payload: Payload(message.payload),
         }
-        .get_result(self)
+        .load(self)
         .await?;
+        let [(applied, seen_digest, _guard)] = <[_; 1]>::try_from(rows).map_err(|rows| {
+            diesel::result::Error::DeserializationError(
+                format!(
+                    "the payment statement answered {} rows, not one",
+                    rows.len()
+                )
+                .into(),
+            )
+        })?;
         Ok(if applied == 1 {
             Some(Outcome::Applied)
         } else if seen_digest.as_deref() == Some(digest.as_str()) {

@@ -4,6 +4,7 @@ mod alipay;
 mod alipay_vectors;
 mod amqp;
 mod cli;
+mod commit;
 mod container;
 mod gate;
 mod gate_cluster;
