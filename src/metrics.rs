@@ -29,6 +29,8 @@ pub enum Counted {
     InFlight,
     /// No database connection in time (503).
     DbUnavailable,
+    /// Handed to a group that did not answer in time and may still commit (503).
+    Undecided,
     /// A statement failed (500).
     DbError,
 }
@@ -40,6 +42,7 @@ impl Counted {
             Self::DuplicateCached => "duplicate_cached",
             Self::InFlight => "in_flight",
             Self::DbUnavailable => "db_unavailable",
+            Self::Undecided => "undecided",
             Self::DbError => "db_error",
         }
     }

@@ -279,9 +279,17 @@ pub async fn settle_notice(
             (Counted::Ledger(outcome), reply_for(outcome))
         }
         Err(e) => {
-            // Either way nothing was stored and the provider retries; 503 when the database
-            // is out of reach, 500 when a statement failed (a bug to look at).
-            let (counted, status, message) = if e.is_unavailable() {
+            // The provider retries: 503 when the database is out of reach or the payment's
+            // group did not answer in time (it may still commit: the retry finds out), 500
+            // when a statement failed (a bug to look at). Only the first two say nothing
+            // about what was stored; a failed statement stored nothing.
+            let (counted, status, message) = if let StoreError::Undecided(_) = e {
+                (
+                    Counted::Undecided,
+                    503,
+                    "not known yet whether it was stored; retry",
+                )
+            } else if e.is_unavailable() {
                 (Counted::DbUnavailable, 503, "temporarily unavailable")
             } else {
                 (Counted::DbError, 500, "internal error")

@@ -379,10 +379,11 @@ impl Store {
                     return Err(StoreError::Unavailable(why.to_string()));
                 }
                 Ok(Some(Answer::Alone) | None) => {}
-                // Still queued or running: 503, and the provider's retry finds what it did.
+                // Still queued or running, so it may yet commit: 503 without saying what
+                // happened, and the provider's retry finds what it did.
                 Err(()) => {
-                    return Err(StoreError::Unavailable(format!(
-                        "no group answered within {} ms",
+                    return Err(StoreError::Undecided(format!(
+                        "no group answered within {} ms; it may still commit",
                         deadline.as_millis()
                     )));
                 }

@@ -81,6 +81,11 @@ pub enum StoreError {
     /// The database was away or too busy for a group of payments (see `group.rs`).
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// The work was handed on and not answered in time: it may still commit (a group of
+    /// payments still queued or running). The caller answers 503 and must not say what
+    /// happened; the provider's retry finds out.
+    #[error("outcome not known yet: {0}")]
+    Undecided(String),
 }
 
 impl StoreError {
@@ -100,7 +105,8 @@ impl StoreError {
             | Self::Connect(_)
             | Self::MigrationConnect(_)
             | Self::Task(_)
-            | Self::Unavailable(_) => true,
+            | Self::Unavailable(_)
+            | Self::Undecided(_) => true,
             Self::Query(Error::DatabaseError(kind, info)) => {
                 matches!(
                     kind,

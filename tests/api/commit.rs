@@ -231,3 +231,71 @@ async fn an_order_refused_at_commit_is_never_created(backend: Backend) {
     );
     assert_eq!(app.status_of("O-C7").await, "WAIT_PAY");
 }
+
+/// A payment handed to a group that does not answer within the caller's deadline may still
+/// commit: the provider gets 503 (it retries) and the receipt says `undecided`, not that
+/// nothing was stored. MySQL and SQLite: a lock wait (InnoDB's at least 1 s, SQLite's busy
+/// timeout 5 s) outlasts the deadline (`acquire_timeout_ms + statement_timeout_ms`, 300 ms
+/// here), and the group commits once the lock is gone. PostgreSQL's `statement_timeout` ends
+/// a group's statement within the same deadline, so only a group's time in the queue or a
+/// commit in flight can pass it there — not something a test can arrange reliably.
+async fn a_group_past_its_deadline_is_answered_undecided(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.database.acquire_timeout_ms = 100;
+        s.database.statement_timeout_ms = 200;
+    })
+    .await;
+    app.create_order("O-D", 19900).await;
+    let lock = app
+        .db
+        .hold_write_lock("O-D", std::time::Duration::from_millis(800))
+        .await;
+    let notification = TestNotification::paid("O-D", "T-O-D", 19900);
+    let (status, body) = deliver(&app, &notification).await;
+    assert_eq!(status, 503, "{body}");
+    lock.await.expect("lock holder");
+
+    assert_eq!(app.receipts_stored(1).await, 1, "the 503 leaves a receipt");
+    let receipts = app
+        .store
+        .receipts(&paynotify::store::receipts::ReceiptFilter {
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .expect("receipts");
+    let outcomes: Vec<&str> = receipts.iter().map(|r| r.outcome.as_str()).collect();
+    assert_eq!(outcomes, ["undecided"], "{receipts:?}");
+    assert_eq!(
+        crate::helpers::metric(
+            &app,
+            "paynotify_notifications_total",
+            &["wechat", "undecided"]
+        ),
+        1
+    );
+
+    // The group committed after its caller stopped waiting; the retry is a duplicate.
+    let paid = crate::helpers::eventually(std::time::Duration::from_secs(5), || async {
+        app.status_of("O-D").await == "PAID"
+    })
+    .await;
+    assert!(paid, "the group committed once the lock was gone");
+    let (status, body) = deliver(&app, &notification).await;
+    assert!(status.is_success(), "{status} {body}");
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+}
+
+mod deadline {
+    use crate::helpers::Backend;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql_a_group_past_its_deadline_is_answered_undecided() {
+        super::a_group_past_its_deadline_is_answered_undecided(Backend::Mysql).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_a_group_past_its_deadline_is_answered_undecided() {
+        super::a_group_past_its_deadline_is_answered_undecided(Backend::Sqlite).await
+    }
+}
