@@ -147,6 +147,14 @@ impl Application {
             Arc::clone(&metrics),
             &settings.reconcile,
         ));
+        if settings.server.api_token.is_empty() {
+            tracing::warn!(
+                listen = %settings.server.listen,
+                "server.api_token is empty: /admin and /orders answer any process on this \
+                 machine without a token; requests relayed by a proxy (Forwarded, \
+                 X-Forwarded-For, X-Real-IP) are refused"
+            );
+        }
         let state = web::Data::new(AppState {
             reconciler: Arc::clone(&reconciler),
             store: store.clone(),

@@ -120,6 +120,8 @@ pub enum ApiError {
     #[error("missing or wrong bearer token")]
     Unauthorized,
     #[error("{0}")]
+    Forbidden(&'static str),
+    #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
@@ -139,6 +141,7 @@ impl ResponseError for ApiError {
         match self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
@@ -181,8 +184,14 @@ pub fn error_body(message: &str) -> serde_json::Value {
     serde_json::json!({ "error": message })
 }
 
+/// Headers a reverse proxy adds to what it relays. With no token configured (loopback
+/// only), a request carrying one came from beyond this machine through a proxy, and the
+/// loopback address no longer says who sent it.
+pub const PROXY_HEADERS: [&str; 3] = ["forwarded", "x-forwarded-for", "x-real-ip"];
+
 /// Proof that the request carried `Authorization: Bearer <server.api_token>` (or that no
-/// token is configured, which config only allows on a loopback address).
+/// token is configured, which config only allows on a loopback address, and that no proxy
+/// relayed it).
 #[derive(Debug, Clone, Copy)]
 pub struct Authorized;
 
@@ -196,7 +205,22 @@ impl FromRequest for Authorized {
         };
         let expected = state.api_token.expose();
         if expected.is_empty() {
-            return ready(Ok(Authorized));
+            let relayed = PROXY_HEADERS
+                .iter()
+                .find(|name| req.headers().contains_key(**name));
+            return ready(match relayed {
+                None => Ok(Authorized),
+                Some(header) => {
+                    tracing::warn!(
+                        header,
+                        path = req.path(),
+                        "request relayed by a proxy refused: server.api_token is empty"
+                    );
+                    Err(ApiError::Forbidden(
+                        "server.api_token is empty: requests relayed by a proxy are refused",
+                    ))
+                }
+            });
         }
         let presented = req
             .headers()

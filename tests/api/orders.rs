@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde_json::json;
 use tokio::sync::Barrier;
 
-use crate::helpers::{Backend, TestApp, spawn_app};
+use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
 
 crate::on_both_backends!(
     a_replay_with_the_same_key_returns_identical_bytes,
@@ -14,6 +14,7 @@ crate::on_both_backends!(
     concurrent_creates_with_one_key_make_one_order_and_one_answer,
     invalid_orders_are_400_and_write_nothing,
     orders_need_the_bearer_token,
+    without_a_token_requests_relayed_by_a_proxy_are_refused,
     an_order_has_every_key_and_404_when_missing,
     close_moves_only_unpaid_orders,
 );
@@ -188,4 +189,65 @@ async fn close_moves_only_unpaid_orders(backend: Backend) {
     assert_eq!(close("P-PAID").await.expect("close").status(), 409);
     assert_eq!(app.status_of("P-PAID").await, "PAID");
     assert_eq!(close("NOPE").await.expect("close").status(), 404);
+}
+
+/// An empty token is allowed on a loopback listener only; a reverse proxy on the same machine
+/// would relay anyone's request from that address, so a request it relayed is refused and
+/// writes nothing, while local callers keep working without a token.
+async fn without_a_token_requests_relayed_by_a_proxy_are_refused(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.server.api_token = paynotify::config::Secret::default();
+    })
+    .await;
+    for (header, value) in [
+        ("Forwarded", "for=203.0.113.7;proto=https"),
+        ("X-Forwarded-For", "203.0.113.7"),
+        ("X-Real-IP", "203.0.113.7"),
+    ] {
+        let created = app
+            .client
+            .post(app.url("/orders"))
+            .header(header, value)
+            .json(&order("PX-1", 100))
+            .send()
+            .await
+            .expect("POST /orders");
+        assert_eq!(created.status(), 403, "{header}");
+        let body: serde_json::Value = created.json().await.expect("JSON error");
+        assert!(
+            body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("server.api_token")),
+            "{body}"
+        );
+        let closed = app
+            .client
+            .post(app.url("/orders/PX-1/close"))
+            .header(header, value)
+            .send()
+            .await
+            .expect("close");
+        assert_eq!(closed.status(), 403, "{header}");
+        let admin = app
+            .client
+            .get(app.url("/admin/messages"))
+            .header(header, value)
+            .send()
+            .await
+            .expect("admin");
+        assert_eq!(admin.status(), 403, "{header}");
+    }
+    assert_eq!(app.db.count("orders").await, 0, "nothing written");
+
+    let (status, body) = {
+        let response = app
+            .client
+            .post(app.url("/orders"))
+            .json(&order("PX-1", 100))
+            .send()
+            .await
+            .expect("POST /orders");
+        (response.status(), response.text().await.expect("body"))
+    };
+    assert_eq!(status, 201, "a local caller without a token: {body}");
 }
