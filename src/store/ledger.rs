@@ -10,7 +10,7 @@
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::group::{APPLIERS, Answer, Payment, PaymentGroup};
+use super::group::{Answer, Payment};
 use super::schema::{orders, pay_callback, refund_callback};
 use super::statements::{
     InsertMessage, InsertPayCallback, InsertRefundCallback, InsertStatusCallback, MESSAGE_KEY,
@@ -18,7 +18,6 @@ use super::statements::{
 };
 use super::types::Payload;
 use super::{Store, StoreError, with_conn};
-use crate::batch::{Batcher, GroupStats};
 use crate::notice::{AnomalyReason, Digest, Notice, NoticeKind, Outcome, Refund, RefundAmount};
 use crate::order::{Order, OrderStatus};
 use crate::outbox::Message;
@@ -266,93 +265,6 @@ impl Store {
             NoticeKind::Closed => self.record_status(notice, now).await,
             NoticeKind::Other { .. } => Ok(Outcome::Ignored),
         }
-    }
-
-    /// The group applier (`group.rs`), started by the first payment that needs it; `None`
-    /// when group apply is off or the store was built outside a runtime.
-    fn group(&self) -> Option<&Batcher<Payment, Answer>> {
-        if self.group_max == 0 {
-            return None;
-        }
-        let runtime = self.runtime.as_ref()?;
-        Some(self.group.get_or_init(|| {
-            // The appliers' own handle on the pool, without a group of its own (so the
-            // appliers end when the last handle with one is dropped).
-            let store = Store {
-                group_max: 0,
-                group: Default::default(),
-                ..self.clone()
-            };
-            // SQLite has one writer: a second applier would only wait for the first.
-            let appliers = if self.url.backend() == "sqlite" {
-                1
-            } else {
-                APPLIERS
-            };
-            let stats = std::sync::Arc::new(GroupStats::default());
-            let failures = stats.clone();
-            let linger = std::time::Duration::ZERO;
-            Batcher::start(
-                self.group_max,
-                appliers,
-                linger,
-                runtime,
-                stats,
-                move |payments| {
-                    let (store, failures) = (store.clone(), failures.clone());
-                    async move { store.pay_together(payments, &failures).await }
-                },
-            )
-        }))
-    }
-
-    /// One group: one notice per order goes in (sorted by order, so groups lock orders in
-    /// the same order), its twins go alone.
-    async fn pay_together(&self, payments: Vec<Payment>, stats: &GroupStats) -> Vec<Answer> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let mut answers = vec![Answer::Alone; payments.len()];
-        let mut orders = std::collections::HashSet::with_capacity(payments.len());
-        let mut chosen: Vec<usize> = (0..payments.len())
-            .filter(|&i| orders.insert(payments[i].notice.out_trade_no.as_str()))
-            .collect();
-        chosen.sort_by(|&a, &b| {
-            payments[a]
-                .notice
-                .out_trade_no
-                .cmp(&payments[b].notice.out_trade_no)
-        });
-        let group: Vec<&Payment> = chosen.iter().map(|&i| &payments[i]).collect();
-        let result: Result<_, StoreError> =
-            async { with_conn!(self, conn => Ok(conn.pay_group(&group).await?)) }.await;
-        match result {
-            Ok(outcomes) => {
-                let decided = outcomes.iter().flatten().count();
-                stats.decided.fetch_add(decided as u64, Relaxed);
-                for (&i, outcome) in chosen.iter().zip(outcomes) {
-                    answers[i] = outcome.map_or(Answer::Undecided, Answer::Decided);
-                }
-            }
-            // A deadlock, or a statement that cannot be written (a row of one of the payments):
-            // the payments are retried one by one, and only the one at fault fails again.
-            Err(e @ StoreError::Query(_)) if !e.is_unavailable() || e.is_deadlock() => {
-                stats.failed.fetch_add(1, Relaxed);
-                stats.failed_items.fetch_add(group.len() as u64, Relaxed);
-                tracing::warn!(
-                    payments = group.len(),
-                    error = %e,
-                    "group apply failed; its payments are applied one by one"
-                )
-            }
-            // The database is away or too busy (no connection within the wait, a statement
-            // timeout, a lost connection): each payment alone would wait as long again.
-            Err(e) => {
-                let why: std::sync::Arc<str> = e.to_string().into();
-                for &i in &chosen {
-                    answers[i] = Answer::Unavailable(why.clone());
-                }
-            }
-        }
-        answers
     }
 
     async fn apply_payment(
