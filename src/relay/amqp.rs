@@ -5,12 +5,16 @@
 //! the notify endpoints. A batch is published whole (pipelined), then every confirm is
 //! awaited; an event counts as delivered only on its broker ack. A nack, a returned message
 //! (`mandatory`, no queue bound for its routing key), a lost connection or a confirm that does
-//! not come in time is an `Err`, and the relay keeps the row pending with backoff.
+//! not come in time is an `Err`, and the relay keeps the row pending with backoff. Returns are
+//! paired with their events by id, not by the confirm lapin delivers them with
+//! ([`pair_returns`]).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use lapin::message::BasicReturnMessage;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
@@ -166,14 +170,19 @@ impl AmqpSink {
                     &m.body,
                     m.properties.clone(),
                 );
-                (*i, Box::pin(publish), None)
+                (
+                    *i,
+                    m.properties.message_id().clone(),
+                    Box::pin(publish),
+                    None,
+                )
             })
             .collect();
         let written = tokio::time::timeout_at(
             deadline,
             std::future::poll_fn(|cx| {
                 let mut done = true;
-                for (_, publish, outcome) in &mut publishes {
+                for (_, _, publish, outcome) in &mut publishes {
                     if outcome.is_none() {
                         match publish.as_mut().poll(cx) {
                             std::task::Poll::Ready(result) => *outcome = Some(result),
@@ -196,30 +205,141 @@ impl AmqpSink {
                 .collect();
         }
         let mut pending = Vec::with_capacity(publishes.len());
-        for (i, _, outcome) in publishes {
+        let mut in_flight = Vec::with_capacity(publishes.len());
+        // A publish that failed leaves its event unconfirmed; so does one never written.
+        let mut all_confirmed = true;
+        for (i, message_id, _, outcome) in publishes {
             match outcome {
-                Some(Ok(confirm)) => pending.push((i, confirm)),
+                Some(Ok(confirm)) => {
+                    pending.push((i, confirm));
+                    in_flight.push(InFlight {
+                        index: i,
+                        outbox_id: events[i].id,
+                        message_id,
+                    });
+                }
                 // The channel is gone: this event stays pending.
-                Some(Err(error)) => results[i] = Err(SinkError::Amqp(Arc::new(error))),
-                None => {}
+                Some(Err(error)) => {
+                    all_confirmed = false;
+                    results[i] = Err(SinkError::Amqp(Arc::new(error)));
+                }
+                None => all_confirmed = false,
             }
         }
+        // lapin hands a return to whichever confirm it completes next (a multiple-ack in
+        // hash-map order), not to the return's own publish: the returns are gathered from
+        // every confirm and paired with their events by id afterwards.
+        let mut returns = Vec::new();
         for (i, confirm) in pending {
             results[i] = match tokio::time::timeout_at(deadline, confirm).await {
-                Ok(Ok(Confirmation::Ack(None))) => Ok(()),
-                Ok(Ok(Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)))) => {
-                    Err(SinkError::AmqpReturned {
-                        code: returned.reply_code,
-                        text: returned.reply_text.to_string(),
-                    })
+                Ok(Ok(Confirmation::Ack(returned))) => {
+                    returns.extend(returned.as_ref().map(Returned::from));
+                    Ok(())
                 }
-                Ok(Ok(Confirmation::Nack(None))) => Err(SinkError::AmqpNack),
-                Ok(Ok(Confirmation::NotRequested)) => Err(SinkError::AmqpNotConfirmed),
-                Ok(Err(error)) => Err(SinkError::Amqp(Arc::new(error))),
-                Err(_) => Err(SinkError::AmqpConfirmTimeout(CONFIRM_TIMEOUT)),
+                Ok(Ok(Confirmation::Nack(returned))) => {
+                    returns.extend(returned.as_ref().map(Returned::from));
+                    Err(SinkError::AmqpNack)
+                }
+                Ok(Ok(Confirmation::NotRequested)) => {
+                    all_confirmed = false;
+                    Err(SinkError::AmqpNotConfirmed)
+                }
+                Ok(Err(error)) => {
+                    all_confirmed = false;
+                    Err(SinkError::Amqp(Arc::new(error)))
+                }
+                Err(_) => {
+                    all_confirmed = false;
+                    Err(SinkError::AmqpConfirmTimeout(CONFIRM_TIMEOUT))
+                }
             };
         }
+        pair_returns(&mut results, &in_flight, &returns, all_confirmed);
         results
+    }
+}
+
+/// One publish awaiting its confirm: the event's place in the batch and the ids a return
+/// carries back.
+struct InFlight {
+    index: usize,
+    outbox_id: i64,
+    message_id: Option<ShortString>,
+}
+
+/// A returned message, by the ids it was published with.
+#[derive(Debug)]
+struct Returned {
+    outbox_id: Option<i64>,
+    message_id: Option<ShortString>,
+    code: u16,
+    text: String,
+}
+
+impl From<&BasicReturnMessage> for Returned {
+    fn from(r: &BasicReturnMessage) -> Self {
+        let properties = &r.delivery.properties;
+        let outbox_id = properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get("outbox_id"))
+            .and_then(|v| match v {
+                AMQPValue::LongLongInt(id) => Some(*id),
+                _ => None,
+            });
+        Self {
+            outbox_id,
+            message_id: properties.message_id().clone(),
+            code: r.reply_code,
+            text: r.reply_text.to_string(),
+        }
+    }
+}
+
+/// Fails every event the broker returned, found by the return's `outbox_id` header and
+/// `message_id` (both must match, so a message that shares only one is not taken for ours).
+///
+/// The broker sends every return before its publish's ack, so once every confirm of the
+/// batch is in, every return of the batch is too, and an ack without a return is a
+/// delivery. Otherwise a return may still be owed to any ack, and none is trusted. A return
+/// that matches no publish means the pairing itself cannot be relied on: no ack of the
+/// batch is trusted either.
+fn pair_returns(
+    results: &mut [Result<(), SinkError>],
+    in_flight: &[InFlight],
+    returns: &[Returned],
+    all_confirmed: bool,
+) {
+    let by_id: HashMap<i64, &InFlight> = in_flight.iter().map(|f| (f.outbox_id, f)).collect();
+    let mut unmatched = None;
+    for r in returns {
+        let own = r
+            .outbox_id
+            .and_then(|id| by_id.get(&id))
+            .filter(|f| f.message_id.is_some() && f.message_id == r.message_id);
+        match own {
+            Some(f) => {
+                results[f.index] = Err(SinkError::AmqpReturned {
+                    code: r.code,
+                    text: r.text.clone(),
+                });
+            }
+            None => {
+                tracing::warn!(outbox_id = ?r.outbox_id, message_id = ?r.message_id.as_ref().map(ShortString::as_str), code = r.code, text = %r.text, "amqp: a returned message matches no publish of the batch");
+                unmatched.get_or_insert(r);
+            }
+        }
+    }
+    let untrusted = match unmatched {
+        Some(r) => SinkError::AmqpReturnUnmatched {
+            code: r.code,
+            text: r.text.clone(),
+        },
+        None if !all_confirmed => SinkError::AmqpReturnsUnsettled,
+        None => return,
+    };
+    for result in results.iter_mut().filter(|r| r.is_ok()) {
+        *result = Err(untrusted.clone());
     }
 }
 
@@ -291,11 +411,14 @@ impl Sink for AmqpSink {
                 || results.iter().any(|r| {
                     matches!(
                         r,
-                        Err(SinkError::Amqp(_) | SinkError::AmqpConfirmTimeout(_))
+                        Err(SinkError::Amqp(_)
+                            | SinkError::AmqpConfirmTimeout(_)
+                            | SinkError::AmqpReturnUnmatched { .. })
                     )
                 });
             if broken {
-                // Reconnect on the next batch; confirms still owed on this channel are moot.
+                // Reconnect on the next batch; confirms and returns still owed on this
+                // channel are moot, and a fresh channel starts with no return queued.
                 self.up.store(false, Ordering::Relaxed);
                 if let Some(old) = slot.take() {
                     let _ = tokio::time::timeout(
@@ -320,5 +443,123 @@ impl Sink for AmqpSink {
             };
             self.ensure(&mut slot).await.is_ok()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn in_flight(ids: &[i64]) -> Vec<InFlight> {
+        ids.iter()
+            .enumerate()
+            .map(|(index, &id)| InFlight {
+                index,
+                outbox_id: id,
+                message_id: Some(ShortString::from(format!("ORDER_PAID:K-{id}"))),
+            })
+            .collect()
+    }
+
+    fn returned(outbox_id: Option<i64>, message_id: Option<&str>) -> Returned {
+        Returned {
+            outbox_id,
+            message_id: message_id.map(ShortString::from),
+            code: 312,
+            text: "NO_ROUTE".to_owned(),
+        }
+    }
+
+    fn acked(n: usize) -> Vec<Result<(), SinkError>> {
+        (0..n).map(|_| Ok(())).collect()
+    }
+
+    fn sent(results: &[Result<(), SinkError>]) -> Vec<bool> {
+        results.iter().map(Result::is_ok).collect()
+    }
+
+    #[test]
+    fn a_return_fails_its_own_event_whichever_confirm_carried_it() {
+        let flight = in_flight(&[7, 8, 9]);
+        let mut results = acked(3);
+        // lapin may have handed it to event 7's or 9's confirm: the ids decide.
+        pair_returns(
+            &mut results,
+            &flight,
+            &[returned(Some(8), Some("ORDER_PAID:K-8"))],
+            true,
+        );
+        assert_eq!(sent(&results), [true, false, true]);
+        assert!(
+            matches!(&results[1], Err(SinkError::AmqpReturned { code: 312, text }) if text == "NO_ROUTE"),
+            "{:?}",
+            results[1]
+        );
+    }
+
+    #[test]
+    fn a_return_matching_no_publish_marks_nothing_sent() {
+        for stranger in [
+            returned(Some(99), Some("ORDER_PAID:K-99")),
+            // One id ours, the other not: not ours.
+            returned(Some(8), Some("ORDER_PAID:K-99")),
+            returned(Some(99), Some("ORDER_PAID:K-8")),
+            returned(None, Some("ORDER_PAID:K-8")),
+            returned(Some(8), None),
+            returned(None, None),
+        ] {
+            let flight = in_flight(&[7, 8, 9]);
+            let mut results = acked(3);
+            pair_returns(&mut results, &flight, std::slice::from_ref(&stranger), true);
+            assert_eq!(sent(&results), [false, false, false], "{stranger:?}");
+            assert!(
+                results
+                    .iter()
+                    .all(|r| matches!(r, Err(SinkError::AmqpReturnUnmatched { code: 312, .. }))),
+                "{stranger:?}: {results:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_return_matching_no_publish_beside_matching_ones_still_marks_nothing_sent() {
+        let flight = in_flight(&[7, 8, 9]);
+        let mut results = acked(3);
+        pair_returns(
+            &mut results,
+            &flight,
+            &[
+                returned(Some(8), Some("ORDER_PAID:K-8")),
+                returned(Some(42), Some("ORDER_PAID:K-42")),
+            ],
+            true,
+        );
+        assert_eq!(sent(&results), [false, false, false]);
+        assert!(matches!(results[1], Err(SinkError::AmqpReturned { .. })));
+    }
+
+    #[test]
+    fn acks_are_not_trusted_until_every_confirm_of_the_batch_is_in() {
+        let flight = in_flight(&[7, 8, 9]);
+        let mut results = acked(3);
+        results[2] = Err(SinkError::AmqpConfirmTimeout(CONFIRM_TIMEOUT));
+        pair_returns(
+            &mut results,
+            &flight,
+            &[returned(Some(8), Some("ORDER_PAID:K-8"))],
+            false,
+        );
+        assert!(matches!(results[0], Err(SinkError::AmqpReturnsUnsettled)));
+        assert!(matches!(results[1], Err(SinkError::AmqpReturned { .. })));
+        assert!(matches!(results[2], Err(SinkError::AmqpConfirmTimeout(_))));
+    }
+
+    #[test]
+    fn a_nacked_event_stays_a_nack_without_a_return_of_its_own() {
+        let flight = in_flight(&[7, 8]);
+        let mut results = vec![Err(SinkError::AmqpNack), Ok(())];
+        pair_returns(&mut results, &flight, &[], true);
+        assert!(matches!(results[0], Err(SinkError::AmqpNack)));
+        assert!(results[1].is_ok());
     }
 }

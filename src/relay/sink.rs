@@ -52,6 +52,16 @@ pub enum SinkError {
     AmqpConfirmTimeout(Duration),
     #[error("amqp: the channel is not in confirm mode")]
     AmqpNotConfirmed,
+    /// The broker returned a message that matches no publish of the batch, so no return can
+    /// be ruled out for any ack in it.
+    #[error(
+        "amqp: the broker returned a message this batch did not publish ({code} {text}); no ack in the batch is trusted"
+    )]
+    AmqpReturnUnmatched { code: u16, text: String },
+    /// Acked, but some confirm of the batch never came: a return for this event may still
+    /// be owed.
+    #[error("amqp: acked, but the batch's confirms did not all arrive, so a return may be owed")]
+    AmqpReturnsUnsettled,
     #[error("the event could not be encoded: {0}")]
     Encode(#[source] Arc<serde_json::Error>),
     /// The batch ended before this event was tried.

@@ -99,11 +99,23 @@ impl Drop for Vhost {
 
 /// A durable queue bound to the exchange by `routing_key`.
 async fn bound_queue(channel: &Channel, queue: &str, routing_key: &str, arguments: FieldTable) {
+    declared_queue(channel, queue, routing_key, true, arguments).await;
+}
+
+/// A queue bound by `routing_key`; a durable one acks persistent messages only once they are
+/// on disk, so its confirms come later and more of them coalesce than a transient one's.
+async fn declared_queue(
+    channel: &Channel,
+    queue: &str,
+    routing_key: &str,
+    durable: bool,
+    arguments: FieldTable,
+) {
     channel
         .queue_declare(
             queue.into(),
             QueueDeclareOptions {
-                durable: true,
+                durable,
                 ..QueueDeclareOptions::default()
             },
             arguments,
@@ -323,6 +335,106 @@ async fn an_unroutable_event_is_returned_and_stays_pending_until_a_queue_is_boun
     assert_eq!(received.len(), 1);
     assert_eq!(received[0].body["biz_key"], "U-1");
     assert_eq!(app.db.count("local_message WHERE status = 1").await, 1);
+}
+
+/// Issue #25 (2): lapin hands a return to whichever confirm completes next, and completes a
+/// multiple-ack in hash-map order, so a return must not be trusted to name its own publish.
+/// Rounds of interleaved topics, one of them unbound, in batches large enough that the
+/// broker's acks coalesce; after each round the rows marked sent are exactly the ones the
+/// queue received, and every unroutable row is pending with its `NO_ROUTE`.
+async fn only_the_bound_topic_is_marked_sent_and_the_returned_ones_retry(durable: bool) {
+    const ROUNDS: usize = 8;
+    const PER_TOPIC: usize = 200;
+    let vhost = Vhost::create();
+    let (_consumer, channel) = vhost.channel().await;
+    declared_queue(
+        &channel,
+        "paid",
+        "ORDER_PAID",
+        durable,
+        FieldTable::default(),
+    )
+    .await;
+    let app = spawn_app(Backend::Postgres).await;
+    let relay = relay(&app, sink(&vhost), 1000);
+    let mut received: BTreeMap<String, usize> = BTreeMap::new();
+    for round in 0..ROUNDS {
+        let rows: Vec<_> = (0..PER_TOPIC)
+            .flat_map(|i| {
+                [
+                    ("ORDER_CLOSED", format!("C-{round}-{i}")),
+                    ("ORDER_PAID", format!("P-{round}-{i}")),
+                ]
+            })
+            .collect();
+        pending(&app, &rows).await;
+        // Until nothing is due: a tick with failures stops after its batch.
+        loop {
+            let report = relay.tick().await.expect("tick");
+            if report.published + report.failed == 0 {
+                break;
+            }
+        }
+        for m in drain(&channel, "paid", usize::MAX).await {
+            assert_eq!(m.routing_key, "ORDER_PAID", "{m:?}");
+            let key = m.body["biz_key"].as_str().unwrap_or_default().to_owned();
+            *received.entry(key).or_default() += 1;
+        }
+        let stored = app.store.messages(None, 10_000).await.expect("messages");
+        let sent: BTreeSet<&str> = stored
+            .iter()
+            .filter(|m| m.status == 1)
+            .map(|m| m.biz_key.as_str())
+            .collect();
+        let got: BTreeSet<&str> = received.keys().map(String::as_str).collect();
+        let sent_not_received: Vec<_> = sent.difference(&got).collect();
+        let received_not_sent: Vec<_> = got.difference(&sent).collect();
+        assert!(
+            sent_not_received.is_empty() && received_not_sent.is_empty(),
+            "round {round} (durable {durable}): marked sent but never received \
+             {sent_not_received:?}; received but not marked sent {received_not_sent:?}"
+        );
+        for m in stored.iter().filter(|m| m.topic == "ORDER_CLOSED") {
+            let born: usize = m
+                .biz_key
+                .split('-')
+                .nth(1)
+                .and_then(|r| r.parse().ok())
+                .expect("round");
+            let error = m.last_error.clone().unwrap_or_default();
+            assert_eq!(m.status, 0, "{} stays pending: {m:?}", m.biz_key);
+            assert_eq!(
+                m.attempts as usize,
+                round - born + 1,
+                "{} is retried every round: {m:?}",
+                m.biz_key
+            );
+            assert!(
+                error.contains("returned") && error.contains("312") && error.contains("NO_ROUTE"),
+                "{}: {error}",
+                m.biz_key
+            );
+        }
+        // Every backoff (at most 12.5 minutes) has run out for the next round.
+        app.clock.advance(3600);
+    }
+    assert_eq!(
+        received.len(),
+        ROUNDS * PER_TOPIC,
+        "every ORDER_PAID arrived"
+    );
+    let repeated: Vec<_> = received.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(repeated.is_empty(), "delivered again: {repeated:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returned_events_are_paired_by_id_with_a_transient_queue() {
+    only_the_bound_topic_is_marked_sent_and_the_returned_ones_retry(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returned_events_are_paired_by_id_with_a_durable_queue() {
+    only_the_bound_topic_is_marked_sent_and_the_returned_ones_retry(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
