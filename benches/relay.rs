@@ -21,8 +21,9 @@ use lapin::types::FieldTable;
 use paynotify::config::{DatabaseSettings, Secret};
 use paynotify::metrics::Metrics;
 use paynotify::relay::Relay;
-use paynotify::relay::amqp::AmqpSink;
-use paynotify::relay::sink::{RedisStreamSink, Sink};
+use paynotify::relay::sink::Sink;
+use paynotify::relay::sinks::AmqpSink;
+use paynotify::relay::sinks::RedisStreamSink;
 use paynotify::store::Store;
 use paynotify::time::SystemClock;
 

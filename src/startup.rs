@@ -16,7 +16,7 @@ use crate::jobs::Jobs;
 use crate::metrics::Metrics;
 use crate::receipts::Receipts;
 use crate::reconcile::Reconciler;
-use crate::relay::{Relay, Sink, sink};
+use crate::relay::{Relay, Sink, sinks};
 use crate::routes::{self, AppState, ExtraRoutes};
 use crate::store::{Store, StoreError};
 use crate::time::{Clock, SystemClock};
@@ -123,7 +123,7 @@ impl Application {
 
         // Built, not connected: a sink that is down at start-up only delays delivery.
         let sink_timeout = Duration::from_millis(settings.redis.timeout_ms.max(1000));
-        let sink: Arc<dyn Sink> = Arc::from(sink::from_settings(
+        let sink: Arc<dyn Sink> = Arc::from(sinks::from_settings(
             &settings.relay,
             &settings.redis,
             sink_timeout,

@@ -5,8 +5,8 @@
 //! out (at least once, never zero); a failure backs off in SQL and parks the row dead at
 //! `relay.max_attempts`. Consumers deduplicate on `(topic, biz_key)`.
 
-pub mod amqp;
 pub mod sink;
+pub mod sinks;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};

@@ -14,8 +14,8 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use paynotify::config::{Secret, SinkKind};
 use paynotify::relay::Relay;
-use paynotify::relay::amqp::AmqpSink;
 use paynotify::relay::sink::Sink;
+use paynotify::relay::sinks::AmqpSink;
 use paynotify::time::Clock;
 
 use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with_jobs};

@@ -19,8 +19,8 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareO
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 
-use super::sink::{Event, Health, Published, Sink, SinkError};
 use crate::config::{ConfigError, check_amqp, invalid};
+use crate::relay::sink::{Event, Health, Published, Sink, SinkError};
 
 /// How long a whole batch may wait for its confirms before the unconfirmed events count as
 /// failed (well inside the relay's lease).
