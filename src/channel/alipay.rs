@@ -274,7 +274,7 @@ impl Alipay {
             .ok_or_else(|| Rejection::BadSignature("unknown app_id".into()))?;
         read_fields(app, form)
             .and_then(|v| self.decode(v))
-            .and_then(|n| n.check_lengths().map_err(Rejection::BadRequest).map(|()| n))
+            .and_then(|n| n.checked().map_err(Rejection::BadRequest))
     }
 }
 
@@ -972,8 +972,7 @@ fn paid_notice(app: &App, r: ApiResponse) -> Result<Notice, Failure> {
         currency: "CNY".to_owned(),
         occurred_at,
     };
-    notice.check_lengths().map_err(bad)?;
-    Ok(notice)
+    notice.checked().map_err(bad)
 }
 
 impl ProviderApi for AlipayApi {

@@ -135,7 +135,7 @@ pub fn admit<C: Channel + ?Sized>(channel: &C, request: &Inbound<'_>) -> Result<
     channel
         .verify(request)
         .and_then(|v| channel.decode(v))
-        .and_then(|n| n.check_lengths().map_err(Rejection::BadRequest).map(|()| n))
+        .and_then(|n| n.checked().map_err(Rejection::BadRequest))
 }
 
 /// How one check of [`Provider::explain`] went.

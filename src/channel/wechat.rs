@@ -388,7 +388,7 @@ impl WechatPay {
             .ok_or_else(|| Rejection::BadSignature(format!("unknown Wechatpay-Serial {serial}")))?;
         open(&platform.merchant, body)
             .and_then(|v| self.decode(v))
-            .and_then(|n| n.check_lengths().map_err(Rejection::BadRequest).map(|()| n))
+            .and_then(|n| n.checked().map_err(Rejection::BadRequest))
     }
 }
 
@@ -857,7 +857,7 @@ impl Provider for WechatPay {
         };
         match self
             .decode(verified)
-            .and_then(|n| n.check_lengths().map_err(Rejection::BadRequest).map(|()| n))
+            .and_then(|n| n.checked().map_err(Rejection::BadRequest))
         {
             Ok(notice) => {
                 e.push("decoded fields", Verdict::Info, format!(
@@ -1207,8 +1207,8 @@ impl WechatApi {
                     success_time: t.success_time,
                 };
                 let notice = transaction_notice(&m.merchant, paid, NoticeKind::Paid);
-                match notice.check_lengths() {
-                    Ok(()) => TradeAnswer::Paid(Box::new(notice)),
+                match notice.checked() {
+                    Ok(notice) => TradeAnswer::Paid(Box::new(notice)),
                     Err(e) => TradeAnswer::Failed(Failure::Unexpected(e)),
                 }
             }
@@ -1318,8 +1318,8 @@ impl WechatApi {
             currency: "CNY".to_owned(),
             occurred_at: parse_time(q.success_time.as_deref()),
         };
-        match notice.check_lengths() {
-            Ok(()) => RefundAnswer::Refunded(Some(Box::new(notice))),
+        match notice.checked() {
+            Ok(notice) => RefundAnswer::Refunded(Some(Box::new(notice))),
             Err(e) => RefundAnswer::Failed(Failure::Unexpected(e)),
         }
     }
