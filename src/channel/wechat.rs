@@ -23,7 +23,9 @@ use super::api::{
     TradeAnswer,
 };
 use super::keys::{self, RsaVerifier};
-use super::{Answer, Channel, Explanation, Inbound, Mounted, Provider, Rejection, Reply, Verdict};
+use super::{
+    Answer, Channel, Explanation, Inbound, Mounted, Provider, Rejection, Reply, Standing, Verdict,
+};
 use crate::config::value::{ConfigError, Secret, invalid};
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 use crate::time::Timestamp;
@@ -529,6 +531,17 @@ impl Channel for WechatPay {
                 status,
                 &serde_json::json!({ "code": "FAIL", "message": message }),
             ),
+        }
+    }
+
+    fn standing(&self, request: &Inbound<'_>) -> Standing {
+        let keyed = single_header(request.headers, "Wechatpay-Serial")
+            .ok()
+            .flatten()
+            .is_some_and(|serial| self.keys.contains_key(&serial.to_ascii_uppercase()));
+        Standing {
+            keyed,
+            shaped: serde_json::from_slice::<Envelope>(request.body).is_ok(),
         }
     }
 }
