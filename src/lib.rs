@@ -22,4 +22,5 @@ pub mod routes;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+pub mod text;
 pub mod time;

@@ -114,8 +114,13 @@ impl GateResult {
 pub enum ReceiptResult {
     /// Stored in `notify_receipt`.
     Written,
-    /// Not stored: the writer's queue was full, or its insert failed.
+    /// Not stored: the writer's queue was full, or the database was out of reach.
     Dropped,
+    /// Not stored: an anonymous request over `receipts.anonymous_bytes_per_minute` or
+    /// `anonymous_per_peer_per_minute`, or the same body as one kept this minute.
+    Limited,
+    /// Not stored: the database refused this one receipt (the rest of its batch was stored).
+    Refused,
 }
 
 impl ReceiptResult {
@@ -123,6 +128,8 @@ impl ReceiptResult {
         match self {
             Self::Written => "written",
             Self::Dropped => "dropped",
+            Self::Limited => "limited",
+            Self::Refused => "refused",
         }
     }
 }
@@ -359,7 +366,7 @@ impl Metrics {
         );
         let receipts = counter(
             "paynotify_receipts_total",
-            "Notify receipts written to notify_receipt, or dropped (queue full, insert failed)",
+            "Notify receipts written to notify_receipt, dropped (queue full, database away), limited (anonymous over budget or repeated) or refused by the database",
             &["result"],
         );
         let provider_calls = counter(

@@ -133,10 +133,40 @@ pub mod max_len {
 }
 
 impl Notice {
-    /// Refuses ids longer than the providers document (and the columns hold), so a verified
-    /// but oversized value is a 400 the moment it arrives, never a database error the
-    /// provider retries for a day.
-    pub fn check_lengths(&self) -> Result<(), String> {
+    /// The notice as it may be stored: control characters in its text escaped
+    /// ([`crate::text::storable`]: one NUL would fail every statement on PostgreSQL, and the
+    /// provider would retry it for a day), then ids longer than the providers document (and
+    /// the columns hold) refused, so an oversized value is a 400 the moment it arrives.
+    pub fn checked(mut self) -> Result<Self, String> {
+        self.make_storable();
+        self.check_lengths()?;
+        Ok(self)
+    }
+
+    fn make_storable(&mut self) {
+        use crate::text::make_storable;
+        for text in [
+            &mut self.out_trade_no,
+            &mut self.transaction_id,
+            &mut self.currency,
+            &mut self.merchant.merchant_id,
+        ] {
+            make_storable(text);
+        }
+        if let Some(app_id) = &mut self.merchant.app_id {
+            make_storable(app_id);
+        }
+        match &mut self.kind {
+            NoticeKind::Refunded(r) => {
+                make_storable(&mut r.out_refund_no);
+                make_storable(&mut r.refund_id);
+            }
+            NoticeKind::Other { status } => make_storable(status),
+            NoticeKind::Paid | NoticeKind::Closed => {}
+        }
+    }
+
+    fn check_lengths(&self) -> Result<(), String> {
         let mut fields = vec![
             (
                 "out_trade_no",
@@ -370,6 +400,35 @@ mod tests {
             grow(&mut m);
             assert!(m.check_lengths().is_err(), "{m:?}");
         }
+    }
+
+    #[test]
+    fn control_characters_are_escaped_before_the_lengths_are_checked() {
+        let mut n = paid();
+        n.transaction_id = "T\0".into();
+        n.merchant.app_id = Some("wx\u{7}".into());
+        n.kind = NoticeKind::Other {
+            status: "WAIT\n".into(),
+        };
+        let n = n.checked().expect("short enough");
+        assert_eq!(
+            (
+                n.transaction_id.as_str(),
+                n.merchant.app_id.as_deref(),
+                &n.kind
+            ),
+            (
+                "T\\x00",
+                Some("wx\\x07"),
+                &NoticeKind::Other {
+                    status: "WAIT\\x0a".into()
+                }
+            )
+        );
+        // At the limit with a NUL: longer than the column once escaped.
+        let mut n = paid();
+        n.out_trade_no = format!("{}\0", "O".repeat(max_len::ORDER_NO - 1));
+        assert!(n.checked().is_err());
     }
 
     #[test]

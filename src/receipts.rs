@@ -5,20 +5,35 @@
 //! (`paynotify_receipts_total{result="dropped"}`); the answer never waits for a receipt.
 //!
 //! A receipt holds only what arrived (the headers that matter and the raw body) and what
-//! was answered: never anything from the configuration.
+//! was answered: never anything from the configuration. Its text is stored with control
+//! characters escaped (`crate::text`), so no byte a request chose can fail the insert.
+//!
+//! Anyone can post to a notify URL, so a receipt must not let anyone write to the database
+//! at will. A request whose body is not its provider's shape keeps only a short prefix of
+//! it, with its length and SHA-256. A request that is anonymous — it names none of the
+//! configured keys, or its body is not the provider's shape — is kept only within a byte
+//! budget a minute, a number a minute per peer, and once per body a minute; past that it is
+//! counted (`result="limited"`) and dropped. A request keyed and shaped as its provider's
+//! is kept whole whatever else arrives: that is the one an operator needs.
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use tokio::sync::mpsc;
 
+use crate::channel::{Standing, sha256_hex};
 use crate::config::{ReceiptMode, ReceiptSettings};
 use crate::metrics::{Metrics, ReceiptResult};
+use crate::notice::ChannelId;
 use crate::store::Store;
 use crate::store::receipts::NewReceipt;
 use crate::store::types::Payload;
+use crate::text::storable;
+use crate::time::Timestamp;
 
 /// Receipts per insert statement.
 const WRITE_BATCH: usize = 200;
@@ -41,7 +56,7 @@ pub fn headers_json(headers: &HeaderMap) -> serde_json::Value {
         if !kept_header(name.as_str()) {
             continue;
         }
-        let text = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        let text = storable(&String::from_utf8_lossy(value.as_bytes())).into_owned();
         let entry = out
             .entry(name.as_str().to_owned())
             .or_insert_with(|| serde_json::Value::Array(Vec::new()));
@@ -90,11 +105,28 @@ pub fn decode_body(body_b64: &str) -> Option<Vec<u8>> {
     BASE64.decode(body_b64).ok()
 }
 
+/// A notify request as it arrived and what it was answered: what its receipt is made of.
+pub struct Arrival<'a> {
+    pub channel: ChannelId,
+    pub received_at: Timestamp,
+    pub peer: Option<SocketAddr>,
+    pub request_id: Option<String>,
+    pub headers: &'a HeaderMap,
+    pub body: &'a [u8],
+    pub status: u16,
+    pub outcome: &'static str,
+    pub detail: Option<String>,
+    pub out_trade_no: Option<String>,
+    pub standing: Standing,
+}
+
 /// Where the notify handler leaves receipts.
 pub struct Receipts {
     mode: ReceiptMode,
     queue: Option<mpsc::Sender<NewReceipt>>,
     metrics: Arc<Metrics>,
+    junk_prefix_bytes: usize,
+    limits: Limits,
 }
 
 impl Receipts {
@@ -109,6 +141,12 @@ impl Receipts {
             mode: settings.store,
             queue,
             metrics,
+            junk_prefix_bytes: settings.junk_prefix_bytes,
+            limits: Limits {
+                bytes_per_minute: settings.anonymous_bytes_per_minute,
+                per_peer: settings.anonymous_per_peer_per_minute,
+                window: Mutex::default(),
+            },
         }
     }
 
@@ -122,12 +160,133 @@ impl Receipts {
         }
     }
 
-    /// Queues a receipt without waiting; a full queue drops it (counted).
+    /// Makes the receipt of `arrival` and queues it, within the limits on anonymous requests
+    /// (see the module's documentation); never waits.
+    pub fn keep(&self, arrival: Arrival<'_>) {
+        if self.queue.is_none() {
+            return;
+        }
+        let Standing { keyed, shaped } = arrival.standing;
+        let anonymous = !(keyed && shaped);
+        // A body not in its provider's shape is anonymous too, so it always has its digest.
+        let digest = anonymous.then(|| sha256_hex(arrival.body));
+        let mut detail = arrival.detail.map(|d| storable(&d).into_owned());
+        let mut body = arrival.body;
+        if let (false, Some(digest)) = (shaped, &digest) {
+            body = &body[..body.len().min(self.junk_prefix_bytes)];
+            let junk = format!(
+                "body not in {}'s shape: its first {} of {} bytes kept, SHA-256 {digest}",
+                arrival.channel,
+                body.len(),
+                arrival.body.len()
+            );
+            detail = Some(match detail {
+                Some(why) => format!("{why}; {junk}"),
+                None => junk,
+            });
+        }
+        let receipt = NewReceipt {
+            channel: arrival.channel.as_str().to_owned(),
+            received_at: arrival.received_at,
+            peer: arrival.peer.map(|a| a.to_string()),
+            request_id: arrival.request_id.map(|id| storable(&id).into_owned()),
+            headers: headers_payload(arrival.headers),
+            body_b64: encode_body(body),
+            body_bytes: i32::try_from(arrival.body.len()).unwrap_or(i32::MAX),
+            status: i16::try_from(arrival.status).unwrap_or(i16::MAX),
+            outcome: arrival.outcome.to_owned(),
+            detail,
+            out_trade_no: arrival.out_trade_no.map(|n| storable(&n).into_owned()),
+        };
+        if let (true, Some(digest)) = (anonymous, digest) {
+            let minute = arrival.received_at.unix_seconds().div_euclid(60);
+            let peer = arrival.peer.map(|a| peer_key(a.ip()));
+            if !self
+                .limits
+                .admit(minute, peer, digest, stored_bytes(&receipt))
+            {
+                self.metrics.receipts(ReceiptResult::Limited, 1);
+                return;
+            }
+        }
+        self.submit(receipt);
+    }
+
+    /// Queues a receipt as it is, without waiting; a full queue drops it (counted).
     pub fn submit(&self, receipt: NewReceipt) {
         let Some(queue) = &self.queue else { return };
         if queue.try_send(receipt).is_err() {
             self.metrics.receipts(ReceiptResult::Dropped, 1);
         }
+    }
+}
+
+/// The address a peer is counted under: an IPv6 peer by its /64, the block one host
+/// usually holds whole (counting each address would let it take 2^64 shares).
+fn peer_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        v4 => v4,
+    }
+}
+
+/// What a receipt takes in its table, near enough: the length of its text columns.
+fn stored_bytes(r: &NewReceipt) -> usize {
+    let text = [
+        Some(&r.channel),
+        r.peer.as_ref(),
+        r.request_id.as_ref(),
+        Some(&r.body_b64),
+        Some(&r.outcome),
+        r.detail.as_ref(),
+        r.out_trade_no.as_ref(),
+    ];
+    text.into_iter().flatten().map(String::len).sum::<usize>() + r.headers.0.to_string().len()
+}
+
+/// The limits on anonymous receipts, counted over one minute of the service's clock.
+struct Limits {
+    bytes_per_minute: usize,
+    per_peer: u32,
+    window: Mutex<Window>,
+}
+
+/// What was kept in the current minute. It holds at most one entry per receipt kept, and
+/// those are bounded by the byte budget.
+#[derive(Default)]
+struct Window {
+    minute: i64,
+    bytes: usize,
+    peers: HashMap<Option<IpAddr>, u32>,
+    bodies: HashSet<String>,
+}
+
+impl Limits {
+    /// Whether an anonymous receipt of `bytes` from `peer`, whose body has `digest`, may be
+    /// kept in `minute`; counts it when so.
+    fn admit(&self, minute: i64, peer: Option<IpAddr>, digest: String, bytes: usize) -> bool {
+        // A panic elsewhere while holding the lock leaves counts, nothing half written.
+        let mut w = self.window.lock().unwrap_or_else(PoisonError::into_inner);
+        if w.minute != minute {
+            *w = Window {
+                minute,
+                ..Window::default()
+            };
+        }
+        let from_peer = w.peers.get(&peer).copied().unwrap_or(0);
+        if w.bodies.contains(&digest)
+            || from_peer >= self.per_peer
+            || w.bytes.saturating_add(bytes) > self.bytes_per_minute
+        {
+            return false;
+        }
+        w.peers.insert(peer, from_peer + 1);
+        w.bytes += bytes;
+        w.bodies.insert(digest);
+        true
     }
 }
 
@@ -142,9 +301,36 @@ async fn write(mut rx: mpsc::Receiver<NewReceipt>, store: Store, metrics: Arc<Me
         }
         match store.insert_receipts(&batch).await {
             Ok(_) => metrics.receipts(ReceiptResult::Written, batch.len()),
-            Err(e) => {
-                tracing::warn!(error = %e, receipts = batch.len(), "receipts not stored");
+            Err(e) if e.is_unavailable() => {
+                tracing::warn!(error = %e, receipts = batch.len(), "receipts not stored: the database is out of reach");
                 metrics.receipts(ReceiptResult::Dropped, batch.len());
+            }
+            // One row the database refuses fails its whole batch: store the rest one by one.
+            Err(_) => write_one_by_one(&batch, &store, &metrics).await,
+        }
+    }
+}
+
+async fn write_one_by_one(batch: &[NewReceipt], store: &Store, metrics: &Metrics) {
+    for (i, receipt) in batch.iter().enumerate() {
+        match store.insert_receipts(std::slice::from_ref(receipt)).await {
+            Ok(_) => metrics.receipts(ReceiptResult::Written, 1),
+            Err(e) if e.is_unavailable() => {
+                // Each of the rest would wait as long again.
+                let rest = batch.len() - i;
+                tracing::warn!(error = %e, receipts = rest, "receipts not stored: the database is out of reach");
+                metrics.receipts(ReceiptResult::Dropped, rest);
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    channel = %receipt.channel,
+                    outcome = %receipt.outcome,
+                    request_id = receipt.request_id.as_deref().unwrap_or("-"),
+                    "receipt refused by the database; the rest of its batch is stored"
+                );
+                metrics.receipts(ReceiptResult::Refused, 1);
             }
         }
     }

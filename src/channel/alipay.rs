@@ -23,7 +23,9 @@ use super::api::{
     TradeAnswer,
 };
 use super::keys::{self, RsaVerifier};
-use super::{Answer, Channel, Explanation, Inbound, Mounted, Provider, Rejection, Reply, Verdict};
+use super::{
+    Answer, Channel, Explanation, Inbound, Mounted, Provider, Rejection, Reply, Standing, Verdict,
+};
 use crate::config::value::{ConfigError, invalid};
 use crate::money::yuan_to_fen;
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
@@ -274,7 +276,7 @@ impl Alipay {
             .ok_or_else(|| Rejection::BadSignature("unknown app_id".into()))?;
         read_fields(app, form)
             .and_then(|v| self.decode(v))
-            .and_then(|n| n.check_lengths().map_err(Rejection::BadRequest).map(|()| n))
+            .and_then(|n| n.checked().map_err(Rejection::BadRequest))
     }
 }
 
@@ -381,6 +383,22 @@ impl Channel for Alipay {
         match reply {
             Reply::Success => Answer::text(200, "success"),
             Reply::Failure { status, .. } => Answer::text(status, "fail"),
+        }
+    }
+
+    fn standing(&self, request: &Inbound<'_>) -> Standing {
+        let Ok(form) = Form::parse(request.body) else {
+            return Standing {
+                keyed: false,
+                shaped: false,
+            };
+        };
+        let app_id = form.get("app_id");
+        Standing {
+            keyed: app_id
+                .and_then(|id| std::str::from_utf8(id).ok())
+                .is_some_and(|id| self.apps.contains_key(id)),
+            shaped: app_id.is_some() && form.get("sign").is_some(),
         }
     }
 }
@@ -972,8 +990,7 @@ fn paid_notice(app: &App, r: ApiResponse) -> Result<Notice, Failure> {
         currency: "CNY".to_owned(),
         occurred_at,
     };
-    notice.check_lengths().map_err(bad)?;
-    Ok(notice)
+    notice.checked().map_err(bad)
 }
 
 impl ProviderApi for AlipayApi {

@@ -127,6 +127,29 @@ pub trait Channel: Send + Sync + 'static {
 
     /// Renders `reply` the way the provider expects it.
     fn render(&self, reply: Reply<'_>) -> Answer;
+
+    /// What a request this channel did not accept shows of where it came from, for its
+    /// receipt (`crate::receipts`). Asked only when a receipt is wanted.
+    fn standing(&self, request: &Inbound<'_>) -> Standing;
+}
+
+/// Whether a request looks like its provider's: what decides how much of it a receipt
+/// keeps. Anyone can post to a notify URL; only a request that is both keyed and shaped is
+/// kept whole whatever else arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing {
+    /// It names one of the configured keys (WeChat `Wechatpay-Serial`, Alipay `app_id`).
+    pub keyed: bool,
+    /// Its body has the provider's shape (WeChat's JSON envelope, Alipay's signed form).
+    pub shaped: bool,
+}
+
+impl Standing {
+    /// A request that verified.
+    pub const VERIFIED: Self = Self {
+        keyed: true,
+        shaped: true,
+    };
 }
 
 /// Verification, decoding and the length checks: everything between the raw request and a
@@ -135,7 +158,7 @@ pub fn admit<C: Channel + ?Sized>(channel: &C, request: &Inbound<'_>) -> Result<
     channel
         .verify(request)
         .and_then(|v| channel.decode(v))
-        .and_then(|n| n.check_lengths().map_err(Rejection::BadRequest).map(|()| n))
+        .and_then(|n| n.checked().map_err(Rejection::BadRequest))
 }
 
 /// How one check of [`Provider::explain`] went.

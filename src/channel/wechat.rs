@@ -23,7 +23,9 @@ use super::api::{
     TradeAnswer,
 };
 use super::keys::{self, RsaVerifier};
-use super::{Answer, Channel, Explanation, Inbound, Mounted, Provider, Rejection, Reply, Verdict};
+use super::{
+    Answer, Channel, Explanation, Inbound, Mounted, Provider, Rejection, Reply, Standing, Verdict,
+};
 use crate::config::value::{ConfigError, Secret, invalid};
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 use crate::time::Timestamp;
@@ -388,7 +390,7 @@ impl WechatPay {
             .ok_or_else(|| Rejection::BadSignature(format!("unknown Wechatpay-Serial {serial}")))?;
         open(&platform.merchant, body)
             .and_then(|v| self.decode(v))
-            .and_then(|n| n.check_lengths().map_err(Rejection::BadRequest).map(|()| n))
+            .and_then(|n| n.checked().map_err(Rejection::BadRequest))
     }
 }
 
@@ -529,6 +531,17 @@ impl Channel for WechatPay {
                 status,
                 &serde_json::json!({ "code": "FAIL", "message": message }),
             ),
+        }
+    }
+
+    fn standing(&self, request: &Inbound<'_>) -> Standing {
+        let keyed = single_header(request.headers, "Wechatpay-Serial")
+            .ok()
+            .flatten()
+            .is_some_and(|serial| self.keys.contains_key(&serial.to_ascii_uppercase()));
+        Standing {
+            keyed,
+            shaped: serde_json::from_slice::<Envelope>(request.body).is_ok(),
         }
     }
 }
@@ -857,7 +870,7 @@ impl Provider for WechatPay {
         };
         match self
             .decode(verified)
-            .and_then(|n| n.check_lengths().map_err(Rejection::BadRequest).map(|()| n))
+            .and_then(|n| n.checked().map_err(Rejection::BadRequest))
         {
             Ok(notice) => {
                 e.push("decoded fields", Verdict::Info, format!(
@@ -1207,8 +1220,8 @@ impl WechatApi {
                     success_time: t.success_time,
                 };
                 let notice = transaction_notice(&m.merchant, paid, NoticeKind::Paid);
-                match notice.check_lengths() {
-                    Ok(()) => TradeAnswer::Paid(Box::new(notice)),
+                match notice.checked() {
+                    Ok(notice) => TradeAnswer::Paid(Box::new(notice)),
                     Err(e) => TradeAnswer::Failed(Failure::Unexpected(e)),
                 }
             }
@@ -1318,8 +1331,8 @@ impl WechatApi {
             currency: "CNY".to_owned(),
             occurred_at: parse_time(q.success_time.as_deref()),
         };
-        match notice.check_lengths() {
-            Ok(()) => RefundAnswer::Refunded(Some(Box::new(notice))),
+        match notice.checked() {
+            Ok(notice) => RefundAnswer::Refunded(Some(Box::new(notice))),
             Err(e) => RefundAnswer::Failed(Failure::Unexpected(e)),
         }
     }

@@ -157,6 +157,13 @@ pub struct ReceiptSettings {
     pub keep_days: u32,
     /// Receipts waiting for the writer; when full, new ones are dropped and counted.
     pub queue: usize,
+    /// Bytes a minute that receipts of anonymous requests (naming none of our keys, or with a
+    /// body not in the provider's shape) may take; past it they are dropped and counted.
+    pub anonymous_bytes_per_minute: usize,
+    /// Receipts of anonymous requests kept per peer address a minute.
+    pub anonymous_per_peer_per_minute: u32,
+    /// How much of a body not in the provider's shape is kept (with its length and SHA-256).
+    pub junk_prefix_bytes: usize,
 }
 
 impl Default for ReceiptSettings {
@@ -165,6 +172,9 @@ impl Default for ReceiptSettings {
             store: ReceiptMode::Rejected,
             keep_days: 7,
             queue: 1024,
+            anonymous_bytes_per_minute: 1024 * 1024,
+            anonymous_per_peer_per_minute: 30,
+            junk_prefix_bytes: 256,
         }
     }
 }
@@ -476,6 +486,21 @@ impl Settings {
         }
         if !(1..=1_000_000).contains(&self.receipts.queue) {
             return Err(invalid("receipts.queue", "must be between 1 and 1000000"));
+        }
+        if self.receipts.anonymous_bytes_per_minute > 1 << 30 {
+            return Err(invalid(
+                "receipts.anonymous_bytes_per_minute",
+                "at most 1073741824 (1 GiB)",
+            ));
+        }
+        if self.receipts.anonymous_per_peer_per_minute > 1_000_000 {
+            return Err(invalid(
+                "receipts.anonymous_per_peer_per_minute",
+                "at most 1000000",
+            ));
+        }
+        if self.receipts.junk_prefix_bytes > 4096 {
+            return Err(invalid("receipts.junk_prefix_bytes", "at most 4096"));
         }
         let rc = &self.reconcile;
         if !(1..=10_000).contains(&rc.batch) {
@@ -848,6 +873,14 @@ mod tests {
             (s.receipts.store, s.receipts.keep_days, s.receipts.queue),
             (ReceiptMode::Rejected, 7, 1024)
         );
+        assert_eq!(
+            (
+                s.receipts.anonymous_bytes_per_minute,
+                s.receipts.anonymous_per_peer_per_minute,
+                s.receipts.junk_prefix_bytes
+            ),
+            (1_048_576, 30, 256)
+        );
         let s = load("[receipts]\nstore = \"all\"\nkeep_days = 30\n", &[]).expect("all");
         assert_eq!(
             (s.receipts.store, s.receipts.keep_days),
@@ -857,6 +890,18 @@ mod tests {
             ("[receipts]\nstore = \"some\"\n", "receipts.store"),
             ("[receipts]\nkeep_days = 0\n", "receipts.keep_days"),
             ("[receipts]\nqueue = 0\n", "receipts.queue"),
+            (
+                "[receipts]\nanonymous_bytes_per_minute = 2000000000\n",
+                "receipts.anonymous_bytes_per_minute",
+            ),
+            (
+                "[receipts]\nanonymous_per_peer_per_minute = 2000000\n",
+                "receipts.anonymous_per_peer_per_minute",
+            ),
+            (
+                "[receipts]\njunk_prefix_bytes = 100000\n",
+                "receipts.junk_prefix_bytes",
+            ),
         ] {
             let err = load(toml, &[]).unwrap_err();
             assert!(err.to_string().contains(key), "{toml}: {err}");

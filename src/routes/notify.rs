@@ -6,12 +6,12 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 
 use super::AppState;
-use crate::channel::{Answer, Channel, Inbound, Rejection, Reply, admit};
+use crate::channel::{Answer, Channel, Inbound, Rejection, Reply, Standing, admit};
 use crate::gate::Decision;
 use crate::metrics::{Counted, Refusal};
 use crate::notice::{Notice, Outcome};
+use crate::receipts::Arrival;
 use crate::store::StoreError;
-use crate::store::receipts::NewReceipt;
 use crate::time::Timestamp;
 
 /// Declares a provider's notify handler under a name of its own, so its OpenAPI attribute
@@ -115,6 +115,8 @@ struct Verdict {
     outcome: &'static str,
     detail: Option<String>,
     out_trade_no: Option<String>,
+    /// Whether the request verified and decoded into a notice.
+    verified: bool,
 }
 
 impl Verdict {
@@ -123,6 +125,7 @@ impl Verdict {
             outcome: why.label(),
             detail: Some(detail),
             out_trade_no: None,
+            verified: false,
         }
     }
 
@@ -130,6 +133,7 @@ impl Verdict {
         Self {
             outcome,
             detail: None,
+            verified: true,
             out_trade_no: (!notice.out_trade_no.is_empty()).then(|| notice.out_trade_no.clone()),
         }
     }
@@ -163,21 +167,30 @@ pub async fn notify<C: Channel>(
     };
     if state.receipts.wants(response.status().is_success()) {
         let bytes: &[u8] = body.as_ref().map_or(&[], |b| b.as_ref());
-        state.receipts.submit(NewReceipt {
-            channel: channel.id().as_str().to_owned(),
+        let standing = if verdict.verified {
+            Standing::VERIFIED
+        } else {
+            channel.standing(&Inbound {
+                headers: request.headers(),
+                body: bytes,
+                now: received_at,
+            })
+        };
+        state.receipts.keep(Arrival {
+            channel: channel.id(),
             received_at,
-            peer: request.peer_addr().map(|a| a.to_string()),
+            peer: request.peer_addr(),
             request_id: request
                 .extensions()
                 .get::<tracing_actix_web::RequestId>()
                 .map(ToString::to_string),
-            headers: crate::receipts::headers_payload(request.headers()),
-            body_b64: crate::receipts::encode_body(bytes),
-            body_bytes: i32::try_from(bytes.len()).unwrap_or(i32::MAX),
-            status: i16::try_from(response.status().as_u16()).unwrap_or(i16::MAX),
-            outcome: verdict.outcome.to_owned(),
+            headers: request.headers(),
+            body: bytes,
+            status: response.status().as_u16(),
+            outcome: verdict.outcome,
             detail: verdict.detail,
             out_trade_no: verdict.out_trade_no,
+            standing,
         });
     }
     response

@@ -43,15 +43,17 @@ pub struct StoredReceipt {
     /// `{"header-name": ["value", …]}`: Wechatpay-*, Content-Type, Content-Length, User-Agent.
     #[schema(value_type = Object)]
     pub headers: Payload,
-    /// The raw body, base64.
+    /// The raw body, base64; only its first `receipts.junk_prefix_bytes` when it is not in
+    /// the provider's shape (`detail` then says so, with its SHA-256).
     pub body_b64: String,
+    /// The length of the body as it arrived.
     pub body_bytes: i32,
     /// The HTTP status answered.
     pub status: i16,
     /// What became of it: a ledger outcome (`applied`, `duplicate`, …) or a rejection
     /// (`bad_signature`, `stale`, `bad_request`, `undecryptable`, `too_large`, …).
     pub outcome: String,
-    /// Why, in words, when it was refused.
+    /// Why, in words, when it was refused (control characters written out as `\xNN`).
     pub detail: Option<String>,
     pub out_trade_no: Option<String>,
     #[schema(value_type = Option<String>, format = DateTime)]

@@ -4,8 +4,9 @@
 use std::time::{Duration, Instant};
 
 use paynotify::config::{ReceiptMode, Secret};
+use paynotify::metrics::Metrics;
 use paynotify::qa::forge::Delivery;
-use paynotify::store::receipts::{ReceiptFilter, StoredReceipt};
+use paynotify::store::receipts::{NewReceipt, ReceiptFilter, StoredReceipt};
 use serde_json::Value;
 
 use crate::helpers::{Backend, TestApp, metric, spawn_app_with};
@@ -49,6 +50,11 @@ crate::on_both_backends!(
     explain_names_the_reserialised_body_as_the_failing_check,
     explain_names_an_alipay_body_reencoded_from_gbk_to_utf8,
     the_retention_job_purges_receipts_after_receipts_keep_days,
+    a_nul_in_refused_requests_is_stored_escaped_and_sinks_no_batch,
+    a_signed_notification_with_a_nul_is_stored_escaped_in_its_callback_and_anomaly,
+    a_receipt_the_database_refuses_is_counted_and_the_rest_of_its_batch_stored,
+    a_junk_flood_from_many_peers_stays_within_the_budget_and_a_genuine_refusal_is_kept_whole,
+    identical_junk_bodies_are_stored_once_as_a_prefix_and_a_hash,
 );
 
 async fn a_body_reserialised_by_a_proxy_is_refused_and_kept_as_it_arrived(backend: Backend) {
@@ -534,4 +540,330 @@ async fn the_retention_job_purges_receipts_after_receipts_keep_days(backend: Bac
         0,
         "older than receipts.keep_days"
     );
+}
+
+/// An Alipay payment form for `order_no` with a signature that does not verify.
+fn alipay_badly_signed(order_no: &str) -> Delivery {
+    let mut fields = crate::alipay::pay_fields(order_no, 100, "TRADE_SUCCESS");
+    fields.push(("sign".into(), "AAAA".into()));
+    fields.push(("sign_type".into(), "RSA2".into()));
+    alipay_form(paynotify::qa::forge::alipay::encode_form(&fields))
+}
+
+fn alipay_form(body: Vec<u8>) -> Delivery {
+    Delivery {
+        headers: vec![(
+            "Content-Type".into(),
+            "application/x-www-form-urlencoded; charset=utf-8".into(),
+        )],
+        body,
+    }
+}
+
+async fn a_nul_in_refused_requests_is_stored_escaped_and_sinks_no_batch(backend: Backend) {
+    let app = spawn_app_with(backend, |s| s.alipay = crate::alipay::settings()).await;
+    // The writer's first insert waits behind this lock, so the requests after it reach the
+    // database together, in one batch.
+    let hold = Duration::from_secs(2);
+    let lock = match backend {
+        Backend::Sqlite => app.db.hold_write_lock("none", hold).await,
+        _ => app.db.hold_table_lock("notify_receipt", hold).await,
+    };
+    let poisoned = |i: usize| {
+        alipay_form(
+            format!("app_id=%00&notify_type=trade_status_sync&out_trade_no=RN-{i}&sign=AAAA")
+                .into_bytes(),
+        )
+    };
+    for i in 0..200 {
+        let d = if i % 20 == 0 {
+            poisoned(i)
+        } else {
+            alipay_badly_signed(&format!("RN-{i}"))
+        };
+        assert_eq!(crate::alipay::send(&app, &d).await.0, 401);
+    }
+    lock.await.expect("lock task");
+    assert_eq!(app.receipts_stored(200).await, 200, "every receipt stored");
+    let receipts = all_receipts(&app).await;
+    let unknown: Vec<&StoredReceipt> = receipts
+        .iter()
+        .filter(|r| {
+            r.detail
+                .as_deref()
+                .is_some_and(|d| d.contains("unknown app_id"))
+        })
+        .collect();
+    assert_eq!(unknown.len(), 10);
+    for r in unknown {
+        let detail = r.detail.as_deref().unwrap_or_default();
+        assert!(
+            detail.ends_with("unknown app_id \\x00") && !detail.contains('\0'),
+            "{detail:?}"
+        );
+        let body = paynotify::receipts::decode_body(&r.body_b64).unwrap_or_default();
+        assert!(
+            body.starts_with(b"app_id=%00&") && body.len() == r.body_bytes as usize,
+            "the body as it arrived"
+        );
+    }
+    assert_eq!(metric(&app, "paynotify_receipts_total", &["refused"]), 0);
+}
+
+async fn a_signed_notification_with_a_nul_is_stored_escaped_in_its_callback_and_anomaly(
+    backend: Backend,
+) {
+    use crate::alipay::{pay_fields, set, signed};
+    let app = spawn_app_with(backend, |s| s.alipay = crate::alipay::settings()).await;
+    app.create_order("RN-P", 100).await;
+    // Signed by Alipay's key: the provider's word, NUL and all.
+    let mut fields = pay_fields("RN-P", 100, "TRADE_SUCCESS");
+    set(&mut fields, "trade_no", "2026\u{0}RN-P");
+    assert_eq!(crate::alipay::send(&app, &signed(fields)).await.0, 200);
+    assert_eq!(app.status_of("RN-P").await, "PAID");
+    let trade = text_literal(backend, "2026\\x00RN-P");
+    assert_eq!(
+        app.db
+            .count(&format!("pay_callback WHERE transaction_id = {trade}"))
+            .await,
+        1,
+        "the callback row holds the NUL escaped"
+    );
+    // A first delivery over the wrong amount: an anomaly, its message naming the trade.
+    app.create_order("RN-A", 100).await;
+    let mut fields = pay_fields("RN-A", 200, "TRADE_SUCCESS");
+    set(&mut fields, "trade_no", "2027\u{0}\u{7}RN-A");
+    assert_eq!(crate::alipay::send(&app, &signed(fields)).await.0, 200);
+    assert_eq!(app.messages("PAYMENT_ANOMALY").await, 1);
+    let key = text_literal(backend, "RN-A:alipay:2027\\x00\\x07RN-A");
+    assert_eq!(
+        app.db
+            .count(&format!("local_message WHERE biz_key = {key}"))
+            .await,
+        1,
+        "the anomaly holds the control bytes escaped"
+    );
+}
+
+/// `text` as an SQL string literal (MySQL reads a backslash in one as an escape).
+fn text_literal(backend: Backend, text: &str) -> String {
+    match backend {
+        Backend::Mysql => format!("'{}'", text.replace('\\', "\\\\")),
+        _ => format!("'{text}'"),
+    }
+}
+
+async fn a_receipt_the_database_refuses_is_counted_and_the_rest_of_its_batch_stored(
+    backend: Backend,
+) {
+    use paynotify::receipts::Receipts;
+    let app = app(backend).await;
+    let metrics = Arc::new(paynotify::metrics::Metrics::new());
+    let receipts = Receipts::start(
+        &paynotify::config::ReceiptSettings::default(),
+        app.store.clone(),
+        Arc::clone(&metrics),
+    );
+    let arrival = |detail: &str| NewReceipt {
+        channel: "wechat".into(),
+        received_at: app.clock.now(),
+        peer: None,
+        request_id: None,
+        headers: paynotify::store::types::Payload(serde_json::json!({})),
+        body_b64: String::new(),
+        body_bytes: 0,
+        status: 401,
+        outcome: "bad_signature".into(),
+        detail: Some(detail.into()),
+        out_trade_no: None,
+    };
+    // A row each backend refuses, written past the escaping: PostgreSQL takes no NUL in
+    // text, MySQL (strict) no channel longer than its column. SQLite takes both.
+    let mut bad = arrival("unknown app_id \0");
+    bad.channel = "w".repeat(40);
+    let hold = Duration::from_secs(1);
+    let lock = match backend {
+        Backend::Sqlite => app.db.hold_write_lock("none", hold).await,
+        _ => app.db.hold_table_lock("notify_receipt", hold).await,
+    };
+    receipts.submit(arrival("first"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for i in 0..48 {
+        receipts.submit(arrival(&format!("good {i}")));
+        if i == 20 {
+            receipts.submit(bad.clone());
+        }
+    }
+    lock.await.expect("lock task");
+    let refusable = backend != Backend::Sqlite;
+    let expected = if refusable { 49 } else { 50 };
+    assert_eq!(app.receipts_stored(expected).await, expected);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let count = |label| Metrics::count(&metrics.receipts, &[label]);
+    while count("written") < expected as u64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(count("written"), expected as u64);
+    assert_eq!(count("refused"), u64::from(refusable));
+    assert_eq!(count("dropped"), 0);
+}
+
+/// A client whose requests come from `ip` (any 127.0.0.0/8 address is loopback on Linux).
+fn client_from(ip: [u8; 4]) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from(ip))
+        .build()
+        .expect("client")
+}
+
+/// `len` bytes no provider would send, different for each `seed`.
+fn junk(seed: u32, len: usize) -> Vec<u8> {
+    let mut body = format!("junk {seed} ").into_bytes();
+    body.resize(len, b'x');
+    body
+}
+
+/// What a receipt takes in the table, near enough: its text columns.
+fn stored_bytes(r: &StoredReceipt) -> usize {
+    r.body_b64.len() + r.headers.0.to_string().len() + r.detail.as_deref().map_or(0, str::len)
+}
+
+const BUDGET: usize = 16 * 1024;
+
+async fn a_junk_flood_from_many_peers_stays_within_the_budget_and_a_genuine_refusal_is_kept_whole(
+    backend: Backend,
+) {
+    let app = spawn_app_with(backend, |s| {
+        s.wechat = settings();
+        s.receipts.anonymous_bytes_per_minute = BUDGET;
+        s.receipts.anonymous_per_peer_per_minute = 5;
+    })
+    .await;
+    app.create_order("RF-1", 100).await;
+    let max = paynotify::config::Settings::default().server.max_body_bytes;
+    let url = app.url("/notify/wechat/pay");
+    let flood: Vec<_> = (0..20u8)
+        .map(|peer| {
+            let client = client_from([127, 0, 0, 10 + peer]);
+            let url = url.clone();
+            tokio::spawn(async move {
+                for i in 0..10u32 {
+                    let status = client
+                        .post(&url)
+                        .header("Content-Type", "application/json")
+                        .body(junk(u32::from(peer) * 100 + i, max))
+                        .send()
+                        .await
+                        .expect("junk request")
+                        .status();
+                    assert_eq!(status.as_u16(), 400);
+                }
+            })
+        })
+        .collect();
+    let genuine = reserialised(&paid(&app, &sandbox('A'), "RF-1", 100));
+    let during = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        pay(&app, &genuine).await.0
+    };
+    assert_eq!(during.await, 401);
+    for peer in flood {
+        peer.await.expect("junk peer");
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let genuine_kept = loop {
+        let kept = all_receipts(&app)
+            .await
+            .into_iter()
+            .find(|r| r.outcome == "bad_signature");
+        if kept.is_some() || Instant::now() > deadline {
+            break kept;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let genuine_kept = genuine_kept.expect("the genuine refusal is stored");
+    assert_eq!(
+        paynotify::receipts::decode_body(&genuine_kept.body_b64).as_deref(),
+        Some(genuine.body.as_slice()),
+        "stored whole"
+    );
+    // Let the writer finish whatever else was queued.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let junk_kept: Vec<StoredReceipt> = all_receipts(&app)
+        .await
+        .into_iter()
+        .filter(|r| r.outcome != "bad_signature")
+        .collect();
+    let bytes: usize = junk_kept.iter().map(stored_bytes).sum();
+    assert!(
+        bytes <= BUDGET,
+        "{} junk receipts took {bytes} bytes, over the budget of {BUDGET}",
+        junk_kept.len()
+    );
+    let mut per_peer = std::collections::HashMap::new();
+    for r in &junk_kept {
+        let ip = r
+            .peer
+            .as_deref()
+            .and_then(|p| p.rsplit_once(':'))
+            .map(|(ip, _)| ip.to_owned());
+        *per_peer.entry(ip).or_insert(0) += 1;
+    }
+    assert!(
+        per_peer.values().all(|n| *n <= 5),
+        "at most 5 a peer: {per_peer:?}"
+    );
+    assert_eq!(
+        metric(&app, "paynotify_receipts_total", &["limited"]),
+        200 - junk_kept.len() as u64
+    );
+}
+
+async fn identical_junk_bodies_are_stored_once_as_a_prefix_and_a_hash(backend: Backend) {
+    let app = app(backend).await;
+    let body = junk(7, 10_000);
+    for _ in 0..5 {
+        let status = app
+            .client
+            .post(app.url("/notify/wechat/pay"))
+            .body(body.clone())
+            .send()
+            .await
+            .expect("junk request")
+            .status();
+        assert_eq!(status.as_u16(), 400);
+    }
+    // A refusal after them that is kept: once it is stored, the junk would have been.
+    let mut forged = paid(&app, &sandbox('A'), "RJ-1", 100);
+    forged.set_header("Wechatpay-Signature", "AAAA");
+    assert_eq!(pay(&app, &forged).await.0, 401);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !all_receipts(&app)
+        .await
+        .iter()
+        .any(|r| r.outcome == "bad_signature")
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let junk_kept: Vec<StoredReceipt> = all_receipts(&app)
+        .await
+        .into_iter()
+        .filter(|r| r.outcome != "bad_signature")
+        .collect();
+    assert_eq!(junk_kept.len(), 1, "identical bodies stored once");
+    let r = &junk_kept[0];
+    assert_eq!(
+        paynotify::receipts::decode_body(&r.body_b64).as_deref(),
+        Some(&body[..256]),
+        "a short prefix"
+    );
+    assert_eq!(r.body_bytes, 10_000, "the length as it arrived");
+    let detail = r.detail.as_deref().unwrap_or_default();
+    assert!(
+        detail.contains(&paynotify::channel::sha256_hex(&body)),
+        "{detail}"
+    );
+    assert_eq!(metric(&app, "paynotify_receipts_total", &["limited"]), 4);
 }

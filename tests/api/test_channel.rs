@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use actix_web::http::StatusCode;
 use actix_web::web;
-use paynotify::channel::{Answer, Channel, Inbound, Rejection, Reply};
+use paynotify::channel::{Answer, Channel, Inbound, Rejection, Reply, Standing};
 use paynotify::notice::{ChannelId, Digest, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 use paynotify::routes::notify::notify;
 use serde::{Deserialize, Serialize};
@@ -121,6 +121,13 @@ impl Channel for TestChannel {
         let n: TestNotification =
             serde_json::from_slice(&verified).map_err(|e| Rejection::BadRequest(e.to_string()))?;
         Ok(n.to_notice())
+    }
+
+    fn standing(&self, request: &Inbound<'_>) -> Standing {
+        Standing {
+            keyed: request.headers.contains_key("X-Test-Signature"),
+            shaped: serde_json::from_slice::<TestNotification>(request.body).is_ok(),
+        }
     }
 
     fn render(&self, reply: Reply<'_>) -> Answer {
