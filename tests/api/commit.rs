@@ -122,6 +122,20 @@ async fn a_notification_refused_at_commit_is_not_answered_success(backend: Backe
         "a refused commit is answered with a retryable error: {status} {body}"
     );
     assert_untouched(&app, "O-C3").await;
+    assert_eq!(
+        app.receipts_stored(1).await,
+        1,
+        "the refusal leaves a receipt"
+    );
+    let receipts = app
+        .store
+        .receipts(&paynotify::store::receipts::ReceiptFilter {
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .expect("receipts");
+    assert_eq!(receipts[0].outcome, "db_error", "{receipts:?}");
 
     allow_commits_on(&app.db, "pay_callback").await;
     let (status, body) = deliver(&app, &notification).await;

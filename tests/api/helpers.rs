@@ -191,6 +191,11 @@ impl TestDb {
             TestDb::Sqlite { url, .. } => {
                 let path = url.trim_start_matches("sqlite://");
                 let mut c = SqliteAsync::establish(path).await.expect("connect");
+                // The service's writers (the receipt writer among them) may hold the one
+                // write lock for a moment: wait for it as they do.
+                c.batch_execute("PRAGMA busy_timeout = 5000")
+                    .await
+                    .expect("busy timeout");
                 c.batch_execute(sql).await.expect("sql");
             }
         }
