@@ -11,11 +11,7 @@ use prometheus::{
     Registry,
 };
 
-use crate::channel::Rejection;
 use crate::notice::{ChannelId, Outcome};
-use crate::store::GroupCounts;
-use crate::store::relay::OutboxStats;
-use crate::time::Timestamp;
 
 /// What became of a verified notification: the `outcome` label of
 /// `paynotify_notifications_total`.
@@ -70,17 +66,6 @@ impl Refusal {
             Self::Undecryptable => "undecryptable",
             Self::TooLarge => "too_large",
             Self::BodyTimeout => "body_timeout",
-        }
-    }
-}
-
-impl From<&Rejection> for Refusal {
-    fn from(rejection: &Rejection) -> Self {
-        match rejection {
-            Rejection::BadSignature(_) => Self::BadSignature,
-            Rejection::Stale(_) => Self::Stale,
-            Rejection::BadRequest(_) => Self::BadRequest,
-            Rejection::Undecryptable(_) => Self::Undecryptable,
         }
     }
 }
@@ -495,14 +480,13 @@ impl Metrics {
         }
     }
 
-    /// The outbox gauges, from what the database reported at `now`.
-    pub fn outbox(&self, stats: &OutboxStats, now: Timestamp) {
-        self.relay_pending.set(stats.pending);
-        self.relay_dead.set(stats.dead);
-        let age = stats.oldest_pending.map_or(0, |oldest| {
-            (now.unix_seconds() - oldest.unix_seconds()).max(0)
-        });
-        self.relay_oldest_pending_seconds.set(age);
+    /// The outbox gauges, from what the database reported: messages pending and dead, and
+    /// how long the oldest pending one has waited.
+    pub fn outbox(&self, pending: i64, dead: i64, oldest_pending_secs: i64) {
+        self.relay_pending.set(pending);
+        self.relay_dead.set(dead);
+        self.relay_oldest_pending_seconds
+            .set(oldest_pending_secs.max(0));
     }
 
     /// The pool gauges: connections in use, idle, and callers waiting for one.
@@ -514,17 +498,18 @@ impl Metrics {
         }
     }
 
-    /// The store's group-apply counts since start-up (`Store::group_stats`).
-    pub fn groups(&self, counts: GroupCounts) {
+    /// Group apply since start-up (`Store::group_stats`): groups, the payments they carried,
+    /// and groups that failed as a whole.
+    pub fn groups(&self, groups: u64, payments: u64, failed: u64) {
         // Two scrapes at once must not both add the same difference.
         static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _one = ONE_AT_A_TIME
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         for (counter, total) in [
-            (&self.ledger_groups, counts.groups),
-            (&self.ledger_group_payments, counts.payments),
-            (&self.ledger_group_failures, counts.failed),
+            (&self.ledger_groups, groups),
+            (&self.ledger_group_payments, payments),
+            (&self.ledger_group_failures, failed),
         ] {
             counter.inc_by(total.saturating_sub(counter.get()));
         }

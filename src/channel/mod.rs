@@ -304,3 +304,15 @@ pub const PROVIDERS: [Registration; 2] = [
 pub fn mount_all(settings: &Settings, now: Timestamp) -> Result<Vec<Mounted>, ConfigError> {
     PROVIDERS.iter().map(|p| (p.build)(settings, now)).collect()
 }
+
+/// The `reason` label a rejection is counted under.
+impl From<&Rejection> for crate::metrics::Refusal {
+    fn from(rejection: &Rejection) -> Self {
+        match rejection {
+            Rejection::BadSignature(_) => Self::BadSignature,
+            Rejection::Stale(_) => Self::Stale,
+            Rejection::BadRequest(_) => Self::BadRequest,
+            Rejection::Undecryptable(_) => Self::Undecryptable,
+        }
+    }
+}

@@ -175,7 +175,11 @@ impl Relay {
     /// Pending count, dead count and the age of the oldest pending message.
     pub async fn refresh_gauges(&self) -> Result<(), StoreError> {
         let stats = self.store.outbox_stats().await?;
-        self.metrics.outbox(&stats, self.clock.now());
+        self.metrics.outbox(
+            stats.pending,
+            stats.dead,
+            stats.oldest_pending_secs(self.clock.now()),
+        );
         Ok(())
     }
 

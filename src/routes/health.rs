@@ -72,11 +72,16 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let m = &state.metrics;
     let store = state.store.clone();
     match detach(&state, async move { store.outbox_stats().await }).await {
-        Ok(stats) => m.outbox(&stats, state.clock.now()),
+        Ok(stats) => m.outbox(
+            stats.pending,
+            stats.dead,
+            stats.oldest_pending_secs(state.clock.now()),
+        ),
         Err(e) => tracing::warn!(error = %e, "metrics: outbox gauges not refreshed"),
     }
     m.pool(state.store.pool_status());
-    m.groups(state.store.group_stats());
+    let groups = state.store.group_stats();
+    m.groups(groups.groups, groups.payments, groups.failed);
     let open = state.gate.as_ref().is_some_and(|g| g.breaker_open());
     m.gate_breaker_open.set(i64::from(open));
     HttpResponse::Ok()

@@ -119,6 +119,15 @@ pub struct OutboxStats {
     pub oldest_pending: Option<Timestamp>,
 }
 
+impl OutboxStats {
+    /// How long the oldest pending message has waited at `now` (0 with none pending).
+    pub fn oldest_pending_secs(&self, now: Timestamp) -> i64 {
+        self.oldest_pending.map_or(0, |oldest| {
+            (now.unix_seconds() - oldest.unix_seconds()).max(0)
+        })
+    }
+}
+
 impl Store {
     /// Leases up to `limit` due messages to `owner` until `lease_until`.
     pub async fn claim_messages(
