@@ -146,6 +146,7 @@ impl Application {
             store.clone(),
             Arc::clone(&metrics),
             &settings.reconcile,
+            Arc::clone(&options.clock),
         ));
         let state = web::Data::new(AppState {
             reconciler: Arc::clone(&reconciler),

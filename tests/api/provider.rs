@@ -14,6 +14,7 @@ use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use paynotify::channel::keys::{RsaVerifier, public_key_file};
 use paynotify::qa::forge::alipay::yuan;
 use paynotify::qa::forge::rsa_sign;
+use paynotify::time::{Clock, ManualClock};
 use serde_json::{Value, json};
 
 use crate::keys::{public_key_path, rsa_key};
@@ -70,6 +71,10 @@ pub struct Fake {
     pub arrivals: Mutex<Vec<Instant>>,
     /// `(call, out_trade_no)` of every request, in order.
     pub calls: Mutex<Vec<(String, String)>>,
+    /// The provider's own clock and how far it moves after each answer (a backlog whose
+    /// calls are spread over minutes); without it, answers are stamped with the request's
+    /// timestamp.
+    clock: Mutex<Option<(Arc<ManualClock>, i64)>>,
     mchid: String,
     appid: String,
     platform_serial: String,
@@ -121,6 +126,25 @@ impl Fake {
         *self.signing.lock().expect("signing") = signing;
     }
 
+    /// Stamps answers with `clock` and moves it `step` seconds on after each answer.
+    pub fn tick(&self, clock: Arc<ManualClock>, step: i64) {
+        *self.clock.lock().expect("clock") = Some((clock, step));
+    }
+
+    /// The provider's time now (unix seconds), if it keeps its own clock.
+    fn now(&self) -> Option<String> {
+        let clock = self.clock.lock().expect("clock");
+        clock
+            .as_ref()
+            .map(|(c, _)| c.now().unix_seconds().to_string())
+    }
+
+    fn time_passes(&self) {
+        if let Some((clock, step)) = self.clock.lock().expect("clock").as_ref() {
+            clock.advance(*step);
+        }
+    }
+
     pub fn calls(&self) -> Vec<(String, String)> {
         self.calls.lock().expect("calls").clone()
     }
@@ -165,6 +189,7 @@ impl FakeProvider {
             refused: AtomicUsize::new(0),
             arrivals: Mutex::new(Vec::new()),
             calls: Mutex::new(Vec::new()),
+            clock: Mutex::new(None),
             mchid: mchid.to_owned(),
             appid: appid.to_owned(),
             platform_serial: platform_serial.to_owned(),
@@ -207,11 +232,13 @@ async fn answer(req: HttpRequest, body: web::Bytes, fake: web::Data<Fake>) -> Ht
         return HttpResponse::ServiceUnavailable()
             .json(json!({"code": "SYSTEM_ERROR", "message": "系统繁忙"}));
     }
-    if req.path() == "/gateway.do" {
+    let answer = if req.path() == "/gateway.do" {
         alipay(&fake, &body)
     } else {
         wechat(&req, &body, &fake)
-    }
+    };
+    fake.time_passes();
+    answer
 }
 
 /// `k="v"` pairs of a WeChat `Authorization` header.
@@ -258,6 +285,9 @@ fn wechat_signed(fake: &Fake, status: u16, timestamp: &str, body: String) -> Htt
     let mut response =
         HttpResponse::build(actix_web::http::StatusCode::from_u16(status).expect("status"));
     if let Some(key) = fake.key(&fake.platform_key) {
+        // WeChat stamps an answer with its own time, not the request's.
+        let timestamp = fake.now().unwrap_or_else(|| timestamp.to_owned());
+        let timestamp = timestamp.as_str();
         let nonce = "fakeprovidernonce0000000000000001";
         let message = format!("{timestamp}\n{nonce}\n{body}\n");
         response

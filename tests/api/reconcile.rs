@@ -326,6 +326,9 @@ crate::on_both_backends!(
     alipay_close_answered_already_paid_pays_the_order,
     wechat_provider_down_keeps_the_order_open_until_the_grace_period,
     alipay_provider_down_keeps_the_order_open_until_the_grace_period,
+    a_backlog_longer_than_the_answer_window_still_gets_verified_answers,
+    a_reconcile_run_stops_at_its_bound_and_the_next_run_goes_on,
+    an_expiry_run_stops_at_its_bound_and_the_next_run_goes_on,
 );
 
 /// A paid answer that does not verify (signed with another key, or not at all) is ignored
@@ -825,4 +828,122 @@ async fn an_order_may_name_only_a_configured_merchant_or_app() {
         .await
         .expect("reconcile");
     assert!(fake.state.calls().is_empty());
+}
+
+/// Orders `RC-{tag}-0..n`, all paid at the fake WeChat Pay, created and old enough to ask.
+async fn paid_backlog(app: &TestApp, fake: &FakeProvider, tag: &str, n: usize) -> Vec<String> {
+    let mut all = Vec::new();
+    for i in 0..n {
+        let no = format!("RC-{tag}-{i}");
+        create(app, &no, 100, "wechat").await;
+        fake.state.set(
+            &no,
+            Trade::Paid {
+                transaction_id: transaction_id("wechat", &no),
+                total: 100,
+            },
+        );
+        all.push(no);
+    }
+    all
+}
+
+async fn a_backlog_longer_than_the_answer_window_still_gets_verified_answers(backend: Backend) {
+    let fake = fake().await;
+    let url = fake.url.clone();
+    let app = spawn_app_with(backend, move |s| {
+        configure(s, &url);
+        s.reconcile.max_run_secs = 3600;
+    })
+    .await;
+    let orders = paid_backlog(&app, &fake, "SLOW", 4).await;
+    app.clock.advance(AFTER_SECS);
+    // 160 s pass between two answers: the last one comes 480 s after the run began, well
+    // outside WeChat's 300 s window around the run's start.
+    fake.state.tick(app.clock.clone(), 160);
+    assert_eq!(
+        app.reconciler
+            .reconcile_due(app.clock.now())
+            .await
+            .expect("reconcile"),
+        4
+    );
+    assert_eq!(calls(&app, "wechat", "query", "bad_signature"), 0);
+    for no in &orders {
+        assert_eq!(app.status_of(no).await, "PAID", "{no}");
+    }
+    assert_eq!(fake.state.refused.load(Ordering::SeqCst), 0);
+}
+
+async fn a_reconcile_run_stops_at_its_bound_and_the_next_run_goes_on(backend: Backend) {
+    let fake = fake().await;
+    let url = fake.url.clone();
+    let app = spawn_app_with(backend, move |s| {
+        configure(s, &url);
+        s.reconcile.max_run_secs = 300;
+    })
+    .await;
+    let orders = paid_backlog(&app, &fake, "BOUND", 4).await;
+    app.clock.advance(AFTER_SECS);
+    fake.state.tick(app.clock.clone(), 160);
+    // Asked at +0 and +160 s; at +320 s the run is past its 300 s and stops.
+    assert_eq!(
+        app.reconciler
+            .reconcile_due(app.clock.now())
+            .await
+            .expect("reconcile"),
+        2
+    );
+    assert_eq!(fake.state.calls().len(), 2);
+    assert_eq!(app.status_of(&orders[2]).await, "WAIT_PAY");
+    assert_eq!(app.status_of(&orders[3]).await, "WAIT_PAY");
+    assert_eq!(
+        app.reconciler
+            .reconcile_due(app.clock.now())
+            .await
+            .expect("reconcile"),
+        2
+    );
+    for no in &orders {
+        assert_eq!(app.status_of(no).await, "PAID", "{no}");
+    }
+    assert_eq!(calls(&app, "wechat", "query", "bad_signature"), 0);
+}
+
+async fn an_expiry_run_stops_at_its_bound_and_the_next_run_goes_on(backend: Backend) {
+    let fake = fake().await;
+    let url = fake.url.clone();
+    let app = spawn_app_with(backend, move |s| {
+        configure(s, &url);
+        s.reconcile.max_run_secs = 300;
+    })
+    .await;
+    let mut orders = Vec::new();
+    for i in 0..6 {
+        let no = format!("RC-EXP-BOUND-{i}");
+        create(&app, &no, 100, "wechat").await;
+        fake.state.set(&no, Trade::NotPaid);
+        orders.push(no);
+    }
+    app.clock.advance(EXPIRE_SECS + 1);
+    fake.state.tick(app.clock.clone(), 110);
+    let first = expire_orders(&app.reconciler, app.clock.as_ref())
+        .await
+        .expect("expiry");
+    assert!(0 < first && first < 6, "{first} closed in the first run");
+    assert_eq!(calls(&app, "wechat", "close", "bad_signature"), 0);
+    assert_eq!(calls(&app, "wechat", "query", "bad_signature"), 0);
+    // The rest were not tried (no backoff): the next run closes them at once.
+    let second = expire_orders(&app.reconciler, app.clock.as_ref())
+        .await
+        .expect("expiry");
+    let third = expire_orders(&app.reconciler, app.clock.as_ref())
+        .await
+        .expect("expiry");
+    assert_eq!(first + second + third, 6);
+    for no in &orders {
+        assert_eq!(app.status_of(no).await, "CLOSED", "{no}");
+        assert_eq!(fake.state.trade(no), Some(Trade::Closed), "{no}");
+    }
+    assert_eq!(Metrics::count(&app.metrics.expiry, &["retried"]), 0);
 }
