@@ -253,6 +253,11 @@ impl Reconciler {
     /// that says it is paid has its payment applied instead (the order becomes `PAID`). When a
     /// provider cannot be asked, the order stays `WAIT_PAY`; with `grace`, once
     /// `close_grace_secs` have passed since `expire_at`, it is closed here anyway.
+    ///
+    /// A provider that has no trade for the order proves nothing before that deadline: Alipay
+    /// creates page, WAP and QR trades only when the buyer logs in or scans, so the buyer can
+    /// still pay until the `time_expire` the merchant passed at creation. The order stays
+    /// `WAIT_PAY` and is asked again; past `expire_at + close_grace_secs` it is closed here.
     pub async fn close(
         &self,
         order: &OrderAtProvider,
@@ -262,6 +267,8 @@ impl Reconciler {
     ) -> Result<Closing, StoreError> {
         let accounts = self.accounts_for(order);
         let mut unanswered = false;
+        // A provider that has no trade for it (yet): see above.
+        let mut absent = false;
         for (api, account) in &accounts {
             let answer = api.close(account, &order.order_no, self.clock.now()).await;
             let detail = match &answer {
@@ -271,13 +278,17 @@ impl Reconciler {
             let one = self.said(*api, account, ProviderCall::Close, answer.label(), detail);
             said.push(one);
             match answer {
-                CloseAnswer::Closed | CloseAnswer::NotFound => {}
+                CloseAnswer::Closed => {}
+                CloseAnswer::NotFound => absent = true,
                 CloseAnswer::NotClosable => {
                     // Paid (or, on Alipay, perhaps closed before): only a signed query tells.
                     let queried = self.query_one(*api, account, &order.order_no).await?;
-                    let settled = matches!(queried.answer, "paid" | "closed" | "not_found");
+                    match queried.answer {
+                        "paid" | "closed" => {}
+                        "not_found" => absent = true,
+                        _ => unanswered = true,
+                    }
                     said.push(queried);
-                    unanswered |= !settled;
                 }
                 CloseAnswer::Failed(f) => {
                     if let Some(last) = said.last() {
@@ -288,9 +299,12 @@ impl Reconciler {
             }
         }
         let now = self.clock.now();
-        if unanswered {
+        if unanswered || absent {
             let deadline = order.expire_at.plus_seconds(self.close_grace_secs);
-            if !(grace && now.unix_seconds() >= deadline.unix_seconds()) {
+            let past = now.unix_seconds() >= deadline.unix_seconds();
+            // Closing here without a provider's word is the expiry job's alone; a trade that
+            // was never created and no longer can be closes whoever asks.
+            if !(past && (grace || !unanswered)) {
                 let attempts = u32::try_from(order.close_attempts.clamp(0, 6)).unwrap_or(6);
                 let wait = (10_i64 << attempts).min(MAX_CLOSE_BACKOFF_SECS);
                 self.store
@@ -301,19 +315,27 @@ impl Reconciler {
                 }
                 return Ok(Closing::Pending);
             }
-            tracing::warn!(
-                order_no = %order.order_no,
-                "closed here without the provider's word after reconcile.close_grace_secs; \
-                 a payment that still lands becomes a PAID_AFTER_CLOSE anomaly"
-            );
+            if unanswered {
+                tracing::warn!(
+                    order_no = %order.order_no,
+                    "closed here without the provider's word after reconcile.close_grace_secs; \
+                     a payment that still lands becomes a PAID_AFTER_CLOSE anomaly"
+                );
+            } else {
+                tracing::info!(
+                    order_no = %order.order_no,
+                    "no trade at the provider reconcile.close_grace_secs past expire_at: closed here"
+                );
+            }
         }
         let result = self.store.close_order(&order.order_no, by, now).await?;
         if grace {
-            let counted = match (&result, unanswered, accounts.is_empty()) {
-                (CloseResult::Closed(_), true, _) => ExpiryResult::ClosedAfterGrace,
-                (CloseResult::Closed(_), false, true) => ExpiryResult::ClosedLocally,
-                (CloseResult::Closed(_), false, false) => ExpiryResult::ClosedAtProvider,
-                (CloseResult::NotClosable(_), _, _) => ExpiryResult::Paid,
+            let counted = match (&result, unanswered, absent, accounts.is_empty()) {
+                (CloseResult::Closed(_), true, _, _) => ExpiryResult::ClosedAfterGrace,
+                (CloseResult::Closed(_), false, true, _) => ExpiryResult::ClosedNotFound,
+                (CloseResult::Closed(_), false, false, true) => ExpiryResult::ClosedLocally,
+                (CloseResult::Closed(_), false, false, false) => ExpiryResult::ClosedAtProvider,
+                (CloseResult::NotClosable(_), _, _, _) => ExpiryResult::Paid,
                 _ => return Ok(Closing::Done(result)),
             };
             self.metrics.expired(counted);

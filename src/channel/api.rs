@@ -56,7 +56,9 @@ pub enum TradeAnswer {
     Unpaid(String),
     /// Closed at the provider: it can no longer be paid.
     Closed,
-    /// The provider never saw the trade (the buyer never opened the payment).
+    /// The provider has no such trade now (the buyer has not opened the payment). Not proof
+    /// that it cannot be paid: Alipay creates a page, WAP or QR trade only when the buyer
+    /// logs in or scans.
     NotFound,
     Failed(Failure),
 }
@@ -78,7 +80,8 @@ impl TradeAnswer {
 pub enum CloseAnswer {
     /// Closed now (or before): it can no longer be paid.
     Closed,
-    /// The provider never saw the trade.
+    /// The provider has no such trade now; as [`TradeAnswer::NotFound`], not proof that it
+    /// cannot be paid later.
     NotFound,
     /// The provider refuses because of the trade's state: paid (WeChat `ORDERPAID`), or, on
     /// Alipay, paid or already closed. Only a query tells which, with a signed answer.
