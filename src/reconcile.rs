@@ -278,10 +278,11 @@ impl Reconciler {
             let one = self.said(*api, account, ProviderCall::Close, answer.label(), detail);
             said.push(one);
             match answer {
-                CloseAnswer::Closed => {}
-                CloseAnswer::NotFound => absent = true,
-                CloseAnswer::NotClosable => {
-                    // Paid (or, on Alipay, perhaps closed before): only a signed query tells.
+                // No close answer is bound to the order: WeChat's is an empty 204, valid for
+                // any order of the merchant for 300 s; an error body is unsigned; Alipay's "no
+                // such trade" is the same signed bytes for every order; "not closable" is paid
+                // or closed before. Only a signed query answer that names the order settles it.
+                CloseAnswer::Closed | CloseAnswer::NotFound | CloseAnswer::NotClosable => {
                     let queried = self.query_one(*api, account, &order.order_no).await?;
                     match queried.answer {
                         "paid" | "closed" => {}

@@ -704,12 +704,7 @@ impl AlipayApi {
             };
             let key = keys::private_key_file(&format!("{prefix}.app_private_key_file"), path)?;
             let gateway = a.gateway.clone().unwrap_or_else(|| GATEWAY.to_owned());
-            if !(gateway.starts_with("https://") || gateway.starts_with("http://")) {
-                return Err(invalid(
-                    format!("{prefix}.gateway"),
-                    format!("{gateway} is not an http(s) URL"),
-                ));
-            }
+            super::api::provider_url(&format!("{prefix}.gateway"), &gateway)?;
             let Some(app) = channel.apps.get(&a.app_id) else {
                 return Err(invalid(format!("{prefix}.app_id"), "not loaded"));
             };
@@ -839,7 +834,12 @@ impl AlipayApi {
             Err(f) => return CloseAnswer::Failed(f),
         };
         match (r.code.as_str(), r.sub_code.as_deref()) {
-            ("10000", _) => CloseAnswer::Closed,
+            // A success carries no time: another order's, replayed, must not count for this one.
+            ("10000", _) if r.out_trade_no.as_deref() == Some(out_trade_no) => CloseAnswer::Closed,
+            ("10000", _) => CloseAnswer::Failed(Failure::Unexpected(format!(
+                "asked to close {out_trade_no}, answered about {:?}",
+                r.out_trade_no
+            ))),
             (_, Some("ACQ.TRADE_NOT_EXIST")) => CloseAnswer::NotFound,
             // Paid, or closed already: a query tells which.
             (_, Some("ACQ.TRADE_STATUS_ERROR")) => CloseAnswer::NotClosable,

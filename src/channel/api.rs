@@ -166,6 +166,32 @@ pub fn install_crypto() {
     });
 }
 
+/// Checks a provider endpoint from the configuration (`key` names it in the error): `https://`,
+/// or `http://` to a loopback address (a stand-in on this machine). Over plain HTTP anyone on
+/// the path answers for the provider, and a "closed" answer closes an order that stays payable.
+pub fn provider_url(key: &str, url: &str) -> Result<(), ConfigError> {
+    let parsed =
+        reqwest::Url::parse(url).map_err(|e| invalid(key, format!("{url} is not an https URL: {e}")))?;
+    let loopback = match parsed.host_str() {
+        Some(host) if host.eq_ignore_ascii_case("localhost") => true,
+        Some(host) => host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    };
+    match parsed.scheme() {
+        "https" if parsed.host_str().is_some() => Ok(()),
+        "http" if loopback => Ok(()),
+        "http" => Err(invalid(
+            key,
+            format!("{url}: use https:// (plain http:// only to a loopback stand-in)"),
+        )),
+        _ => Err(invalid(key, format!("{url} is not an https URL"))),
+    }
+}
+
 /// How the provider clients connect (from `[reconcile]`).
 #[derive(Debug, Clone)]
 pub struct ClientSettings {

@@ -46,6 +46,21 @@ pub enum Signing {
     Unsigned,
 }
 
+/// What a server in the middle (or a replaying proxy) answers instead of the provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lie {
+    /// Nothing: the provider's own answers.
+    None,
+    /// A close is answered "closed" and the trade stays open: WeChat a signed empty 204
+    /// (replayed from another close), Alipay a signed success that names another order.
+    CloseKeepsTrade,
+    /// WeChat: every call answered with an unsigned `404 ORDER_NOT_EXIST`.
+    NotFoundUnsigned,
+    /// WeChat: a close answered with a replayed 204, and queries answered signed but naming
+    /// another merchant, the trade `CLOSED`.
+    OtherMerchant,
+}
+
 /// A refund that succeeded at the provider.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refunded {
@@ -64,6 +79,7 @@ pub struct Fake {
     /// Answer every request only after three seconds.
     pub stall: AtomicBool,
     pub signing: Mutex<Signing>,
+    pub lie: Mutex<Lie>,
     /// Requests whose signature verified, and those that did not.
     pub verified: AtomicUsize,
     pub refused: AtomicUsize,
@@ -120,6 +136,14 @@ impl Fake {
             .expect("trades")
             .get(out_trade_no)
             .cloned()
+    }
+
+    pub fn lie(&self, lie: Lie) {
+        *self.lie.lock().expect("lie") = lie;
+    }
+
+    fn lying(&self) -> Lie {
+        *self.lie.lock().expect("lie")
     }
 
     pub fn sign_with(&self, signing: Signing) {
@@ -185,6 +209,7 @@ impl FakeProvider {
             down: AtomicBool::new(false),
             stall: AtomicBool::new(false),
             signing: Mutex::new(Signing::Provider),
+            lie: Mutex::new(Lie::None),
             verified: AtomicUsize::new(0),
             refused: AtomicUsize::new(0),
             arrivals: Mutex::new(Vec::new()),
@@ -354,8 +379,14 @@ fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
         .to_owned(),
         no.clone(),
     ));
+    if fake.lying() == Lie::NotFoundUnsigned {
+        return wechat_error(404, "ORDER_NOT_EXIST", "订单不存在");
+    }
     let trade = fake.trade(&no);
     if close {
+        if matches!(fake.lying(), Lie::CloseKeepsTrade | Lie::OtherMerchant) {
+            return wechat_signed(fake, 204, &timestamp, String::new());
+        }
         return match trade {
             Some(Trade::Paid { .. }) => wechat_error(400, "ORDERPAID", "订单已支付"),
             // WeChat answers 204 also for a trade it never saw.
@@ -365,7 +396,15 @@ fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
             }
         };
     }
-    let base = json!({ "appid": fake.appid, "mchid": fake.mchid, "out_trade_no": no });
+    let mchid = match fake.lying() {
+        Lie::OtherMerchant => "1900009999".to_owned(),
+        _ => fake.mchid.clone(),
+    };
+    let base = json!({ "appid": fake.appid, "mchid": mchid, "out_trade_no": no });
+    let trade = match fake.lying() {
+        Lie::OtherMerchant => Some(Trade::Closed),
+        _ => trade,
+    };
     let answer = match trade {
         None => return wechat_error(404, "ORDER_NOT_EXIST", "订单不存在"),
         Some(Trade::NotPaid) => {
@@ -487,6 +526,9 @@ fn alipay(fake: &Fake, body: &[u8]) -> HttpResponse {
                     "refund_status": "REFUND_SUCCESS"
                 }),
             }
+        }
+        ("alipay.trade.close", Some(Trade::NotPaid)) if fake.lying() == Lie::CloseKeepsTrade => {
+            json!({"code": "10000", "msg": "Success", "out_trade_no": "RC-SOME-OTHER-ORDER", "trade_no": "2026RC-SOME-OTHER-ORDER"})
         }
         ("alipay.trade.close", None) => not_exist,
         ("alipay.trade.close", Some(Trade::NotPaid)) => {

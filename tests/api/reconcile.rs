@@ -13,7 +13,9 @@ use paynotify::time::Clock;
 
 use crate::helpers::{Backend, TestApp, spawn_app_with};
 use crate::keys::{private_key_path, rsa_key};
-use crate::provider::{APP_KEY, FakeProvider, MERCHANT_KEY, MERCHANT_SERIAL, Signing, Trade};
+use crate::provider::{
+    APP_KEY, FakeProvider, Lie, MERCHANT_KEY, MERCHANT_SERIAL, Signing, Trade,
+};
 
 const MCHID: &str = "1900000001";
 const APP_ID: &str = "2021000000000001";
@@ -345,6 +347,10 @@ crate::on_both_backends!(
     a_reconcile_run_stops_at_its_bound_and_the_next_run_goes_on,
     an_expiry_run_stops_at_its_bound_and_the_next_run_goes_on,
     alipay_no_trade_at_expiry_keeps_the_order_payable_until_the_grace_period,
+    wechat_a_close_answer_not_bound_to_the_order_closes_nothing,
+    alipay_a_close_answer_not_bound_to_the_order_closes_nothing,
+    wechat_unsigned_not_found_answers_close_nothing,
+    wechat_a_closed_answer_about_another_merchant_closes_nothing,
 );
 
 /// A paid answer that does not verify (signed with another key, or not at all) is ignored
@@ -1016,4 +1022,108 @@ async fn alipay_no_trade_at_expiry_keeps_the_order_payable_until_the_grace_perio
     assert_eq!(Metrics::count(&app.metrics.expiry, &["closed_not_found"]), 1);
     assert_eq!(Metrics::count(&app.metrics.expiry, &["closed_after_grace"]), 0);
     assert_eq!(app.messages("ORDER_CLOSED").await, 1);
+}
+
+/// An answer a server in the middle can give (`lie`) never closes an order that is still
+/// payable at the provider: at expiry and through `POST /orders/{no}/close`, the order stays
+/// `WAIT_PAY` and the trade stays open there.
+async fn a_lie_closes_nothing(backend: Backend, channel: &str, lie: Lie) {
+    let fake = fake().await;
+    let app = app_with(backend, &fake).await;
+    let (expiring, by_api) = (format!("RC-LIE-EXP-{channel}"), format!("RC-LIE-API-{channel}"));
+    create(&app, &expiring, 100, channel).await;
+    create(&app, &by_api, 100, channel).await;
+    fake.state.set(&expiring, Trade::NotPaid);
+    fake.state.set(&by_api, Trade::NotPaid);
+    fake.state.lie(lie);
+    let response = app
+        .client
+        .post(app.url(&format!("/orders/{by_api}/close")))
+        .bearer_auth(&app.api_token)
+        .send()
+        .await
+        .expect("close");
+    assert_eq!(response.status(), 503, "{channel} {lie:?}");
+    app.clock.advance(EXPIRE_SECS + 1);
+    assert_eq!(
+        expire_orders(&app.reconciler, app.clock.as_ref())
+            .await
+            .expect("expiry"),
+        0,
+        "{channel} {lie:?}"
+    );
+    for no in [&expiring, &by_api] {
+        assert_eq!(app.status_of(no).await, "WAIT_PAY", "{no} {lie:?}");
+        assert_eq!(fake.state.trade(no), Some(Trade::NotPaid), "{no} {lie:?}");
+    }
+    assert_eq!(app.messages("ORDER_CLOSED").await, 0);
+    assert_eq!(Metrics::count(&app.metrics.expiry, &["closed_at_provider"]), 0);
+}
+
+async fn wechat_a_close_answer_not_bound_to_the_order_closes_nothing(backend: Backend) {
+    a_lie_closes_nothing(backend, "wechat", Lie::CloseKeepsTrade).await;
+}
+async fn alipay_a_close_answer_not_bound_to_the_order_closes_nothing(backend: Backend) {
+    a_lie_closes_nothing(backend, "alipay", Lie::CloseKeepsTrade).await;
+}
+async fn wechat_unsigned_not_found_answers_close_nothing(backend: Backend) {
+    a_lie_closes_nothing(backend, "wechat", Lie::NotFoundUnsigned).await;
+}
+async fn wechat_a_closed_answer_about_another_merchant_closes_nothing(backend: Backend) {
+    a_lie_closes_nothing(backend, "wechat", Lie::OtherMerchant).await;
+}
+
+/// Plain `http://` lets anyone on the path answer for the provider: only a loopback stand-in
+/// may use it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_http_provider_url_off_loopback_stops_start_up_naming_the_key() {
+    use paynotify::startup::{Application, Options};
+
+    paynotify::telemetry::init_for_tests();
+    type Change = Box<dyn Fn(&mut Settings)>;
+    let build = async |change: Change| {
+        let db = crate::helpers::TestDb::create(Backend::Sqlite).await;
+        let mut settings = crate::helpers::test_settings(db.url());
+        configure(&mut settings, "https://127.0.0.1:1");
+        change(&mut settings);
+        match settings.validate() {
+            Err(e) => Err(e.to_string()),
+            Ok(()) => Application::build(&settings, Options::default())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        }
+    };
+    let refused: Vec<(&str, Change)> = vec![
+        (
+            "wechat.merchants[0].api_base",
+            Box::new(|s| s.wechat.merchants[0].api_base = Some("http://api.mch.weixin.qq.com".into())),
+        ),
+        (
+            "wechat.merchants[0].api_base",
+            Box::new(|s| s.wechat.merchants[0].api_base = Some("http://10.0.0.7:8080".into())),
+        ),
+        (
+            "alipay.apps[0].gateway",
+            Box::new(|s| {
+                s.alipay.apps[0].gateway = Some("http://openapi.alipay.com/gateway.do".into())
+            }),
+        ),
+        (
+            "alipay.apps[0].gateway",
+            Box::new(|s| s.alipay.apps[0].gateway = Some("ftp://127.0.0.1/gateway.do".into())),
+        ),
+    ];
+    for (key, change) in refused {
+        let Err(err) = build(change).await else {
+            panic!("{key}: start-up went on");
+        };
+        assert!(err.contains(key), "{key}: {err}");
+        assert!(err.contains("https"), "{key}: {err}");
+    }
+    for local in ["http://127.0.0.1:1", "http://localhost:1", "http://[::1]:1"] {
+        let url = local.to_owned();
+        let built = build(Box::new(move |s| configure(s, &url))).await;
+        assert!(built.is_ok(), "{local}: {built:?}");
+    }
 }
