@@ -652,6 +652,8 @@ struct ApiResponse {
     send_pay_date: Option<String>,
     refund_status: Option<String>,
     out_request_no: Option<String>,
+    /// Not in the documented query answer; checked when an answer carries it.
+    seller_id: Option<String>,
 }
 
 impl ApiResponse {
@@ -934,9 +936,12 @@ fn signed_response<'b>(
     Ok(value.get())
 }
 
-/// A paid trade's notice with the fields a `TRADE_SUCCESS` notification would carry: the
-/// app that asked is the one the notification names (`seller_id`, `app_id`), so the digest
-/// is the same.
+/// A paid trade's notice from what the signed answer says. `alipay.trade.query` answers name
+/// neither seller nor app: the seller is the asking app's (Alipay answers an app only about
+/// its own seller's trades, and the answer verified with that app's Alipay key), checked
+/// against the answer's `seller_id` when it carries one; the app is the one that asked, which
+/// need not be the app the buyer paid through, so it is not part of an Alipay payment's
+/// content ([`Notice::digest`]) and the notification is a duplicate either way.
 fn paid_notice(app: &App, r: ApiResponse) -> Result<Notice, Failure> {
     let bad = |m: String| Failure::Unexpected(m);
     let trade_no = r
@@ -958,12 +963,16 @@ fn paid_notice(app: &App, r: ApiResponse) -> Result<Notice, Failure> {
             .single()?;
         Some(Timestamp::new(at.with_timezone(&chrono::Utc)))
     });
+    let seller_id = r
+        .seller_id
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| app.seller_id.clone());
     let notice = Notice {
         channel: ChannelId::Alipay,
         kind: NoticeKind::Paid,
-        merchant_matches: true,
+        merchant_matches: seller_id == app.seller_id,
         merchant: MerchantIds {
-            merchant_id: app.seller_id.clone(),
+            merchant_id: seller_id,
             app_id: Some(app.app_id.clone()),
         },
         out_trade_no: r.out_trade_no.unwrap_or_default(),

@@ -97,6 +97,8 @@ pub struct Fake {
     platform_key: rsa::PrivateKey,
     merchant_key: RsaVerifier,
     app_id: String,
+    /// More apps the fake gateway serves (under the same seller, signing with the same key).
+    more_apps: Mutex<Vec<String>>,
     alipay_key: rsa::PrivateKey,
     app_key: RsaVerifier,
     forger: rsa::PrivateKey,
@@ -144,6 +146,11 @@ impl Fake {
 
     fn lying(&self) -> Lie {
         *self.lie.lock().expect("lie")
+    }
+
+    /// Serves Alipay app `app_id` too.
+    pub fn also_app(&self, app_id: &str) {
+        self.more_apps.lock().expect("apps").push(app_id.to_owned());
     }
 
     pub fn sign_with(&self, signing: Signing) {
@@ -221,6 +228,7 @@ impl FakeProvider {
             platform_key: platform,
             merchant_key: verifier(MERCHANT_KEY),
             app_id: app_id.to_owned(),
+            more_apps: Mutex::new(Vec::new()),
             alipay_key: rsa_key(alipay_key),
             app_key: verifier(APP_KEY),
             forger: rsa_key(FORGER_KEY),
@@ -436,7 +444,9 @@ fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
 fn alipay_request(body: &[u8], fake: &Fake) -> Option<HashMap<String, String>> {
     use base64::Engine;
     let params: HashMap<String, String> = form_urlencoded::parse(body).into_owned().collect();
-    if params.get("app_id")? != &fake.app_id || params.get("sign_type")? != "RSA2" {
+    let app_id = params.get("app_id")?;
+    let known = app_id == &fake.app_id || fake.more_apps.lock().expect("apps").contains(app_id);
+    if !known || params.get("sign_type")? != "RSA2" {
         return None;
     }
     let mut signed: Vec<(&String, &String)> = params

@@ -351,6 +351,8 @@ crate::on_both_backends!(
     alipay_a_close_answer_not_bound_to_the_order_closes_nothing,
     wechat_unsigned_not_found_answers_close_nothing,
     wechat_a_closed_answer_about_another_merchant_closes_nothing,
+    a_payment_recovered_through_one_app_is_the_same_as_another_apps_notification,
+    an_alipay_payment_recorded_with_its_app_in_the_digest_still_has_duplicates,
 );
 
 /// A paid answer that does not verify (signed with another key, or not at all) is ignored
@@ -1126,4 +1128,123 @@ async fn a_plain_http_provider_url_off_loopback_stops_start_up_naming_the_key() 
         let built = build(Box::new(move |s| configure(s, &url))).await;
         assert!(built.is_ok(), "{local}: {built:?}");
     }
+}
+
+/// A second app of the same seller (`2088000000000001`), with API credentials at the fake.
+const APP_ID_B: &str = "2021000000000003";
+
+/// Two apps under one seller: the query answer names neither (Alipay's `alipay.trade.query`
+/// answer carries no `app_id` or `seller_id`), so the payment one app recovers must be the
+/// same business content as the notification the other app's trade sends.
+async fn a_payment_recovered_through_one_app_is_the_same_as_another_apps_notification(
+    backend: Backend,
+) {
+    use paynotify::channel::alipay::AlipayApp;
+    use paynotify::qa::forge::alipay::{Sandbox, payment};
+
+    let fake = fake().await;
+    fake.state.also_app(APP_ID_B);
+    let url = fake.url.clone();
+    let app = spawn_app_with(backend, move |s| {
+        configure(s, &url);
+        // Only the Alipay apps are asked.
+        s.wechat.merchants[0].private_key_file = None;
+        s.wechat.merchants[0].merchant_serial = None;
+        s.alipay.apps.push(AlipayApp {
+            app_id: APP_ID_B.into(),
+            seller_id: "2088000000000001".into(),
+            alipay_public_key_file: Some(crate::keys::public_key_path("alipay")),
+            alipay_cert_file: None,
+            app_private_key_file: Some(private_key_path(APP_KEY)),
+            gateway: Some(format!("{url}/gateway.do")),
+        });
+    })
+    .await;
+    let no = "RC-TWO-APPS";
+    app.create_order(no, 300).await;
+    fake.state.set(
+        no,
+        Trade::Paid {
+            transaction_id: transaction_id("alipay", no),
+            total: 300,
+        },
+    );
+    let response = app
+        .client
+        .post(app.url(&format!("/admin/orders/{no}/reconcile")))
+        .bearer_auth(&app.api_token)
+        .send()
+        .await
+        .expect("reconcile");
+    assert_eq!(response.status(), 200);
+    let body: serde_json::Value = response.json().await.expect("json");
+    assert_eq!(body["status"], "PAID", "{body}");
+    let said = body["providers"].as_array().expect("providers");
+    assert_eq!(said.len(), 2, "{body}");
+    assert_eq!(said[0]["account"], APP_ID);
+    assert_eq!(said[0]["ledger"], "applied", "{body}");
+    // The other app asks about the same trade: the same payment.
+    assert_eq!(said[1]["account"], APP_ID_B);
+    assert_eq!(said[1]["ledger"], "duplicate", "{body}");
+
+    // The buyer paid through app B: its notification comes late, a plain duplicate.
+    let sandbox = Sandbox {
+        app_id: APP_ID_B.into(),
+        seller_id: "2088000000000001".into(),
+        private_key: rsa_key("alipay"),
+    };
+    let fields = payment(&sandbox, no, &transaction_id("alipay", no), 300, "TRADE_SUCCESS");
+    let delivery = sandbox.notification(fields, false).expect("forge");
+    assert_eq!(
+        crate::alipay::send(&app, &delivery).await,
+        (200, "success".to_owned())
+    );
+    assert_eq!(
+        Metrics::count(&app.metrics.notifications, &["alipay", "duplicate"]),
+        1
+    );
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    assert_eq!(app.messages("PAYMENT_ANOMALY").await, 0);
+}
+
+/// Payments recorded before an Alipay payment's app left its content keep their digest: a
+/// repeat of that notification (a retry, `TRADE_FINISHED` months later) is still a duplicate.
+async fn an_alipay_payment_recorded_with_its_app_in_the_digest_still_has_duplicates(
+    backend: Backend,
+) {
+    let fake = fake().await;
+    let app = app_with(backend, &fake).await;
+    let no = "RC-EARLIER-DIGEST";
+    app.create_order(no, 300).await;
+    let txn = transaction_id("alipay", no);
+    let delivery = crate::alipay::signed(crate::alipay::pay_fields(no, 300, "TRADE_SUCCESS"));
+    assert_eq!(crate::alipay::send(&app, &delivery).await.0, 200);
+    let earlier = serde_json::json!([
+        "payment",
+        "alipay",
+        no,
+        txn,
+        300,
+        "CNY",
+        "2088000000000001",
+        APP_ID
+    ]);
+    let earlier = paynotify::notice::Digest::of(earlier.to_string().as_bytes());
+    app.db
+        .execute(&format!(
+            "UPDATE pay_callback SET digest = '{}' WHERE out_trade_no = '{no}'",
+            earlier.as_str()
+        ))
+        .await;
+    let finished =
+        crate::alipay::signed(crate::alipay::pay_fields(no, 300, "TRADE_FINISHED"));
+    assert_eq!(
+        crate::alipay::send(&app, &finished).await,
+        (200, "success".to_owned())
+    );
+    assert_eq!(
+        Metrics::count(&app.metrics.notifications, &["alipay", "duplicate"]),
+        1
+    );
+    assert_eq!(app.messages("PAYMENT_ANOMALY").await, 0);
 }
