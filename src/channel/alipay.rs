@@ -649,6 +649,8 @@ struct ApiResponse {
     trade_no: Option<String>,
     trade_status: Option<String>,
     total_amount: Option<String>,
+    /// What the buyer paid; `0.00` (or absent) while nothing was paid.
+    buyer_pay_amount: Option<String>,
     send_pay_date: Option<String>,
     refund_status: Option<String>,
     out_request_no: Option<String>,
@@ -657,6 +659,19 @@ struct ApiResponse {
 }
 
 impl ApiResponse {
+    /// Whether a query answer shows money paid: `send_pay_date` (when the buyer paid) or a
+    /// `buyer_pay_amount` above zero. A trade closed unpaid has neither. An amount that does
+    /// not parse counts as a payment, so the paid path refuses the answer instead of it
+    /// closing the order.
+    fn carries_a_payment(&self) -> bool {
+        let paid_at = self.send_pay_date.as_deref().is_some_and(|d| !d.trim().is_empty());
+        let paid = self
+            .buyer_pay_amount
+            .as_deref()
+            .is_some_and(|a| yuan_to_fen(a).map_or(true, |fen| fen > 0));
+        paid_at || paid
+    }
+
     /// `20000` (service unavailable) and `ACQ.SYSTEM_ERROR`: Alipay says "try later".
     fn retry_later(&self) -> bool {
         self.code == "20000" || self.sub_code.as_deref() == Some("ACQ.SYSTEM_ERROR")
@@ -816,7 +831,13 @@ impl AlipayApi {
         }
         let status = r.trade_status.clone().unwrap_or_default();
         match status.as_str() {
+            // TRADE_CLOSED is also "paid, then refunded in full" (未付款交易超时关闭，或支付完成
+            // 后全额退款): the payment happened, as WeChat's REFUND, and the answer shows it.
             "TRADE_SUCCESS" | "TRADE_FINISHED" => match paid_notice(&a.app, r) {
+                Ok(notice) => TradeAnswer::Paid(Box::new(notice)),
+                Err(f) => TradeAnswer::Failed(f),
+            },
+            "TRADE_CLOSED" if r.carries_a_payment() => match paid_notice(&a.app, r) {
                 Ok(notice) => TradeAnswer::Paid(Box::new(notice)),
                 Err(f) => TradeAnswer::Failed(f),
             },

@@ -32,6 +32,8 @@ const FORGER_KEY: &str = "forger";
 pub enum Trade {
     NotPaid,
     Paid { transaction_id: String, total: i64 },
+    /// Paid, then refunded in full (WeChat `REFUND`, Alipay `TRADE_CLOSED` with the payment).
+    Refunded { transaction_id: String, total: i64 },
     Closed,
 }
 
@@ -396,7 +398,9 @@ fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
             return wechat_signed(fake, 204, &timestamp, String::new());
         }
         return match trade {
-            Some(Trade::Paid { .. }) => wechat_error(400, "ORDERPAID", "订单已支付"),
+            Some(Trade::Paid { .. } | Trade::Refunded { .. }) => {
+                wechat_error(400, "ORDERPAID", "订单已支付")
+            }
             // WeChat answers 204 also for a trade it never saw.
             _ => {
                 fake.set(&no, Trade::Closed);
@@ -419,6 +423,19 @@ fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
             json!({ "trade_state": "NOTPAY", "trade_state_desc": "订单未支付", "amount": { "payer_currency": "CNY" } })
         }
         Some(Trade::Closed) => json!({ "trade_state": "CLOSED", "trade_state_desc": "订单已关闭" }),
+        Some(Trade::Refunded {
+            transaction_id,
+            total,
+        }) => json!({
+            "transaction_id": transaction_id,
+            "trade_type": "JSAPI",
+            "trade_state": "REFUND",
+            "trade_state_desc": "转入退款",
+            "bank_type": "OTHERS",
+            "success_time": "2026-11-30T10:00:00+08:00",
+            "payer": { "openid": "oSandboxOpenId0000000000000" },
+            "amount": { "total": total, "payer_total": total, "currency": "CNY", "payer_currency": "CNY" }
+        }),
         Some(Trade::Paid {
             transaction_id,
             total,
@@ -514,6 +531,11 @@ fn alipay(fake: &Fake, body: &[u8]) -> HttpResponse {
                     transaction_id,
                     total,
                 } => ("TRADE_SUCCESS", transaction_id, total),
+                // Alipay: "未付款交易超时关闭，或支付完成后全额退款".
+                Trade::Refunded {
+                    transaction_id,
+                    total,
+                } => ("TRADE_CLOSED", transaction_id, total),
             };
             let mut v = json!({"code": "10000", "msg": "Success", "out_trade_no": no, "trade_status": status, "buyer_logon_id": "159****3821"});
             if !trade_no.is_empty() {

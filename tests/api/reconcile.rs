@@ -353,6 +353,8 @@ crate::on_both_backends!(
     wechat_a_closed_answer_about_another_merchant_closes_nothing,
     a_payment_recovered_through_one_app_is_the_same_as_another_apps_notification,
     an_alipay_payment_recorded_with_its_app_in_the_digest_still_has_duplicates,
+    wechat_paid_then_refunded_at_the_provider_is_a_payment,
+    alipay_paid_then_refunded_at_the_provider_is_a_payment,
 );
 
 /// A paid answer that does not verify (signed with another key, or not at all) is ignored
@@ -1247,4 +1249,45 @@ async fn an_alipay_payment_recorded_with_its_app_in_the_digest_still_has_duplica
         1
     );
     assert_eq!(app.messages("PAYMENT_ANOMALY").await, 0);
+}
+
+/// A trade paid and then fully refunded at the provider (its notifications lost) is a payment
+/// that happened: WeChat says `REFUND`, Alipay `TRADE_CLOSED` with the payment in the answer
+/// (`send_pay_date`, `buyer_pay_amount`). Expiry applies it instead of closing the order; an
+/// Alipay trade closed unpaid still closes it.
+async fn paid_then_refunded_at_the_provider_is_a_payment(backend: Backend, channel: &str) {
+    let fake = fake().await;
+    let app = app_with(backend, &fake).await;
+    let (refunded, unpaid) = (format!("RC-REFUNDED-{channel}"), format!("RC-SHUT-{channel}"));
+    create(&app, &refunded, 500, channel).await;
+    create(&app, &unpaid, 500, channel).await;
+    fake.state.set(
+        &refunded,
+        Trade::Refunded {
+            transaction_id: transaction_id(channel, &refunded),
+            total: 500,
+        },
+    );
+    fake.state.set(&unpaid, Trade::Closed);
+    app.clock.advance(EXPIRE_SECS + 1);
+    assert_eq!(
+        expire_orders(&app.reconciler, app.clock.as_ref())
+            .await
+            .expect("expiry"),
+        1
+    );
+    assert_eq!(app.status_of(&refunded).await, "PAID");
+    assert_eq!(app.status_of(&unpaid).await, "CLOSED");
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    assert_eq!(app.messages("ORDER_CLOSED").await, 1);
+    assert_eq!(app.messages("PAYMENT_ANOMALY").await, 0);
+    assert_eq!(Metrics::count(&app.metrics.expiry, &["paid"]), 1);
+    assert_eq!(calls(&app, channel, "query", "paid"), 1);
+}
+
+async fn wechat_paid_then_refunded_at_the_provider_is_a_payment(backend: Backend) {
+    paid_then_refunded_at_the_provider_is_a_payment(backend, "wechat").await;
+}
+async fn alipay_paid_then_refunded_at_the_provider_is_a_payment(backend: Backend) {
+    paid_then_refunded_at_the_provider_is_a_payment(backend, "alipay").await;
 }
