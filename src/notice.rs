@@ -183,7 +183,9 @@ impl Notice {
     /// content; `None` for every other notice.
     fn earlier_digest(&self) -> Option<Digest> {
         match (self.channel, &self.kind, &self.merchant.app_id) {
-            (ChannelId::Alipay, NoticeKind::Paid, Some(app_id)) => Some(self.digest_naming(Some(app_id))),
+            (ChannelId::Alipay, NoticeKind::Paid, Some(app_id)) => {
+                Some(self.digest_naming(Some(app_id)))
+            }
             _ => None,
         }
     }
@@ -361,7 +363,10 @@ mod tests {
             };
             n
         };
-        let (a, b) = (through(Some("2021000000000001")), through(Some("2021000000000003")));
+        let (a, b) = (
+            through(Some("2021000000000001")),
+            through(Some("2021000000000003")),
+        );
         assert_eq!(a.digest(), b.digest());
         assert_eq!(a.digest(), through(None).digest());
         // Rows recorded before name the app; a repeat of that delivery is still the same.

@@ -238,7 +238,11 @@ impl Reconciler {
             // First: a provider that hangs must not make this order the first of every run.
             let asked_at = self.clock.now();
             self.store
-                .query_again_at(&order.order_no, asked_at.plus_seconds(self.every_secs), false)
+                .query_again_at(
+                    &order.order_no,
+                    asked_at.plus_seconds(self.every_secs),
+                    false,
+                )
                 .await?;
             let said = self.query_order(order).await?;
             recovered += said

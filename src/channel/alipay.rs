@@ -664,7 +664,10 @@ impl ApiResponse {
     /// not parse counts as a payment, so the paid path refuses the answer instead of it
     /// closing the order.
     fn carries_a_payment(&self) -> bool {
-        let paid_at = self.send_pay_date.as_deref().is_some_and(|d| !d.trim().is_empty());
+        let paid_at = self
+            .send_pay_date
+            .as_deref()
+            .is_some_and(|d| !d.trim().is_empty());
         let paid = self
             .buyer_pay_amount
             .as_deref()

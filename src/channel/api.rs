@@ -170,8 +170,8 @@ pub fn install_crypto() {
 /// or `http://` to a loopback address (a stand-in on this machine). Over plain HTTP anyone on
 /// the path answers for the provider, and a "closed" answer closes an order that stays payable.
 pub fn provider_url(key: &str, url: &str) -> Result<(), ConfigError> {
-    let parsed =
-        reqwest::Url::parse(url).map_err(|e| invalid(key, format!("{url} is not an https URL: {e}")))?;
+    let parsed = reqwest::Url::parse(url)
+        .map_err(|e| invalid(key, format!("{url} is not an https URL: {e}")))?;
     let loopback = match parsed.host_str() {
         Some(host) if host.eq_ignore_ascii_case("localhost") => true,
         Some(host) => host

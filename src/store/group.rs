@@ -179,7 +179,9 @@ macro_rules! pay_each {
                                     .select(pay_callback::digest)
                                     .first(conn)
                                     .await?;
-                                return Ok(n.same_content(digest, &seen).then_some(Outcome::Duplicate));
+                                return Ok(n
+                                    .same_content(digest, &seen)
+                                    .then_some(Outcome::Duplicate));
                             }
                             let moved = MarkPaid::of(n, now).execute(conn).await?;
                             if moved != 1 {

@@ -31,9 +31,15 @@ const FORGER_KEY: &str = "forger";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Trade {
     NotPaid,
-    Paid { transaction_id: String, total: i64 },
+    Paid {
+        transaction_id: String,
+        total: i64,
+    },
     /// Paid, then refunded in full (WeChat `REFUND`, Alipay `TRADE_CLOSED` with the payment).
-    Refunded { transaction_id: String, total: i64 },
+    Refunded {
+        transaction_id: String,
+        total: i64,
+    },
     Closed,
 }
 

@@ -13,9 +13,7 @@ use paynotify::time::Clock;
 
 use crate::helpers::{Backend, TestApp, spawn_app_with};
 use crate::keys::{private_key_path, rsa_key};
-use crate::provider::{
-    APP_KEY, FakeProvider, Lie, MERCHANT_KEY, MERCHANT_SERIAL, Signing, Trade,
-};
+use crate::provider::{APP_KEY, FakeProvider, Lie, MERCHANT_KEY, MERCHANT_SERIAL, Signing, Trade};
 
 const MCHID: &str = "1900000001";
 const APP_ID: &str = "2021000000000001";
@@ -224,7 +222,10 @@ async fn expiry_closes_at_the_provider_first(backend: Backend, channel: &str) {
                 .expect("expiry"),
             1
         );
-        assert_eq!(Metrics::count(&app.metrics.expiry, &["closed_not_found"]), 1);
+        assert_eq!(
+            Metrics::count(&app.metrics.expiry, &["closed_not_found"]),
+            1
+        );
     }
     assert_eq!(app.status_of(&never_seen).await, "CLOSED");
     assert_eq!(app.messages("ORDER_CLOSED").await, 2);
@@ -1023,8 +1024,14 @@ async fn alipay_no_trade_at_expiry_keeps_the_order_payable_until_the_grace_perio
         1
     );
     assert_eq!(app.status_of(never).await, "CLOSED");
-    assert_eq!(Metrics::count(&app.metrics.expiry, &["closed_not_found"]), 1);
-    assert_eq!(Metrics::count(&app.metrics.expiry, &["closed_after_grace"]), 0);
+    assert_eq!(
+        Metrics::count(&app.metrics.expiry, &["closed_not_found"]),
+        1
+    );
+    assert_eq!(
+        Metrics::count(&app.metrics.expiry, &["closed_after_grace"]),
+        0
+    );
     assert_eq!(app.messages("ORDER_CLOSED").await, 1);
 }
 
@@ -1034,7 +1041,10 @@ async fn alipay_no_trade_at_expiry_keeps_the_order_payable_until_the_grace_perio
 async fn a_lie_closes_nothing(backend: Backend, channel: &str, lie: Lie) {
     let fake = fake().await;
     let app = app_with(backend, &fake).await;
-    let (expiring, by_api) = (format!("RC-LIE-EXP-{channel}"), format!("RC-LIE-API-{channel}"));
+    let (expiring, by_api) = (
+        format!("RC-LIE-EXP-{channel}"),
+        format!("RC-LIE-API-{channel}"),
+    );
     create(&app, &expiring, 100, channel).await;
     create(&app, &by_api, 100, channel).await;
     fake.state.set(&expiring, Trade::NotPaid);
@@ -1061,7 +1071,10 @@ async fn a_lie_closes_nothing(backend: Backend, channel: &str, lie: Lie) {
         assert_eq!(fake.state.trade(no), Some(Trade::NotPaid), "{no} {lie:?}");
     }
     assert_eq!(app.messages("ORDER_CLOSED").await, 0);
-    assert_eq!(Metrics::count(&app.metrics.expiry, &["closed_at_provider"]), 0);
+    assert_eq!(
+        Metrics::count(&app.metrics.expiry, &["closed_at_provider"]),
+        0
+    );
 }
 
 async fn wechat_a_close_answer_not_bound_to_the_order_closes_nothing(backend: Backend) {
@@ -1101,7 +1114,9 @@ async fn a_plain_http_provider_url_off_loopback_stops_start_up_naming_the_key() 
     let refused: Vec<(&str, Change)> = vec![
         (
             "wechat.merchants[0].api_base",
-            Box::new(|s| s.wechat.merchants[0].api_base = Some("http://api.mch.weixin.qq.com".into())),
+            Box::new(|s| {
+                s.wechat.merchants[0].api_base = Some("http://api.mch.weixin.qq.com".into())
+            }),
         ),
         (
             "wechat.merchants[0].api_base",
@@ -1195,7 +1210,13 @@ async fn a_payment_recovered_through_one_app_is_the_same_as_another_apps_notific
         seller_id: "2088000000000001".into(),
         private_key: rsa_key("alipay"),
     };
-    let fields = payment(&sandbox, no, &transaction_id("alipay", no), 300, "TRADE_SUCCESS");
+    let fields = payment(
+        &sandbox,
+        no,
+        &transaction_id("alipay", no),
+        300,
+        "TRADE_SUCCESS",
+    );
     let delivery = sandbox.notification(fields, false).expect("forge");
     assert_eq!(
         crate::alipay::send(&app, &delivery).await,
@@ -1238,8 +1259,7 @@ async fn an_alipay_payment_recorded_with_its_app_in_the_digest_still_has_duplica
             earlier.as_str()
         ))
         .await;
-    let finished =
-        crate::alipay::signed(crate::alipay::pay_fields(no, 300, "TRADE_FINISHED"));
+    let finished = crate::alipay::signed(crate::alipay::pay_fields(no, 300, "TRADE_FINISHED"));
     assert_eq!(
         crate::alipay::send(&app, &finished).await,
         (200, "success".to_owned())
@@ -1258,7 +1278,10 @@ async fn an_alipay_payment_recorded_with_its_app_in_the_digest_still_has_duplica
 async fn paid_then_refunded_at_the_provider_is_a_payment(backend: Backend, channel: &str) {
     let fake = fake().await;
     let app = app_with(backend, &fake).await;
-    let (refunded, unpaid) = (format!("RC-REFUNDED-{channel}"), format!("RC-SHUT-{channel}"));
+    let (refunded, unpaid) = (
+        format!("RC-REFUNDED-{channel}"),
+        format!("RC-SHUT-{channel}"),
+    );
     create(&app, &refunded, 500, channel).await;
     create(&app, &unpaid, 500, channel).await;
     fake.state.set(
