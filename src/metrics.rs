@@ -208,6 +208,9 @@ pub enum ExpiryResult {
     Retried,
     /// A provider could not be reached within `reconcile.close_grace_secs`: closed here anyway.
     ClosedAfterGrace,
+    /// A provider had no trade for the order until `reconcile.close_grace_secs` past
+    /// `expire_at` (the trade was never created, and no longer can be): closed here.
+    ClosedNotFound,
 }
 
 impl ExpiryResult {
@@ -218,6 +221,7 @@ impl ExpiryResult {
             Self::Paid => "paid",
             Self::Retried => "retried",
             Self::ClosedAfterGrace => "closed_after_grace",
+            Self::ClosedNotFound => "closed_not_found",
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::notice::{ChannelId, Notice, Outcome};
 use crate::store::ledger::CloseResult;
 use crate::store::reconcile::OrderAtProvider;
 use crate::store::{Store, StoreError};
-use crate::time::Timestamp;
+use crate::time::{Clock, Timestamp};
 
 /// The longest wait between two close attempts of an order whose provider is unreachable.
 const MAX_CLOSE_BACKOFF_SECS: i64 = 600;
@@ -62,6 +62,10 @@ pub struct Reconciler {
     every_secs: i64,
     batch: i64,
     close_grace_secs: i64,
+    max_run_secs: i64,
+    /// Read for every provider call: it stamps the WeChat request and decides whether a
+    /// signed answer is fresh (±300 s), so a run's start time would go stale in a backlog.
+    clock: Arc<dyn Clock>,
 }
 
 fn secs(value: u64) -> i64 {
@@ -74,6 +78,7 @@ impl Reconciler {
         store: Store,
         metrics: Arc<Metrics>,
         settings: &ReconcileSettings,
+        clock: Arc<dyn Clock>,
     ) -> Self {
         Self {
             apis,
@@ -83,7 +88,14 @@ impl Reconciler {
             every_secs: secs(settings.every_secs),
             batch: i64::from(settings.batch),
             close_grace_secs: secs(settings.close_grace_secs),
+            max_run_secs: secs(settings.max_run_secs),
+            clock,
         }
+    }
+
+    /// Whether a run that began at `started` has used up `reconcile.max_run_secs`.
+    fn out_of_time(&self, started: Timestamp) -> bool {
+        self.clock.now().unix_seconds() - started.unix_seconds() >= self.max_run_secs
     }
 
     pub fn store(&self) -> &Store {
@@ -175,9 +187,8 @@ impl Reconciler {
         api: &dyn ProviderApi,
         account: &str,
         order_no: &str,
-        now: Timestamp,
     ) -> Result<Said, StoreError> {
-        let answer = api.query(account, order_no, now).await;
+        let answer = api.query(account, order_no, self.clock.now()).await;
         let detail = match &answer {
             TradeAnswer::Unpaid(status) => Some(status.clone()),
             TradeAnswer::Failed(f) => Some(f.detail().to_owned()),
@@ -186,7 +197,7 @@ impl Reconciler {
         let mut said = self.said(api, account, ProviderCall::Query, answer.label(), detail);
         match answer {
             TradeAnswer::Paid(notice) => {
-                said.ledger = Some(self.apply(&notice, now).await?.as_str());
+                said.ledger = Some(self.apply(&notice, self.clock.now()).await?.as_str());
             }
             TradeAnswer::Failed(f) => self.failed(order_no, &said, &f),
             _ => {}
@@ -195,20 +206,17 @@ impl Reconciler {
     }
 
     /// Asks every provider account about an unpaid order and applies a paid answer.
-    pub async fn query_order(
-        &self,
-        order: &OrderAtProvider,
-        now: Timestamp,
-    ) -> Result<Vec<Said>, StoreError> {
+    pub async fn query_order(&self, order: &OrderAtProvider) -> Result<Vec<Said>, StoreError> {
         let mut all = Vec::new();
         for (api, account) in self.accounts_for(order) {
-            all.push(self.query_one(api, &account, &order.order_no, now).await?);
+            all.push(self.query_one(api, &account, &order.order_no).await?);
         }
         Ok(all)
     }
 
     /// The reconcile job: unpaid orders older than `after_secs` and not asked about for
-    /// `every_secs`, oldest first, one batch. Returns how many payments it recovered.
+    /// `every_secs`, oldest first, one batch, for at most `max_run_secs` from `now` (the rest
+    /// are the next run's). Returns how many payments it recovered.
     pub async fn reconcile_due(&self, now: Timestamp) -> Result<usize, StoreError> {
         if self.apis.is_empty() {
             return Ok(0);
@@ -218,12 +226,25 @@ impl Reconciler {
             .orders_to_query(now, now.plus_seconds(-self.after_secs), self.batch)
             .await?;
         let mut recovered = 0;
-        for order in &due {
+        for (done, order) in due.iter().enumerate() {
+            if self.out_of_time(now) {
+                tracing::info!(
+                    asked = done,
+                    left = due.len() - done,
+                    "reconcile run stopped after reconcile.max_run_secs; the next run goes on"
+                );
+                break;
+            }
             // First: a provider that hangs must not make this order the first of every run.
+            let asked_at = self.clock.now();
             self.store
-                .query_again_at(&order.order_no, now.plus_seconds(self.every_secs), false)
+                .query_again_at(
+                    &order.order_no,
+                    asked_at.plus_seconds(self.every_secs),
+                    false,
+                )
                 .await?;
-            let said = self.query_order(order, now).await?;
+            let said = self.query_order(order).await?;
             recovered += said
                 .iter()
                 .filter(|s| s.ledger == Some(Outcome::Applied.as_str()))
@@ -236,18 +257,24 @@ impl Reconciler {
     /// that says it is paid has its payment applied instead (the order becomes `PAID`). When a
     /// provider cannot be asked, the order stays `WAIT_PAY`; with `grace`, once
     /// `close_grace_secs` have passed since `expire_at`, it is closed here anyway.
+    ///
+    /// A provider that has no trade for the order proves nothing before that deadline: Alipay
+    /// creates page, WAP and QR trades only when the buyer logs in or scans, so the buyer can
+    /// still pay until the `time_expire` the merchant passed at creation. The order stays
+    /// `WAIT_PAY` and is asked again; past `expire_at + close_grace_secs` it is closed here.
     pub async fn close(
         &self,
         order: &OrderAtProvider,
         by: &str,
-        now: Timestamp,
         grace: bool,
         said: &mut Vec<Said>,
     ) -> Result<Closing, StoreError> {
         let accounts = self.accounts_for(order);
         let mut unanswered = false;
+        // A provider that has no trade for it (yet): see above.
+        let mut absent = false;
         for (api, account) in &accounts {
-            let answer = api.close(account, &order.order_no, now).await;
+            let answer = api.close(account, &order.order_no, self.clock.now()).await;
             let detail = match &answer {
                 CloseAnswer::Failed(f) => Some(f.detail().to_owned()),
                 _ => None,
@@ -255,13 +282,18 @@ impl Reconciler {
             let one = self.said(*api, account, ProviderCall::Close, answer.label(), detail);
             said.push(one);
             match answer {
-                CloseAnswer::Closed | CloseAnswer::NotFound => {}
-                CloseAnswer::NotClosable => {
-                    // Paid (or, on Alipay, perhaps closed before): only a signed query tells.
-                    let queried = self.query_one(*api, account, &order.order_no, now).await?;
-                    let settled = matches!(queried.answer, "paid" | "closed" | "not_found");
+                // No close answer is bound to the order: WeChat's is an empty 204, valid for
+                // any order of the merchant for 300 s; an error body is unsigned; Alipay's "no
+                // such trade" is the same signed bytes for every order; "not closable" is paid
+                // or closed before. Only a signed query answer that names the order settles it.
+                CloseAnswer::Closed | CloseAnswer::NotFound | CloseAnswer::NotClosable => {
+                    let queried = self.query_one(*api, account, &order.order_no).await?;
+                    match queried.answer {
+                        "paid" | "closed" => {}
+                        "not_found" => absent = true,
+                        _ => unanswered = true,
+                    }
                     said.push(queried);
-                    unanswered |= !settled;
                 }
                 CloseAnswer::Failed(f) => {
                     if let Some(last) = said.last() {
@@ -271,9 +303,13 @@ impl Reconciler {
                 }
             }
         }
-        if unanswered {
+        let now = self.clock.now();
+        if unanswered || absent {
             let deadline = order.expire_at.plus_seconds(self.close_grace_secs);
-            if !(grace && now.unix_seconds() >= deadline.unix_seconds()) {
+            let past = now.unix_seconds() >= deadline.unix_seconds();
+            // Closing here without a provider's word is the expiry job's alone; a trade that
+            // was never created and no longer can be closes whoever asks.
+            if !(past && (grace || !unanswered)) {
                 let attempts = u32::try_from(order.close_attempts.clamp(0, 6)).unwrap_or(6);
                 let wait = (10_i64 << attempts).min(MAX_CLOSE_BACKOFF_SECS);
                 self.store
@@ -284,19 +320,27 @@ impl Reconciler {
                 }
                 return Ok(Closing::Pending);
             }
-            tracing::warn!(
-                order_no = %order.order_no,
-                "closed here without the provider's word after reconcile.close_grace_secs; \
-                 a payment that still lands becomes a PAID_AFTER_CLOSE anomaly"
-            );
+            if unanswered {
+                tracing::warn!(
+                    order_no = %order.order_no,
+                    "closed here without the provider's word after reconcile.close_grace_secs; \
+                     a payment that still lands becomes a PAID_AFTER_CLOSE anomaly"
+                );
+            } else {
+                tracing::info!(
+                    order_no = %order.order_no,
+                    "no trade at the provider reconcile.close_grace_secs past expire_at: closed here"
+                );
+            }
         }
         let result = self.store.close_order(&order.order_no, by, now).await?;
         if grace {
-            let counted = match (&result, unanswered, accounts.is_empty()) {
-                (CloseResult::Closed(_), true, _) => ExpiryResult::ClosedAfterGrace,
-                (CloseResult::Closed(_), false, true) => ExpiryResult::ClosedLocally,
-                (CloseResult::Closed(_), false, false) => ExpiryResult::ClosedAtProvider,
-                (CloseResult::NotClosable(_), _, _) => ExpiryResult::Paid,
+            let counted = match (&result, unanswered, absent, accounts.is_empty()) {
+                (CloseResult::Closed(_), true, _, _) => ExpiryResult::ClosedAfterGrace,
+                (CloseResult::Closed(_), false, true, _) => ExpiryResult::ClosedNotFound,
+                (CloseResult::Closed(_), false, false, true) => ExpiryResult::ClosedLocally,
+                (CloseResult::Closed(_), false, false, false) => ExpiryResult::ClosedAtProvider,
+                (CloseResult::NotClosable(_), _, _, _) => ExpiryResult::Paid,
                 _ => return Ok(Closing::Done(result)),
             };
             self.metrics.expired(counted);
@@ -304,8 +348,9 @@ impl Reconciler {
         Ok(Closing::Done(result))
     }
 
-    /// The expiry job: every unpaid order past `expire_at` whose next attempt is due, closed
-    /// at its providers and then here. Returns how many orders it closed.
+    /// The expiry job: every unpaid order past `expire_at` (at `now`, the run's start) whose
+    /// next attempt is due, closed at its providers and then here, for at most
+    /// `max_run_secs`. Returns how many orders it closed.
     pub async fn expire_due(&self, now: Timestamp, batch: i64) -> Result<usize, StoreError> {
         let mut closed = 0;
         let mut seen = std::collections::HashSet::new();
@@ -316,9 +361,16 @@ impl Reconciler {
                 .filter(|o| seen.insert(o.order_no.clone()))
                 .collect();
             for order in &fresh {
+                if self.out_of_time(now) {
+                    tracing::info!(
+                        closed,
+                        "expiry run stopped after reconcile.max_run_secs; the next run goes on"
+                    );
+                    return Ok(closed);
+                }
                 let mut said = Vec::new();
                 if let Closing::Done(CloseResult::Closed(_)) =
-                    self.close(order, "expiry", now, true, &mut said).await?
+                    self.close(order, "expiry", true, &mut said).await?
                 {
                     closed += 1;
                 }

@@ -146,6 +146,7 @@ impl Application {
             store.clone(),
             Arc::clone(&metrics),
             &settings.reconcile,
+            Arc::clone(&options.clock),
         ));
         if settings.server.api_token.is_empty() {
             tracing::warn!(

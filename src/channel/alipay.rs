@@ -667,12 +667,32 @@ struct ApiResponse {
     trade_no: Option<String>,
     trade_status: Option<String>,
     total_amount: Option<String>,
+    /// What the buyer paid; `0.00` (or absent) while nothing was paid.
+    buyer_pay_amount: Option<String>,
     send_pay_date: Option<String>,
     refund_status: Option<String>,
     out_request_no: Option<String>,
+    /// Not in the documented query answer; checked when an answer carries it.
+    seller_id: Option<String>,
 }
 
 impl ApiResponse {
+    /// Whether a query answer shows money paid: `send_pay_date` (when the buyer paid) or a
+    /// `buyer_pay_amount` above zero. A trade closed unpaid has neither. An amount that does
+    /// not parse counts as a payment, so the paid path refuses the answer instead of it
+    /// closing the order.
+    fn carries_a_payment(&self) -> bool {
+        let paid_at = self
+            .send_pay_date
+            .as_deref()
+            .is_some_and(|d| !d.trim().is_empty());
+        let paid = self
+            .buyer_pay_amount
+            .as_deref()
+            .is_some_and(|a| yuan_to_fen(a).map_or(true, |fen| fen > 0));
+        paid_at || paid
+    }
+
     /// `20000` (service unavailable) and `ACQ.SYSTEM_ERROR`: Alipay says "try later".
     fn retry_later(&self) -> bool {
         self.code == "20000" || self.sub_code.as_deref() == Some("ACQ.SYSTEM_ERROR")
@@ -722,12 +742,7 @@ impl AlipayApi {
             };
             let key = keys::private_key_file(&format!("{prefix}.app_private_key_file"), path)?;
             let gateway = a.gateway.clone().unwrap_or_else(|| GATEWAY.to_owned());
-            if !(gateway.starts_with("https://") || gateway.starts_with("http://")) {
-                return Err(invalid(
-                    format!("{prefix}.gateway"),
-                    format!("{gateway} is not an http(s) URL"),
-                ));
-            }
+            super::api::provider_url(&format!("{prefix}.gateway"), &gateway)?;
             let Some(app) = channel.apps.get(&a.app_id) else {
                 return Err(invalid(format!("{prefix}.app_id"), "not loaded"));
             };
@@ -837,7 +852,13 @@ impl AlipayApi {
         }
         let status = r.trade_status.clone().unwrap_or_default();
         match status.as_str() {
+            // TRADE_CLOSED is also "paid, then refunded in full" (未付款交易超时关闭，或支付完成
+            // 后全额退款): the payment happened, as WeChat's REFUND, and the answer shows it.
             "TRADE_SUCCESS" | "TRADE_FINISHED" => match paid_notice(&a.app, r) {
+                Ok(notice) => TradeAnswer::Paid(Box::new(notice)),
+                Err(f) => TradeAnswer::Failed(f),
+            },
+            "TRADE_CLOSED" if r.carries_a_payment() => match paid_notice(&a.app, r) {
                 Ok(notice) => TradeAnswer::Paid(Box::new(notice)),
                 Err(f) => TradeAnswer::Failed(f),
             },
@@ -857,7 +878,12 @@ impl AlipayApi {
             Err(f) => return CloseAnswer::Failed(f),
         };
         match (r.code.as_str(), r.sub_code.as_deref()) {
-            ("10000", _) => CloseAnswer::Closed,
+            // A success carries no time: another order's, replayed, must not count for this one.
+            ("10000", _) if r.out_trade_no.as_deref() == Some(out_trade_no) => CloseAnswer::Closed,
+            ("10000", _) => CloseAnswer::Failed(Failure::Unexpected(format!(
+                "asked to close {out_trade_no}, answered about {:?}",
+                r.out_trade_no
+            ))),
             (_, Some("ACQ.TRADE_NOT_EXIST")) => CloseAnswer::NotFound,
             // Paid, or closed already: a query tells which.
             (_, Some("ACQ.TRADE_STATUS_ERROR")) => CloseAnswer::NotClosable,
@@ -952,9 +978,12 @@ fn signed_response<'b>(
     Ok(value.get())
 }
 
-/// A paid trade's notice with the fields a `TRADE_SUCCESS` notification would carry: the
-/// app that asked is the one the notification names (`seller_id`, `app_id`), so the digest
-/// is the same.
+/// A paid trade's notice from what the signed answer says. `alipay.trade.query` answers name
+/// neither seller nor app: the seller is the asking app's (Alipay answers an app only about
+/// its own seller's trades, and the answer verified with that app's Alipay key), checked
+/// against the answer's `seller_id` when it carries one; the app is the one that asked, which
+/// need not be the app the buyer paid through, so it is not part of an Alipay payment's
+/// content ([`Notice::digest`]) and the notification is a duplicate either way.
 fn paid_notice(app: &App, r: ApiResponse) -> Result<Notice, Failure> {
     let bad = |m: String| Failure::Unexpected(m);
     let trade_no = r
@@ -976,12 +1005,16 @@ fn paid_notice(app: &App, r: ApiResponse) -> Result<Notice, Failure> {
             .single()?;
         Some(Timestamp::new(at.with_timezone(&chrono::Utc)))
     });
+    let seller_id = r
+        .seller_id
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| app.seller_id.clone());
     let notice = Notice {
         channel: ChannelId::Alipay,
         kind: NoticeKind::Paid,
-        merchant_matches: true,
+        merchant_matches: seller_id == app.seller_id,
         merchant: MerchantIds {
-            merchant_id: app.seller_id.clone(),
+            merchant_id: seller_id,
             app_id: Some(app.app_id.clone()),
         },
         out_trade_no: r.out_trade_no.unwrap_or_default(),

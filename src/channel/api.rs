@@ -56,7 +56,9 @@ pub enum TradeAnswer {
     Unpaid(String),
     /// Closed at the provider: it can no longer be paid.
     Closed,
-    /// The provider never saw the trade (the buyer never opened the payment).
+    /// The provider has no such trade now (the buyer has not opened the payment). Not proof
+    /// that it cannot be paid: Alipay creates a page, WAP or QR trade only when the buyer
+    /// logs in or scans.
     NotFound,
     Failed(Failure),
 }
@@ -78,7 +80,8 @@ impl TradeAnswer {
 pub enum CloseAnswer {
     /// Closed now (or before): it can no longer be paid.
     Closed,
-    /// The provider never saw the trade.
+    /// The provider has no such trade now; as [`TradeAnswer::NotFound`], not proof that it
+    /// cannot be paid later.
     NotFound,
     /// The provider refuses because of the trade's state: paid (WeChat `ORDERPAID`), or, on
     /// Alipay, paid or already closed. Only a query tells which, with a signed answer.
@@ -161,6 +164,32 @@ pub fn install_crypto() {
         // An error means a provider is installed already; that one stays.
         let _ = rustls::crypto::ring::default_provider().install_default();
     });
+}
+
+/// Checks a provider endpoint from the configuration (`key` names it in the error): `https://`,
+/// or `http://` to a loopback address (a stand-in on this machine). Over plain HTTP anyone on
+/// the path answers for the provider, and a "closed" answer closes an order that stays payable.
+pub fn provider_url(key: &str, url: &str) -> Result<(), ConfigError> {
+    let parsed = reqwest::Url::parse(url)
+        .map_err(|e| invalid(key, format!("{url} is not an https URL: {e}")))?;
+    let loopback = match parsed.host_str() {
+        Some(host) if host.eq_ignore_ascii_case("localhost") => true,
+        Some(host) => host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    };
+    match parsed.scheme() {
+        "https" if parsed.host_str().is_some() => Ok(()),
+        "http" if loopback => Ok(()),
+        "http" => Err(invalid(
+            key,
+            format!("{url}: use https:// (plain http:// only to a loopback stand-in)"),
+        )),
+        _ => Err(invalid(key, format!("{url} is not an https URL"))),
+    }
 }
 
 /// How the provider clients connect (from `[reconcile]`).

@@ -991,12 +991,7 @@ impl WechatApi {
             let key = keys::private_key_file(&format!("{prefix}.private_key_file"), path)?;
             let base = m.api_base.clone().unwrap_or_else(|| API_BASE.to_owned());
             let base = base.trim_end_matches('/').to_owned();
-            if !(base.starts_with("https://") || base.starts_with("http://")) {
-                return Err(invalid(
-                    format!("{prefix}.api_base"),
-                    format!("{base} is not an http(s) URL"),
-                ));
-            }
+            super::api::provider_url(&format!("{prefix}.api_base"), &base)?;
             let Some(merchant) = channel
                 .keys
                 .values()
@@ -1184,10 +1179,12 @@ impl WechatApi {
                 return TradeAnswer::Failed(Failure::Unexpected(format!("query answer: {e}")));
             }
         };
-        if t.out_trade_no != out_trade_no {
+        // Every id the answer carries is checked: a signed answer about another order or
+        // merchant (replayed from elsewhere) says nothing about this one.
+        if t.out_trade_no != out_trade_no || t.mchid != m.merchant.mchid {
             return TradeAnswer::Failed(Failure::Unexpected(format!(
-                "asked about {out_trade_no}, answered about {}",
-                t.out_trade_no
+                "asked about {out_trade_no} of merchant {}, answered about {} of merchant {}",
+                m.merchant.mchid, t.out_trade_no, t.mchid
             )));
         }
         match t.trade_state.as_str() {
@@ -1245,7 +1242,9 @@ impl WechatApi {
             Err(f) => return CloseAnswer::Failed(f),
         };
         if (200..300).contains(&r.status) {
-            // WeChat answers 204 also for a trade it never saw: either way it cannot be paid.
+            // An empty 204 names no order: valid for any close of this merchant within 300 s.
+            // The caller confirms with a query (WeChat answers 204 also for a trade it never
+            // saw).
             return match self.verify(m, &r, now) {
                 Ok(()) => CloseAnswer::Closed,
                 Err(f) => CloseAnswer::Failed(f),

@@ -203,6 +203,9 @@ pub struct ReconcileSettings {
     /// How long past `expire_at` an order whose provider cannot be reached stays `WAIT_PAY`
     /// before it is closed here anyway (a later payment becomes `PAID_AFTER_CLOSE`).
     pub close_grace_secs: u64,
+    /// The longest one run of the reconcile or expiry job goes on asking; what is left is
+    /// the next run's (every 10 s), so a backlog never holds one run for its whole length.
+    pub max_run_secs: u64,
     pub connect_timeout_ms: u64,
     /// The whole request, answer included.
     pub timeout_ms: u64,
@@ -219,6 +222,7 @@ impl Default for ReconcileSettings {
             batch: 100,
             max_qps: 10,
             close_grace_secs: 3600,
+            max_run_secs: 120,
             connect_timeout_ms: 3000,
             timeout_ms: 10_000,
             ca_file: None,
@@ -508,6 +512,12 @@ impl Settings {
         }
         if !(1..=10_000).contains(&rc.max_qps) {
             return Err(invalid("reconcile.max_qps", "must be between 1 and 10000"));
+        }
+        if !(1..=3600).contains(&rc.max_run_secs) {
+            return Err(invalid(
+                "reconcile.max_run_secs",
+                "must be between 1 and 3600",
+            ));
         }
         if let Some(path) = &rc.ca_file
             && !path.is_file()

@@ -356,14 +356,14 @@ pub async fn reconcile(
             "no merchant or app has API credentials (wechat.merchants[].private_key_file, alipay.apps[].app_private_key_file)".to_owned(),
         ));
     }
-    let (reconciler, now) = (std::sync::Arc::clone(&state.reconciler), state.clock.now());
+    let reconciler = std::sync::Arc::clone(&state.reconciler);
     let order_no = order_no.into_inner();
     let found = detach(&state, async move {
         let store = reconciler.store();
         let Some(order) = store.reconcile_target(&order_no).await? else {
             return Ok(None);
         };
-        let providers = reconciler.query_order(&order, now).await?;
+        let providers = reconciler.query_order(&order).await?;
         let status = store
             .order(&order_no)
             .await?

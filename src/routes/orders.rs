@@ -271,7 +271,7 @@ pub async fn close(
         match store.reconcile_target(&order_no).await? {
             Some(order) if order.status == crate::order::OrderStatus::WaitPay => {
                 reconciler
-                    .close(&order, "api", now, false, &mut Vec::new())
+                    .close(&order, "api", false, &mut Vec::new())
                     .await
             }
             _ => Ok(Closing::Done(

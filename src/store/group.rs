@@ -220,10 +220,13 @@ impl PaymentGroup for diesel_async::AsyncPgConnection {
             else {
                 continue;
             };
-            let digest = &payments[index].digest;
+            let (notice, digest) = (&payments[index].notice, &payments[index].digest);
             outcomes[index] = if applied {
                 Some(Outcome::Applied)
-            } else if seen_digest.as_deref() == Some(digest.as_str()) {
+            } else if seen_digest
+                .as_deref()
+                .is_some_and(|seen| notice.same_content(digest, seen))
+            {
                 Some(Outcome::Duplicate)
             } else {
                 None
@@ -266,7 +269,9 @@ macro_rules! pay_each {
                                     .select(pay_callback::digest)
                                     .first(conn)
                                     .await?;
-                                return Ok((seen == digest.as_str()).then_some(Outcome::Duplicate));
+                                return Ok(n
+                                    .same_content(digest, &seen)
+                                    .then_some(Outcome::Duplicate));
                             }
                             let moved = MarkPaid::of(n, now).execute(conn).await?;
                             if moved != 1 {

@@ -106,7 +106,10 @@ impl PaymentFastPath for diesel_async::AsyncPgConnection {
         })?;
         Ok(if applied == 1 {
             Some(Outcome::Applied)
-        } else if seen_digest.as_deref() == Some(digest.as_str()) {
+        } else if seen_digest
+            .as_deref()
+            .is_some_and(|seen| n.same_content(digest, seen))
+        {
             Some(Outcome::Duplicate)
         } else {
             None
@@ -316,7 +319,7 @@ impl Store {
                         .select((pay_callback::transaction_id, pay_callback::digest))
                         .first(conn)
                         .await?;
-                    if seen_digest == digest.as_str() {
+                    if n.same_content(digest, &seen_digest) {
                         return Ok(Outcome::Duplicate);
                     }
                     if seen_txn == n.transaction_id {

@@ -14,6 +14,7 @@ use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use paynotify::channel::keys::{RsaVerifier, public_key_file};
 use paynotify::qa::forge::alipay::yuan;
 use paynotify::qa::forge::rsa_sign;
+use paynotify::time::{Clock, ManualClock};
 use serde_json::{Value, json};
 
 use crate::keys::{public_key_path, rsa_key};
@@ -30,7 +31,15 @@ const FORGER_KEY: &str = "forger";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Trade {
     NotPaid,
-    Paid { transaction_id: String, total: i64 },
+    Paid {
+        transaction_id: String,
+        total: i64,
+    },
+    /// Paid, then refunded in full (WeChat `REFUND`, Alipay `TRADE_CLOSED` with the payment).
+    Refunded {
+        transaction_id: String,
+        total: i64,
+    },
     Closed,
 }
 
@@ -43,6 +52,21 @@ pub enum Signing {
     Forger,
     /// Not at all.
     Unsigned,
+}
+
+/// What a server in the middle (or a replaying proxy) answers instead of the provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lie {
+    /// Nothing: the provider's own answers.
+    None,
+    /// A close is answered "closed" and the trade stays open: WeChat a signed empty 204
+    /// (replayed from another close), Alipay a signed success that names another order.
+    CloseKeepsTrade,
+    /// WeChat: every call answered with an unsigned `404 ORDER_NOT_EXIST`.
+    NotFoundUnsigned,
+    /// WeChat: a close answered with a replayed 204, and queries answered signed but naming
+    /// another merchant, the trade `CLOSED`.
+    OtherMerchant,
 }
 
 /// A refund that succeeded at the provider.
@@ -63,6 +87,7 @@ pub struct Fake {
     /// Answer every request only after three seconds.
     pub stall: AtomicBool,
     pub signing: Mutex<Signing>,
+    pub lie: Mutex<Lie>,
     /// Requests whose signature verified, and those that did not.
     pub verified: AtomicUsize,
     pub refused: AtomicUsize,
@@ -70,12 +95,18 @@ pub struct Fake {
     pub arrivals: Mutex<Vec<Instant>>,
     /// `(call, out_trade_no)` of every request, in order.
     pub calls: Mutex<Vec<(String, String)>>,
+    /// The provider's own clock and how far it moves after each answer (a backlog whose
+    /// calls are spread over minutes); without it, answers are stamped with the request's
+    /// timestamp.
+    clock: Mutex<Option<(Arc<ManualClock>, i64)>>,
     mchid: String,
     appid: String,
     platform_serial: String,
     platform_key: rsa::PrivateKey,
     merchant_key: RsaVerifier,
     app_id: String,
+    /// More apps the fake gateway serves (under the same seller, signing with the same key).
+    more_apps: Mutex<Vec<String>>,
     alipay_key: rsa::PrivateKey,
     app_key: RsaVerifier,
     forger: rsa::PrivateKey,
@@ -117,8 +148,40 @@ impl Fake {
             .cloned()
     }
 
+    pub fn lie(&self, lie: Lie) {
+        *self.lie.lock().expect("lie") = lie;
+    }
+
+    fn lying(&self) -> Lie {
+        *self.lie.lock().expect("lie")
+    }
+
+    /// Serves Alipay app `app_id` too.
+    pub fn also_app(&self, app_id: &str) {
+        self.more_apps.lock().expect("apps").push(app_id.to_owned());
+    }
+
     pub fn sign_with(&self, signing: Signing) {
         *self.signing.lock().expect("signing") = signing;
+    }
+
+    /// Stamps answers with `clock` and moves it `step` seconds on after each answer.
+    pub fn tick(&self, clock: Arc<ManualClock>, step: i64) {
+        *self.clock.lock().expect("clock") = Some((clock, step));
+    }
+
+    /// The provider's time now (unix seconds), if it keeps its own clock.
+    fn now(&self) -> Option<String> {
+        let clock = self.clock.lock().expect("clock");
+        clock
+            .as_ref()
+            .map(|(c, _)| c.now().unix_seconds().to_string())
+    }
+
+    fn time_passes(&self) {
+        if let Some((clock, step)) = self.clock.lock().expect("clock").as_ref() {
+            clock.advance(*step);
+        }
     }
 
     pub fn calls(&self) -> Vec<(String, String)> {
@@ -161,16 +224,19 @@ impl FakeProvider {
             down: AtomicBool::new(false),
             stall: AtomicBool::new(false),
             signing: Mutex::new(Signing::Provider),
+            lie: Mutex::new(Lie::None),
             verified: AtomicUsize::new(0),
             refused: AtomicUsize::new(0),
             arrivals: Mutex::new(Vec::new()),
             calls: Mutex::new(Vec::new()),
+            clock: Mutex::new(None),
             mchid: mchid.to_owned(),
             appid: appid.to_owned(),
             platform_serial: platform_serial.to_owned(),
             platform_key: platform,
             merchant_key: verifier(MERCHANT_KEY),
             app_id: app_id.to_owned(),
+            more_apps: Mutex::new(Vec::new()),
             alipay_key: rsa_key(alipay_key),
             app_key: verifier(APP_KEY),
             forger: rsa_key(FORGER_KEY),
@@ -207,11 +273,13 @@ async fn answer(req: HttpRequest, body: web::Bytes, fake: web::Data<Fake>) -> Ht
         return HttpResponse::ServiceUnavailable()
             .json(json!({"code": "SYSTEM_ERROR", "message": "系统繁忙"}));
     }
-    if req.path() == "/gateway.do" {
+    let answer = if req.path() == "/gateway.do" {
         alipay(&fake, &body)
     } else {
         wechat(&req, &body, &fake)
-    }
+    };
+    fake.time_passes();
+    answer
 }
 
 /// `k="v"` pairs of a WeChat `Authorization` header.
@@ -258,6 +326,9 @@ fn wechat_signed(fake: &Fake, status: u16, timestamp: &str, body: String) -> Htt
     let mut response =
         HttpResponse::build(actix_web::http::StatusCode::from_u16(status).expect("status"));
     if let Some(key) = fake.key(&fake.platform_key) {
+        // WeChat stamps an answer with its own time, not the request's.
+        let timestamp = fake.now().unwrap_or_else(|| timestamp.to_owned());
+        let timestamp = timestamp.as_str();
         let nonce = "fakeprovidernonce0000000000000001";
         let message = format!("{timestamp}\n{nonce}\n{body}\n");
         response
@@ -324,10 +395,18 @@ fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
         .to_owned(),
         no.clone(),
     ));
+    if fake.lying() == Lie::NotFoundUnsigned {
+        return wechat_error(404, "ORDER_NOT_EXIST", "订单不存在");
+    }
     let trade = fake.trade(&no);
     if close {
+        if matches!(fake.lying(), Lie::CloseKeepsTrade | Lie::OtherMerchant) {
+            return wechat_signed(fake, 204, &timestamp, String::new());
+        }
         return match trade {
-            Some(Trade::Paid { .. }) => wechat_error(400, "ORDERPAID", "订单已支付"),
+            Some(Trade::Paid { .. } | Trade::Refunded { .. }) => {
+                wechat_error(400, "ORDERPAID", "订单已支付")
+            }
             // WeChat answers 204 also for a trade it never saw.
             _ => {
                 fake.set(&no, Trade::Closed);
@@ -335,13 +414,34 @@ fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
             }
         };
     }
-    let base = json!({ "appid": fake.appid, "mchid": fake.mchid, "out_trade_no": no });
+    let mchid = match fake.lying() {
+        Lie::OtherMerchant => "1900009999".to_owned(),
+        _ => fake.mchid.clone(),
+    };
+    let base = json!({ "appid": fake.appid, "mchid": mchid, "out_trade_no": no });
+    let trade = match fake.lying() {
+        Lie::OtherMerchant => Some(Trade::Closed),
+        _ => trade,
+    };
     let answer = match trade {
         None => return wechat_error(404, "ORDER_NOT_EXIST", "订单不存在"),
         Some(Trade::NotPaid) => {
             json!({ "trade_state": "NOTPAY", "trade_state_desc": "订单未支付", "amount": { "payer_currency": "CNY" } })
         }
         Some(Trade::Closed) => json!({ "trade_state": "CLOSED", "trade_state_desc": "订单已关闭" }),
+        Some(Trade::Refunded {
+            transaction_id,
+            total,
+        }) => json!({
+            "transaction_id": transaction_id,
+            "trade_type": "JSAPI",
+            "trade_state": "REFUND",
+            "trade_state_desc": "转入退款",
+            "bank_type": "OTHERS",
+            "success_time": "2026-11-30T10:00:00+08:00",
+            "payer": { "openid": "oSandboxOpenId0000000000000" },
+            "amount": { "total": total, "payer_total": total, "currency": "CNY", "payer_currency": "CNY" }
+        }),
         Some(Trade::Paid {
             transaction_id,
             total,
@@ -367,7 +467,9 @@ fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
 fn alipay_request(body: &[u8], fake: &Fake) -> Option<HashMap<String, String>> {
     use base64::Engine;
     let params: HashMap<String, String> = form_urlencoded::parse(body).into_owned().collect();
-    if params.get("app_id")? != &fake.app_id || params.get("sign_type")? != "RSA2" {
+    let app_id = params.get("app_id")?;
+    let known = app_id == &fake.app_id || fake.more_apps.lock().expect("apps").contains(app_id);
+    if !known || params.get("sign_type")? != "RSA2" {
         return None;
     }
     let mut signed: Vec<(&String, &String)> = params
@@ -435,6 +537,11 @@ fn alipay(fake: &Fake, body: &[u8]) -> HttpResponse {
                     transaction_id,
                     total,
                 } => ("TRADE_SUCCESS", transaction_id, total),
+                // Alipay: "未付款交易超时关闭，或支付完成后全额退款".
+                Trade::Refunded {
+                    transaction_id,
+                    total,
+                } => ("TRADE_CLOSED", transaction_id, total),
             };
             let mut v = json!({"code": "10000", "msg": "Success", "out_trade_no": no, "trade_status": status, "buyer_logon_id": "159****3821"});
             if !trade_no.is_empty() {
@@ -457,6 +564,9 @@ fn alipay(fake: &Fake, body: &[u8]) -> HttpResponse {
                     "refund_status": "REFUND_SUCCESS"
                 }),
             }
+        }
+        ("alipay.trade.close", Some(Trade::NotPaid)) if fake.lying() == Lie::CloseKeepsTrade => {
+            json!({"code": "10000", "msg": "Success", "out_trade_no": "RC-SOME-OTHER-ORDER", "trade_no": "2026RC-SOME-OTHER-ORDER"})
         }
         ("alipay.trade.close", None) => not_exist,
         ("alipay.trade.close", Some(Trade::NotPaid)) => {
