@@ -20,6 +20,10 @@ use crate::store::reconcile::OrderAtProvider;
 use crate::store::{Store, StoreError};
 use crate::time::{Clock, Timestamp};
 
+/// `Said::ledger` of a paid answer whose payment was handed to a group that did not answer in
+/// time: it may still commit.
+pub const UNDECIDED: &str = "undecided";
+
 /// The longest wait between two close attempts of an order whose provider is unreachable.
 const MAX_CLOSE_BACKOFF_SECS: i64 = 600;
 
@@ -197,7 +201,16 @@ impl Reconciler {
         let mut said = self.said(api, account, ProviderCall::Query, answer.label(), detail);
         match answer {
             TradeAnswer::Paid(notice) => {
-                said.ledger = Some(self.apply(&notice, self.clock.now()).await?.as_str());
+                said.ledger = Some(match self.apply(&notice, self.clock.now()).await {
+                    Ok(outcome) => outcome.as_str(),
+                    // Its group did not answer in time and may still commit: neither applied
+                    // nor failed. The next run (or the notification) finds what it did.
+                    Err(StoreError::Undecided(why)) => {
+                        tracing::warn!(order_no, %why, "recovered payment not decided in time");
+                        UNDECIDED
+                    }
+                    Err(e) => return Err(e),
+                });
             }
             TradeAnswer::Failed(f) => self.failed(order_no, &said, &f),
             _ => {}
@@ -271,6 +284,8 @@ impl Reconciler {
     ) -> Result<Closing, StoreError> {
         let accounts = self.accounts_for(order);
         let mut unanswered = false;
+        // A provider said paid and its payment may still be committing: never close now.
+        let mut paying = false;
         // A provider that has no trade for it (yet): see above.
         let mut absent = false;
         for (api, account) in &accounts {
@@ -289,6 +304,7 @@ impl Reconciler {
                 CloseAnswer::Closed | CloseAnswer::NotFound | CloseAnswer::NotClosable => {
                     let queried = self.query_one(*api, account, &order.order_no).await?;
                     match queried.answer {
+                        "paid" if queried.ledger == Some(UNDECIDED) => paying = true,
                         "paid" | "closed" => {}
                         "not_found" => absent = true,
                         _ => unanswered = true,
@@ -304,6 +320,16 @@ impl Reconciler {
             }
         }
         let now = self.clock.now();
+        if paying {
+            // Asked again soon: by then the payment is in, and the order is not closable.
+            self.store
+                .query_again_at(&order.order_no, now.plus_seconds(10), true)
+                .await?;
+            if grace {
+                self.metrics.expired(ExpiryResult::Retried);
+            }
+            return Ok(Closing::Pending);
+        }
         if unanswered || absent {
             let deadline = order.expire_at.plus_seconds(self.close_grace_secs);
             let past = now.unix_seconds() >= deadline.unix_seconds();

@@ -1314,3 +1314,80 @@ async fn wechat_paid_then_refunded_at_the_provider_is_a_payment(backend: Backend
 async fn alipay_paid_then_refunded_at_the_provider_is_a_payment(backend: Backend) {
     paid_then_refunded_at_the_provider_is_a_payment(backend, "alipay").await;
 }
+
+/// A paid answer whose payment is handed to a group that does not answer in time (it may
+/// still commit): the admin endpoint says `undecided` instead of failing, and closing the
+/// order waits for the payment rather than closing an order that is being paid. MySQL and
+/// SQLite, where a lock wait outlasts the caller's deadline (see `commit.rs`).
+async fn a_recovered_payment_not_decided_in_time_is_undecided_and_never_closed(backend: Backend) {
+    let fake = fake().await;
+    let url = fake.url.clone();
+    let app = spawn_app_with(backend, move |s| {
+        configure(s, &url);
+        s.database.acquire_timeout_ms = 100;
+        s.database.statement_timeout_ms = 200;
+    })
+    .await;
+    for no in ["RC-LATE-1", "RC-LATE-2"] {
+        create(&app, no, 19900, "wechat").await;
+        fake.state.set(
+            no,
+            Trade::Paid {
+                transaction_id: transaction_id("wechat", no),
+                total: 19900,
+            },
+        );
+    }
+    let hold = std::time::Duration::from_millis(800);
+
+    let lock = app.db.hold_write_lock("RC-LATE-1", hold).await;
+    let response = app
+        .client
+        .post(app.url("/admin/orders/RC-LATE-1/reconcile"))
+        .bearer_auth(&app.api_token)
+        .send()
+        .await
+        .expect("reconcile");
+    assert_eq!(response.status(), 200);
+    let body: serde_json::Value = response.json().await.expect("json");
+    assert_eq!(body["providers"][0]["answer"], "paid", "{body}");
+    assert_eq!(body["providers"][0]["ledger"], "undecided", "{body}");
+    lock.await.expect("lock holder");
+    let paid = crate::helpers::eventually(std::time::Duration::from_secs(5), || async {
+        app.status_of("RC-LATE-1").await == "PAID"
+    })
+    .await;
+    assert!(paid, "the group committed once the lock was gone");
+
+    let lock = app.db.hold_write_lock("RC-LATE-2", hold).await;
+    let closed = app
+        .client
+        .post(app.url("/orders/RC-LATE-2/close"))
+        .bearer_auth(&app.api_token)
+        .send()
+        .await
+        .expect("close");
+    assert_eq!(
+        closed.status(),
+        503,
+        "not closed while its payment may be committing"
+    );
+    lock.await.expect("lock holder");
+    let paid = crate::helpers::eventually(std::time::Duration::from_secs(5), || async {
+        app.status_of("RC-LATE-2").await == "PAID"
+    })
+    .await;
+    assert!(paid, "paid, never closed");
+    assert_eq!(app.messages("ORDER_CLOSED").await, 0);
+    assert_eq!(app.messages("ORDER_PAID").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_recovered_payment_not_decided_in_time_is_undecided_and_never_closed() {
+    a_recovered_payment_not_decided_in_time_is_undecided_and_never_closed(Backend::Mysql).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_recovered_payment_not_decided_in_time_is_undecided_and_never_closed() {
+    a_recovered_payment_not_decided_in_time_is_undecided_and_never_closed(Backend::Sqlite).await
+}
