@@ -10,8 +10,8 @@ use paynotify::qa::forge::alipay::{self, Sandbox, encode_form, sign_content, yua
 use paynotify::time::Clock;
 use tokio::sync::Barrier;
 
-use crate::helpers::{Backend, TestApp, post_delivery, spawn_app_with, wechat_paid};
-use crate::keys::{certificate, public_key_path, rsa_key};
+use crate::support::helpers::{Backend, TestApp, post_delivery, spawn_app_with, wechat_paid};
+use crate::support::keys::{certificate, public_key_path, rsa_key};
 
 const APP: &str = "2021000000000001";
 const SELLER: &str = "2088000000000001";
@@ -92,7 +92,7 @@ async fn assert_refused(app: &TestApp, d: &Delivery, status: u16) {
     assert_eq!(app.db.count("local_message").await, 0);
 }
 
-crate::on_both_backends!(
+crate::on_every_backend!(
     a_valid_payment_marks_the_order_paid,
     twenty_concurrent_identical_deliveries_make_one_transition,
     trade_finished_after_trade_success_is_the_same_payment,

@@ -12,7 +12,7 @@ use paynotify::notice::{NoticeKind, RefundAmount};
 use paynotify::qa::forge::alipay::sign_content;
 use paynotify::time::{Clock, SystemClock};
 
-use crate::helpers::read_json;
+use crate::support::helpers::read_json;
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/alipay")

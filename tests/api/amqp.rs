@@ -18,7 +18,7 @@ use paynotify::relay::sink::Sink;
 use paynotify::relay::sinks::AmqpSink;
 use paynotify::time::Clock;
 
-use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with_jobs};
+use crate::support::helpers::{Backend, TestApp, spawn_app, spawn_app_with_jobs};
 
 static VHOST: AtomicU32 = AtomicU32::new(0);
 const EXCHANGE: &str = "paynotify.events";
@@ -601,7 +601,7 @@ fn amqp_settings_mistakes_are_named() {
         ("not a url", "paynotify.events", "relay.amqp_url"),
         ("amqp://127.0.0.1/%2f", "", "relay.amqp_exchange"),
     ] {
-        let mut settings = crate::helpers::test_settings("sqlite://x.db");
+        let mut settings = crate::support::helpers::test_settings("sqlite://x.db");
         settings.relay.sink = SinkKind::Amqp;
         settings.relay.amqp_url = Secret::new(url);
         settings.relay.amqp_exchange = exchange.to_owned();

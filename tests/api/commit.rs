@@ -9,10 +9,10 @@
 use paynotify::notice::{ChannelId, Notice, NoticeKind, Outcome, Refund, RefundAmount};
 use paynotify::time::Clock;
 
-use crate::helpers::{Backend, TestApp, TestDb, spawn_app, spawn_app_with};
-use crate::test_channel::{TestNotification, deliver};
+use crate::support::helpers::{Backend, TestApp, TestDb, spawn_app, spawn_app_with};
+use crate::support::test_channel::{TestNotification, deliver};
 
-crate::on_both_backends!(
+crate::on_every_backend!(
     a_payment_refused_at_commit_is_never_applied,
     a_payment_whose_group_is_refused_at_commit_is_never_applied,
     a_notification_refused_at_commit_is_not_answered_success,
@@ -49,6 +49,19 @@ async fn allow_commits_on(db: &TestDb, table: &str) {
         _ => format!("DROP TRIGGER refuse_{table}"),
     };
     db.execute(&sql).await;
+}
+
+/// The outcome of every receipt stored, newest first.
+async fn receipt_outcomes(app: &TestApp) -> Vec<String> {
+    let receipts = app
+        .store
+        .receipts(&paynotify::store::receipts::ReceiptFilter {
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .expect("receipts");
+    receipts.into_iter().map(|r| r.outcome).collect()
 }
 
 fn paid(order_no: &str) -> Notice {
@@ -127,15 +140,7 @@ async fn a_notification_refused_at_commit_is_not_answered_success(backend: Backe
         1,
         "the refusal leaves a receipt"
     );
-    let receipts = app
-        .store
-        .receipts(&paynotify::store::receipts::ReceiptFilter {
-            limit: 10,
-            ..Default::default()
-        })
-        .await
-        .expect("receipts");
-    assert_eq!(receipts[0].outcome, "db_error", "{receipts:?}");
+    assert_eq!(receipt_outcomes(&app).await, ["db_error"]);
 
     allow_commits_on(&app.db, "pay_callback").await;
     let (status, body) = deliver(&app, &notification).await;
@@ -270,18 +275,9 @@ async fn a_group_past_its_deadline_is_answered_undecided(backend: Backend) {
     lock.await.expect("lock holder");
 
     assert_eq!(app.receipts_stored(1).await, 1, "the 503 leaves a receipt");
-    let receipts = app
-        .store
-        .receipts(&paynotify::store::receipts::ReceiptFilter {
-            limit: 10,
-            ..Default::default()
-        })
-        .await
-        .expect("receipts");
-    let outcomes: Vec<&str> = receipts.iter().map(|r| r.outcome.as_str()).collect();
-    assert_eq!(outcomes, ["undecided"], "{receipts:?}");
+    assert_eq!(receipt_outcomes(&app).await, ["undecided"]);
     assert_eq!(
-        crate::helpers::metric(
+        crate::support::helpers::metric(
             &app,
             "paynotify_notifications_total",
             &["wechat", "undecided"]
@@ -290,7 +286,7 @@ async fn a_group_past_its_deadline_is_answered_undecided(backend: Backend) {
     );
 
     // The group committed after its caller stopped waiting; the retry is a duplicate.
-    let paid = crate::helpers::eventually(std::time::Duration::from_secs(5), || async {
+    let paid = crate::support::helpers::eventually(std::time::Duration::from_secs(5), || async {
         app.status_of("O-D").await == "PAID"
     })
     .await;
@@ -301,7 +297,7 @@ async fn a_group_past_its_deadline_is_answered_undecided(backend: Backend) {
 }
 
 mod deadline {
-    use crate::helpers::Backend;
+    use crate::support::helpers::Backend;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mysql_a_group_past_its_deadline_is_answered_undecided() {

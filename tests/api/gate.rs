@@ -10,8 +10,8 @@ use actix_web::http::StatusCode;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Barrier, watch};
 
-use crate::helpers::{Backend, TestApp, metric, spawn_app_with};
-use crate::test_channel::{TestNotification, deliver};
+use crate::support::helpers::{Backend, TestApp, metric, spawn_app_with};
+use crate::support::test_channel::{TestNotification, deliver};
 
 const REDIS: &str = "redis://127.0.0.1:6379";
 static PREFIX: AtomicU32 = AtomicU32::new(0);
@@ -106,7 +106,7 @@ async fn at_once(app: &Arc<TestApp>, notices: Vec<TestNotification>) -> Vec<Stat
     statuses
 }
 
-crate::on_both_backends!(fifty_concurrent_deliveries_one_transition_duplicates_from_the_cache);
+crate::on_every_backend!(fifty_concurrent_deliveries_one_transition_duplicates_from_the_cache);
 
 async fn fifty_concurrent_deliveries_one_transition_duplicates_from_the_cache(backend: Backend) {
     let prefix = prefix();
@@ -303,7 +303,7 @@ async fn redis_cut_mid_storm_stays_exactly_once_and_recovers() {
     for t in storm {
         statuses.extend(t.await.expect("worker"));
     }
-    crate::helpers::assert_storm_answers(&statuses);
+    crate::support::helpers::assert_storm_answers(&statuses);
     assert_eq!(
         app.messages("ORDER_PAID").await,
         6,

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use actix_web::http::StatusCode;
 use tokio::sync::Barrier;
 
-use crate::helpers::{Backend, TestApp, eventually, metric, spawn_app_with};
-use crate::test_channel::{TestNotification, deliver};
+use crate::support::helpers::{Backend, TestApp, eventually, metric, spawn_app_with};
+use crate::support::test_channel::{TestNotification, deliver};
 
 /// Three cluster masters on 127.0.0.1; every node is killed on drop.
 struct OwnCluster {
@@ -307,7 +307,7 @@ async fn a_cluster_node_killed_mid_storm_leaves_exactly_once_intact() {
     for t in storm {
         statuses.extend(t.await.expect("worker"));
     }
-    crate::helpers::assert_storm_answers(&statuses);
+    crate::support::helpers::assert_storm_answers(&statuses);
     assert_eq!(
         app.messages("ORDER_PAID").await,
         orders.len() as i64,

@@ -2,9 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::helpers::{Backend, spawn_app, spawn_app_with};
+use crate::support::helpers::{Backend, spawn_app, spawn_app_with};
 
-crate::on_both_backends!(ready_when_the_database_answers);
+crate::on_every_backend!(ready_when_the_database_answers);
 
 async fn ready_when_the_database_answers(backend: Backend) {
     let app = spawn_app(backend).await;
@@ -85,7 +85,7 @@ async fn an_exhausted_pool_is_a_quick_503_not_a_hang() {
         tokio::spawn(async move {
             client
                 .get(url)
-                .bearer_auth(crate::helpers::API_TOKEN)
+                .bearer_auth(crate::support::helpers::API_TOKEN)
                 .send()
                 .await
         })

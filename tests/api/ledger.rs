@@ -10,10 +10,10 @@ use paynotify::store::ledger::CloseResult;
 use paynotify::time::Clock;
 use tokio::sync::Barrier;
 
-use crate::helpers::{Backend, TestApp, spawn_app};
-use crate::test_channel::TestNotification;
+use crate::support::helpers::{Backend, TestApp, spawn_app};
+use crate::support::test_channel::TestNotification;
 
-crate::on_both_backends!(
+crate::on_every_backend!(
     fifty_concurrent_deliveries_make_exactly_one_transition,
     five_hundred_mixed_notices_at_once_each_get_their_answer_and_rows,
     five_hundred_mixed_notices_without_group_apply,
@@ -150,7 +150,7 @@ async fn five_hundred_mixed_notices_without_group_apply(backend: Backend) {
 async fn five_hundred_mixed_notices(backend: Backend, group_apply_max: u32) -> TestApp {
     // 500 notices queue for 8 connections: generous waits, so a machine busy with other
     // work slows this test down instead of turning a wait into a 503.
-    let app = crate::helpers::spawn_app_with(backend, |s| {
+    let app = crate::support::helpers::spawn_app_with(backend, |s| {
         s.database.acquire_timeout_ms = 60_000;
         s.database.statement_timeout_ms = 60_000;
         s.database.group_apply_max = group_apply_max;
@@ -299,7 +299,7 @@ async fn five_hundred_mixed_notices(backend: Backend, group_apply_max: u32) -> T
 /// all there: one callback row, one `PAID` order and one `ORDER_PAID` per order, stamped with
 /// the notice's own time.
 async fn payments_released_together_share_groups_and_each_commits_once(backend: Backend) {
-    let app = crate::helpers::spawn_app_with(backend, |s| {
+    let app = crate::support::helpers::spawn_app_with(backend, |s| {
         s.database.acquire_timeout_ms = 60_000;
         s.database.statement_timeout_ms = 60_000;
         s.database.group_apply_max = 16;
@@ -375,7 +375,7 @@ async fn payments_released_together_share_groups_and_each_commits_once(backend: 
 /// group's outbox insert fails) is undone and its payments are applied one by one: the one
 /// that cannot be written fails alone, every other one is applied.
 async fn a_failed_group_is_retried_payment_by_payment(backend: Backend) {
-    let app = crate::helpers::spawn_app_with(backend, |s| {
+    let app = crate::support::helpers::spawn_app_with(backend, |s| {
         s.database.acquire_timeout_ms = 60_000;
         s.database.statement_timeout_ms = 60_000;
     })
@@ -1073,7 +1073,7 @@ async fn state_never_moves_backwards(backend: Backend) {
 /// again; nothing is written, and the retry after the database is free applies each once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_that_times_out_is_503_for_all_and_not_retried_alone() {
-    let app = crate::helpers::spawn_app_with(Backend::Postgres, |s| {
+    let app = crate::support::helpers::spawn_app_with(Backend::Postgres, |s| {
         s.database.statement_timeout_ms = 300;
     })
     .await;

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use actix_web::http::StatusCode;
 use tokio::sync::Barrier;
 
-use crate::helpers::{Backend, spawn_app, spawn_app_with};
-use crate::test_channel::{TestNotification, deliver, send_raw, sign};
+use crate::support::helpers::{Backend, spawn_app, spawn_app_with};
+use crate::support::test_channel::{TestNotification, deliver, send_raw, sign};
 
-crate::on_both_backends!(
+crate::on_every_backend!(
     first_and_repeated_deliveries_are_acknowledged_alike,
     a_conflict_is_409_in_the_providers_shape,
     an_unverified_notification_writes_nothing,
@@ -131,7 +131,11 @@ async fn database_down_is_503_so_the_provider_retries() {
 
 /// Sends `request` on a socket of its own, waits `after`, then resets the connection (linger
 /// 0), as a provider that gives up does.
-async fn hang_up(app: &crate::helpers::TestApp, request: String, after: std::time::Duration) {
+async fn hang_up(
+    app: &crate::support::helpers::TestApp,
+    request: String,
+    after: std::time::Duration,
+) {
     use tokio::io::AsyncWriteExt;
     let address = app.address.trim_start_matches("http://");
     let mut socket = tokio::net::TcpStream::connect(address)
@@ -147,7 +151,7 @@ async fn hang_up(app: &crate::helpers::TestApp, request: String, after: std::tim
 }
 
 /// After a hang-up: the service still answers every request, on every pooled connection.
-async fn service_still_works(app: &crate::helpers::TestApp, prefix: &str) {
+async fn service_still_works(app: &crate::support::helpers::TestApp, prefix: &str) {
     for i in 0..6 {
         let no = format!("{prefix}-{i}");
         app.create_order(&no, 100).await;
@@ -166,7 +170,7 @@ async fn a_notification_whose_caller_hangs_up_is_still_applied_once(backend: Bac
     let request = format!(
         "POST {} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Test-Signature: {signature}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        crate::test_channel::PATH,
+        crate::support::test_channel::PATH,
         body.len()
     );
     let lock = app
@@ -203,12 +207,13 @@ async fn an_order_whose_caller_hangs_up_is_still_created(backend: Backend) {
     // PostgreSQL, MySQL: a row lock does not block an insert of another order, so lock the
     // table.
     let lock = match &*app.db {
-        crate::helpers::TestDb::Postgres { .. } | crate::helpers::TestDb::Mysql { .. } => {
+        crate::support::helpers::TestDb::Postgres { .. }
+        | crate::support::helpers::TestDb::Mysql { .. } => {
             app.db
                 .hold_table_lock("orders", std::time::Duration::from_millis(1500))
                 .await
         }
-        crate::helpers::TestDb::Sqlite { .. } => {
+        crate::support::helpers::TestDb::Sqlite { .. } => {
             app.db
                 .hold_write_lock("N-LOCKED", std::time::Duration::from_millis(1500))
                 .await
@@ -261,7 +266,11 @@ async fn a_failing_statement_is_500_and_counted_apart_from_an_unreachable_databa
             "the cause is not sent: {body}"
         );
         let count = |outcome| {
-            crate::helpers::metric(&app, "paynotify_notifications_total", &["wechat", outcome])
+            crate::support::helpers::metric(
+                &app,
+                "paynotify_notifications_total",
+                &["wechat", outcome],
+            )
         };
         assert_eq!(
             (count("db_error"), count("db_unavailable")),

@@ -1,6 +1,6 @@
 //! The OpenAPI document: generated from the code, committed in docs/, served at /openapi.json.
 
-use crate::helpers::{Backend, spawn_app};
+use crate::support::helpers::{Backend, spawn_app};
 
 const COMMITTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json");
 
@@ -69,7 +69,7 @@ async fn every_endpoint_is_documented_and_the_document_is_served() {
     let order = &served["components"]["schemas"]["Order"]["properties"];
     let mut keys: Vec<&String> = order.as_object().expect("Order schema").keys().collect();
     keys.sort();
-    assert_eq!(keys, crate::helpers::ORDER_KEYS);
+    assert_eq!(keys, crate::support::helpers::ORDER_KEYS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use serde_json::json;
 use tokio::sync::Barrier;
 
-use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
+use crate::support::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
 
-crate::on_both_backends!(
+crate::on_every_backend!(
     a_replay_with_the_same_key_returns_identical_bytes,
     the_same_key_with_another_body_is_422,
     an_existing_order_without_a_key_is_409,
@@ -150,7 +150,7 @@ async fn an_order_has_every_key_and_404_when_missing(backend: Backend) {
     let order = app.get_order("P-K").await;
     let mut keys: Vec<_> = order.as_object().expect("object").keys().cloned().collect();
     keys.sort();
-    assert_eq!(keys, crate::helpers::ORDER_KEYS);
+    assert_eq!(keys, crate::support::helpers::ORDER_KEYS);
     assert_eq!(order["created_at"], "2026-11-30T08:00:00Z");
     assert!(order["paid_at"].is_null());
     let missing = app
@@ -181,9 +181,9 @@ async fn close_moves_only_unpaid_orders(backend: Backend) {
     assert_eq!(app.messages("ORDER_CLOSED").await, 1);
 
     app.create_order("P-PAID", 100).await;
-    crate::test_channel::deliver(
+    crate::support::test_channel::deliver(
         &app,
-        &crate::test_channel::TestNotification::paid("P-PAID", "T", 100),
+        &crate::support::test_channel::TestNotification::paid("P-PAID", "T", 100),
     )
     .await;
     assert_eq!(close("P-PAID").await.expect("close").status(), 409);

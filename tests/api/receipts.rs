@@ -9,7 +9,7 @@ use paynotify::qa::forge::Delivery;
 use paynotify::store::receipts::{NewReceipt, ReceiptFilter, StoredReceipt};
 use serde_json::Value;
 
-use crate::helpers::{Backend, TestApp, metric, spawn_app_with};
+use crate::support::helpers::{Backend, TestApp, metric, spawn_app_with};
 use crate::wechat::{APIV3_A, paid, pay, sandbox, settings};
 
 use std::sync::Arc;
@@ -40,7 +40,7 @@ async fn all_receipts(app: &TestApp) -> Vec<StoredReceipt> {
         .expect("receipts")
 }
 
-crate::on_both_backends!(
+crate::on_every_backend!(
     a_body_reserialised_by_a_proxy_is_refused_and_kept_as_it_arrived,
     accepted_notifications_leave_no_receipt_unless_store_is_all,
     receipts_never_contain_configured_secrets,
@@ -368,7 +368,7 @@ async fn explain_names_the_reserialised_body_as_the_failing_check(backend: Backe
     let original = paid(&app, &sandbox('A'), "RE-1", 100);
     assert_eq!(pay(&app, &reserialised(&original)).await.0, 401);
     app.receipts_stored(1).await;
-    let mut config = crate::helpers::test_settings(app.db.url());
+    let mut config = crate::support::helpers::test_settings(app.db.url());
     config.wechat = settings();
     let report = explain_last(&app, &config).await;
     let text = report.to_string();
@@ -419,8 +419,8 @@ async fn explain_names_an_alipay_body_reencoded_from_gbk_to_utf8(backend: Backen
     set(&mut fields, "subject", "年货礼盒 A+B");
     let content = paynotify::qa::forge::alipay::sign_content(&fields, false);
     let (content, _, _) = encoding_rs::GBK.encode(&content);
-    let sign =
-        paynotify::qa::forge::rsa_sign(&crate::keys::rsa_key("alipay"), &content).expect("sign");
+    let sign = paynotify::qa::forge::rsa_sign(&crate::support::keys::rsa_key("alipay"), &content)
+        .expect("sign");
     fields.push(("sign".into(), sign));
     fields.push(("sign_type".into(), "RSA2".into()));
     // A framework decoded the GBK body and encoded it again as UTF-8.
@@ -434,7 +434,7 @@ async fn explain_names_an_alipay_body_reencoded_from_gbk_to_utf8(backend: Backen
     let (status, body) = crate::alipay::send(&app, &d).await;
     assert_eq!((status, body.as_str()), (401, "fail"));
     app.receipts_stored(1).await;
-    let mut config = crate::helpers::test_settings(app.db.url());
+    let mut config = crate::support::helpers::test_settings(app.db.url());
     config.alipay = crate::alipay::settings();
     let report = explain_last(&app, &config).await;
     let failed = report.first_failure().expect("a failed check");
@@ -466,7 +466,7 @@ async fn the_explain_command_names_the_failing_check_for_a_receipt_and_a_saved_r
              [[wechat.merchants.platform_keys]]\nserial = \"PUB_KEY_ID_0000000000000000000000000000000A\"\n\
              public_key_file = \"{}\"\n",
             app.db.url(),
-            crate::keys::public_key_path("wechat-a").display()
+            crate::support::keys::public_key_path("wechat-a").display()
         ),
     )
     .expect("config");

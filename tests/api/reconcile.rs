@@ -11,9 +11,11 @@ use paynotify::jobs::expire_orders;
 use paynotify::metrics::Metrics;
 use paynotify::time::Clock;
 
-use crate::helpers::{Backend, TestApp, spawn_app_with};
-use crate::keys::{private_key_path, rsa_key};
-use crate::provider::{APP_KEY, FakeProvider, Lie, MERCHANT_KEY, MERCHANT_SERIAL, Signing, Trade};
+use crate::support::helpers::{Backend, TestApp, spawn_app_with};
+use crate::support::keys::{private_key_path, rsa_key};
+use crate::support::provider::{
+    APP_KEY, FakeProvider, Lie, MERCHANT_KEY, MERCHANT_SERIAL, Signing, Trade,
+};
 
 const MCHID: &str = "1900000001";
 const APP_ID: &str = "2021000000000001";
@@ -56,8 +58,29 @@ fn configure(s: &mut Settings, url: &str) {
 }
 
 async fn app_with(backend: Backend, fake: &FakeProvider) -> TestApp {
+    app_configured(backend, fake, |_| {}).await
+}
+
+/// [`app_with`], then `more` settings of the test's own.
+async fn app_configured(
+    backend: Backend,
+    fake: &FakeProvider,
+    more: impl FnOnce(&mut Settings),
+) -> TestApp {
     let url = fake.url.clone();
-    spawn_app_with(backend, move |s| configure(s, &url)).await
+    spawn_app_with(backend, move |s| {
+        configure(s, &url);
+        more(s);
+    })
+    .await
+}
+
+/// One reconcile run now: the payments it recovered.
+async fn reconcile_now(app: &TestApp) -> usize {
+    app.reconciler
+        .reconcile_due(app.clock.now())
+        .await
+        .expect("reconcile")
 }
 
 /// Creates an order that only `channel`'s account is asked about.
@@ -123,22 +146,10 @@ async fn lost_notification_recovered(backend: Backend, channel: &str) {
     );
     // Too young to ask about.
     app.clock.advance(AFTER_SECS - 1);
-    assert_eq!(
-        app.reconciler
-            .reconcile_due(app.clock.now())
-            .await
-            .expect("reconcile"),
-        0
-    );
+    assert_eq!(reconcile_now(&app).await, 0);
     assert!(fake.state.calls().is_empty());
     app.clock.advance(1);
-    assert_eq!(
-        app.reconciler
-            .reconcile_due(app.clock.now())
-            .await
-            .expect("reconcile"),
-        1
-    );
+    assert_eq!(reconcile_now(&app).await, 1);
     assert_eq!(app.status_of(&no).await, "PAID");
     assert_eq!(app.messages("ORDER_PAID").await, 1);
     assert_eq!(calls(&app, channel, "query", "paid"), 1);
@@ -161,13 +172,7 @@ async fn lost_notification_recovered(backend: Backend, channel: &str) {
     assert_eq!(app.messages("PAYMENT_ANOMALY").await, 0);
     // Paid: never asked about again.
     app.clock.advance(3600);
-    assert_eq!(
-        app.reconciler
-            .reconcile_due(app.clock.now())
-            .await
-            .expect("reconcile"),
-        0
-    );
+    assert_eq!(reconcile_now(&app).await, 0);
     assert_eq!(fake.state.calls().len(), 1);
 }
 
@@ -180,13 +185,7 @@ async fn expiry_closes_at_the_provider_first(backend: Backend, channel: &str) {
     fake.state.set(&unpaid, Trade::NotPaid);
     // Queried shortly before expiry: the next query is due after it, the close is not held back.
     app.clock.advance(EXPIRE_SECS - 10);
-    assert_eq!(
-        app.reconciler
-            .reconcile_due(app.clock.now())
-            .await
-            .expect("reconcile"),
-        0
-    );
+    assert_eq!(reconcile_now(&app).await, 0);
     assert_eq!(calls(&app, channel, "query", "unpaid"), 1);
     assert_eq!(calls(&app, channel, "query", "not_found"), 1);
     app.clock.advance(11);
@@ -335,7 +334,7 @@ async fn alipay_provider_down_keeps_the_order_open_until_the_grace_period(backen
     provider_down_then_closed_after_the_grace_period(backend, "alipay").await;
 }
 
-crate::on_both_backends!(
+crate::on_every_backend!(
     wechat_lost_notification_is_recovered_by_query,
     alipay_lost_notification_is_recovered_by_query,
     wechat_expiry_closes_at_the_provider_first,
@@ -375,13 +374,7 @@ async fn unverified_answers_change_nothing(signing: Signing, result: &str) {
         );
         fake.state.sign_with(signing);
         app.clock.advance(AFTER_SECS);
-        assert_eq!(
-            app.reconciler
-                .reconcile_due(app.clock.now())
-                .await
-                .expect("reconcile"),
-            0
-        );
+        assert_eq!(reconcile_now(&app).await, 0);
         assert_eq!(app.status_of(&no).await, "WAIT_PAY", "{channel}");
         assert_eq!(calls(&app, channel, "query", result), 1, "{channel}");
         assert_eq!(app.db.count("pay_callback").await, 0);
@@ -415,10 +408,7 @@ async fn the_rate_limit_holds() {
     }
     app.clock.advance(AFTER_SECS);
     let started = Instant::now();
-    app.reconciler
-        .reconcile_due(app.clock.now())
-        .await
-        .expect("reconcile");
+    reconcile_now(&app).await;
     let elapsed = started.elapsed();
     let arrivals = fake.state.arrivals.lock().expect("arrivals").clone();
     assert_eq!(arrivals.len(), ORDERS);
@@ -521,7 +511,7 @@ async fn the_admin_endpoint_asks_now_and_says_what_each_provider_answered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queries_go_over_https_trusting_the_configured_ca() {
-    use crate::provider::TlsFront;
+    use crate::support::provider::TlsFront;
 
     let fake = fake().await;
     let front = TlsFront::start(fake.port).await;
@@ -560,13 +550,7 @@ async fn queries_go_over_https_trusting_the_configured_ca() {
     create(&app, "RC-TLS-W", 100, "wechat").await;
     create(&app, "RC-TLS-A", 100, "alipay").await;
     app.clock.advance(AFTER_SECS);
-    assert_eq!(
-        app.reconciler
-            .reconcile_due(app.clock.now())
-            .await
-            .expect("reconcile"),
-        2
-    );
+    assert_eq!(reconcile_now(&app).await, 2);
     assert_eq!(app.status_of("RC-TLS-W").await, "PAID");
     assert_eq!(app.status_of("RC-TLS-A").await, "PAID");
     assert_eq!(fake.state.verified.load(Ordering::SeqCst), 2);
@@ -592,10 +576,7 @@ async fn a_provider_that_hangs_or_refuses_connections_is_unreachable() {
     );
     app.clock.advance(AFTER_SECS);
     let started = Instant::now();
-    app.reconciler
-        .reconcile_due(app.clock.now())
-        .await
-        .expect("reconcile");
+    reconcile_now(&app).await;
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "{:?}",
@@ -683,8 +664,8 @@ async fn api_credential_mistakes_stop_start_up_naming_the_key() {
         ),
     ];
     for (key, mistake) in cases {
-        let db = crate::helpers::TestDb::create(Backend::Sqlite).await;
-        let mut settings = crate::helpers::test_settings(db.url());
+        let db = crate::support::helpers::TestDb::create(Backend::Sqlite).await;
+        let mut settings = crate::support::helpers::test_settings(db.url());
         configure(&mut settings, "http://127.0.0.1:1");
         mistake(&mut settings);
         let built = match settings.validate() {
@@ -708,7 +689,7 @@ async fn refund_queries_answer_with_what_the_refund_notification_would_carry() {
     use paynotify::channel::api::RefundAnswer;
     use paynotify::notice::ChannelId;
 
-    use crate::provider::Refunded;
+    use crate::support::provider::Refunded;
 
     paynotify::telemetry::init_for_tests();
     let fake = fake().await;
@@ -850,10 +831,7 @@ async fn an_order_may_name_only_a_configured_merchant_or_app() {
         .expect("POST /orders");
     assert_eq!(response.status(), 201);
     app.clock.advance(AFTER_SECS);
-    app.reconciler
-        .reconcile_due(app.clock.now())
-        .await
-        .expect("reconcile");
+    reconcile_now(&app).await;
     assert!(fake.state.calls().is_empty());
 }
 
@@ -877,9 +855,7 @@ async fn paid_backlog(app: &TestApp, fake: &FakeProvider, tag: &str, n: usize) -
 
 async fn a_backlog_longer_than_the_answer_window_still_gets_verified_answers(backend: Backend) {
     let fake = fake().await;
-    let url = fake.url.clone();
-    let app = spawn_app_with(backend, move |s| {
-        configure(s, &url);
+    let app = app_configured(backend, &fake, |s| {
         s.reconcile.max_run_secs = 3600;
     })
     .await;
@@ -888,13 +864,7 @@ async fn a_backlog_longer_than_the_answer_window_still_gets_verified_answers(bac
     // 160 s pass between two answers: the last one comes 480 s after the run began, well
     // outside WeChat's 300 s window around the run's start.
     fake.state.tick(app.clock.clone(), 160);
-    assert_eq!(
-        app.reconciler
-            .reconcile_due(app.clock.now())
-            .await
-            .expect("reconcile"),
-        4
-    );
+    assert_eq!(reconcile_now(&app).await, 4);
     assert_eq!(calls(&app, "wechat", "query", "bad_signature"), 0);
     for no in &orders {
         assert_eq!(app.status_of(no).await, "PAID", "{no}");
@@ -904,9 +874,7 @@ async fn a_backlog_longer_than_the_answer_window_still_gets_verified_answers(bac
 
 async fn a_reconcile_run_stops_at_its_bound_and_the_next_run_goes_on(backend: Backend) {
     let fake = fake().await;
-    let url = fake.url.clone();
-    let app = spawn_app_with(backend, move |s| {
-        configure(s, &url);
+    let app = app_configured(backend, &fake, |s| {
         s.reconcile.max_run_secs = 300;
     })
     .await;
@@ -914,23 +882,11 @@ async fn a_reconcile_run_stops_at_its_bound_and_the_next_run_goes_on(backend: Ba
     app.clock.advance(AFTER_SECS);
     fake.state.tick(app.clock.clone(), 160);
     // Asked at +0 and +160 s; at +320 s the run is past its 300 s and stops.
-    assert_eq!(
-        app.reconciler
-            .reconcile_due(app.clock.now())
-            .await
-            .expect("reconcile"),
-        2
-    );
+    assert_eq!(reconcile_now(&app).await, 2);
     assert_eq!(fake.state.calls().len(), 2);
     assert_eq!(app.status_of(&orders[2]).await, "WAIT_PAY");
     assert_eq!(app.status_of(&orders[3]).await, "WAIT_PAY");
-    assert_eq!(
-        app.reconciler
-            .reconcile_due(app.clock.now())
-            .await
-            .expect("reconcile"),
-        2
-    );
+    assert_eq!(reconcile_now(&app).await, 2);
     for no in &orders {
         assert_eq!(app.status_of(no).await, "PAID", "{no}");
     }
@@ -939,9 +895,7 @@ async fn a_reconcile_run_stops_at_its_bound_and_the_next_run_goes_on(backend: Ba
 
 async fn an_expiry_run_stops_at_its_bound_and_the_next_run_goes_on(backend: Backend) {
     let fake = fake().await;
-    let url = fake.url.clone();
-    let app = spawn_app_with(backend, move |s| {
-        configure(s, &url);
+    let app = app_configured(backend, &fake, |s| {
         s.reconcile.max_run_secs = 300;
     })
     .await;
@@ -1099,8 +1053,8 @@ async fn a_plain_http_provider_url_off_loopback_stops_start_up_naming_the_key() 
     paynotify::telemetry::init_for_tests();
     type Change = Box<dyn Fn(&mut Settings)>;
     let build = async |change: Change| {
-        let db = crate::helpers::TestDb::create(Backend::Sqlite).await;
-        let mut settings = crate::helpers::test_settings(db.url());
+        let db = crate::support::helpers::TestDb::create(Backend::Sqlite).await;
+        let mut settings = crate::support::helpers::test_settings(db.url());
         configure(&mut settings, "https://127.0.0.1:1");
         change(&mut settings);
         match settings.validate() {
@@ -1162,15 +1116,14 @@ async fn a_payment_recovered_through_one_app_is_the_same_as_another_apps_notific
     let fake = fake().await;
     fake.state.also_app(APP_ID_B);
     let url = fake.url.clone();
-    let app = spawn_app_with(backend, move |s| {
-        configure(s, &url);
+    let app = app_configured(backend, &fake, |s| {
         // Only the Alipay apps are asked.
         s.wechat.merchants[0].private_key_file = None;
         s.wechat.merchants[0].merchant_serial = None;
         s.alipay.apps.push(AlipayApp {
             app_id: APP_ID_B.into(),
             seller_id: "2088000000000001".into(),
-            alipay_public_key_file: Some(crate::keys::public_key_path("alipay")),
+            alipay_public_key_file: Some(crate::support::keys::public_key_path("alipay")),
             alipay_cert_file: None,
             app_private_key_file: Some(private_key_path(APP_KEY)),
             gateway: Some(format!("{url}/gateway.do")),
@@ -1321,9 +1274,7 @@ async fn alipay_paid_then_refunded_at_the_provider_is_a_payment(backend: Backend
 /// SQLite, where a lock wait outlasts the caller's deadline (see `commit.rs`).
 async fn a_recovered_payment_not_decided_in_time_is_undecided_and_never_closed(backend: Backend) {
     let fake = fake().await;
-    let url = fake.url.clone();
-    let app = spawn_app_with(backend, move |s| {
-        configure(s, &url);
+    let app = app_configured(backend, &fake, |s| {
         s.database.acquire_timeout_ms = 100;
         s.database.statement_timeout_ms = 200;
     })
@@ -1353,7 +1304,7 @@ async fn a_recovered_payment_not_decided_in_time_is_undecided_and_never_closed(b
     assert_eq!(body["providers"][0]["answer"], "paid", "{body}");
     assert_eq!(body["providers"][0]["ledger"], "undecided", "{body}");
     lock.await.expect("lock holder");
-    let paid = crate::helpers::eventually(std::time::Duration::from_secs(5), || async {
+    let paid = crate::support::helpers::eventually(std::time::Duration::from_secs(5), || async {
         app.status_of("RC-LATE-1").await == "PAID"
     })
     .await;
@@ -1373,7 +1324,7 @@ async fn a_recovered_payment_not_decided_in_time_is_undecided_and_never_closed(b
         "not closed while its payment may be committing"
     );
     lock.await.expect("lock holder");
-    let paid = crate::helpers::eventually(std::time::Duration::from_secs(5), || async {
+    let paid = crate::support::helpers::eventually(std::time::Duration::from_secs(5), || async {
         app.status_of("RC-LATE-2").await == "PAID"
     })
     .await;

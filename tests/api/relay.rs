@@ -16,8 +16,8 @@ use paynotify::relay::{LEASE_SECS, Relay};
 use paynotify::time::{Clock, Timestamp};
 use tokio::sync::Notify;
 
-use crate::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
-use crate::test_channel::TestNotification;
+use crate::support::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
+use crate::support::test_channel::TestNotification;
 
 /// Records what it is given; fails the first `fail_first` deliveries; may block.
 #[derive(Default)]
@@ -110,7 +110,7 @@ async fn message(app: &TestApp, biz_key: &str) -> paynotify::store::outbox::Stor
         .expect("message exists")
 }
 
-crate::on_both_backends!(
+crate::on_every_backend!(
     publishes_each_pending_message_once,
     a_sink_failure_backs_off_with_growing_delays_and_recovers,
     max_attempts_park_a_message_dead_with_the_reason,
@@ -631,7 +631,7 @@ async fn two_relays_deliver_every_message_none_lost(backend: Backend) {
             rows.join(", ")
         ))
         .await;
-    let settings = crate::helpers::test_settings(app.db.url());
+    let settings = crate::support::helpers::test_settings(app.db.url());
     let second_pool = paynotify::store::Store::connect(&settings.database).expect("second pool");
     let (sink_a, sink_b) = (Arc::new(TestSink::default()), Arc::new(TestSink::default()));
     let relay_a = Relay::new(
@@ -820,7 +820,7 @@ async fn the_http_sink_delivers_over_https_trusting_the_configured_ca() {
     let server = server.run();
     let handle = server.handle();
     tokio::spawn(server);
-    let front = crate::provider::TlsFront::start(port).await;
+    let front = crate::support::provider::TlsFront::start(port).await;
     let url = format!("https://127.0.0.1:{}/hook", front.port);
 
     let app = spawn_app_with(Backend::Sqlite, |_| {}).await;

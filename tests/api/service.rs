@@ -11,12 +11,12 @@ use paynotify::store::outbox::StoredMessage;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::helpers::{
+use crate::support::helpers::{
     Backend, TestApp, eventually, spawn_app, spawn_app_with, spawn_app_with_jobs,
 };
-use crate::test_channel::{TestNotification, deliver};
+use crate::support::test_channel::{TestNotification, deliver};
 
-crate::on_both_backends!(
+crate::on_every_backend!(
     a_relay_interval_under_one_second_delivers_every_message,
     redis_down_at_start_up_keeps_the_outbox_and_delivers_once_it_answers,
     the_stream_goes_to_relay_redis_url_and_survives_a_flush_of_the_gate,
@@ -305,7 +305,8 @@ async fn redis_down_at_start_up_keeps_the_outbox_and_delivers_once_it_answers(ba
         paid_message(&app, "RD-1").await
     );
     let entries =
-        crate::helpers::stream_entries(&format!("redis://127.0.0.1:{port}"), &stream).await;
+        crate::support::helpers::stream_entries(&format!("redis://127.0.0.1:{port}"), &stream)
+            .await;
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert!(
         entries[0]
@@ -343,7 +344,7 @@ async fn the_stream_goes_to_relay_redis_url_and_survives_a_flush_of_the_gate(bac
     .await;
     assert!(sent, "relayed: {:?}", paid_message(&app, "RS-1").await);
     assert!(
-        crate::helpers::stream_entries(&gate_url, &stream)
+        crate::support::helpers::stream_entries(&gate_url, &stream)
             .await
             .is_empty(),
         "nothing is published into the gate's Redis"
@@ -358,7 +359,7 @@ async fn the_stream_goes_to_relay_redis_url_and_survives_a_flush_of_the_gate(bac
         .query_async::<()>(&mut gate)
         .await
         .expect("FLUSHALL");
-    let entries = crate::helpers::stream_entries(&stream_url, &stream).await;
+    let entries = crate::support::helpers::stream_entries(&stream_url, &stream).await;
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert!(
         entries[0]
@@ -377,7 +378,7 @@ async fn start_slow_body(port: u16, path: &str, content_type: &str) -> tokio::ne
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n\
          Authorization: Bearer {}\r\nContent-Length: 60000\r\n\r\n{{\"order",
-        crate::helpers::API_TOKEN
+        crate::support::helpers::API_TOKEN
     );
     stream.write_all(head.as_bytes()).await.expect("send head");
     stream
@@ -436,7 +437,7 @@ async fn a_body_that_stops_arriving_is_answered_408_within_the_deadline() {
     // Counted as what it is, not as a malformed request.
     for channel in ["wechat", "alipay"] {
         assert!(
-            crate::helpers::metric(
+            crate::support::helpers::metric(
                 &app,
                 "paynotify_notify_rejections_total",
                 &[channel, "body_timeout"]
@@ -453,8 +454,8 @@ async fn slow_bodies_do_not_hold_a_graceful_shutdown() {
     use paynotify::startup::{Application, Options};
 
     paynotify::telemetry::init_for_tests();
-    let db = crate::helpers::TestDb::create(Backend::Sqlite).await;
-    let mut settings = crate::helpers::test_settings(db.url());
+    let db = crate::support::helpers::TestDb::create(Backend::Sqlite).await;
+    let mut settings = crate::support::helpers::test_settings(db.url());
     settings.server.body_timeout_ms = 500;
     let app = Application::build(&settings, Options::default())
         .await
@@ -491,8 +492,8 @@ async fn a_sink_url_it_cannot_use_stops_start_up_naming_the_key() {
     use paynotify::startup::{Application, Options};
 
     paynotify::telemetry::init_for_tests();
-    let db = crate::helpers::TestDb::create(Backend::Sqlite).await;
-    let mut settings = crate::helpers::test_settings(db.url());
+    let db = crate::support::helpers::TestDb::create(Backend::Sqlite).await;
+    let mut settings = crate::support::helpers::test_settings(db.url());
     settings.relay.sink = SinkKind::Http;
     settings.relay.http_url = "ftp://hooks.example/paynotify".into();
     settings.relay.http_secret = Secret::new("s");

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use paynotify::config::Secret;
 
-use crate::helpers::{Backend, TestApp, spawn_app_with_jobs};
+use crate::support::helpers::{Backend, TestApp, spawn_app_with_jobs};
 
 /// An HTTP receiver that accepts connections and never answers: a relay batch sent to it
 /// stays in flight (the sink waits 10 s) while the test shuts down.
@@ -33,7 +33,7 @@ async fn leases_held(app: &TestApp) -> i64 {
         .await
 }
 
-crate::on_both_backends!(
+crate::on_every_backend!(
     shutdown_releases_the_leases_of_a_batch_in_flight_after_workers_used_the_pool,
 );
 

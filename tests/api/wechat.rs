@@ -11,8 +11,8 @@ use paynotify::time::Clock;
 use serde_json::Value;
 use tokio::sync::Barrier;
 
-use crate::helpers::{Backend, TestApp, post_delivery, spawn_app_with};
-use crate::keys::{certificate, public_key_path, rsa_key};
+use crate::support::helpers::{Backend, TestApp, post_delivery, spawn_app_with};
+use crate::support::keys::{certificate, public_key_path, rsa_key};
 
 const KEY_A: &str = "PUB_KEY_ID_0000000000000000000000000000000A";
 const KEY_B: &str = "PUB_KEY_ID_0000000000000000000000000000000B";
@@ -132,7 +132,7 @@ async fn assert_refused(app: &TestApp, d: &Delivery, status: u16) {
     assert_eq!(app.db.count("local_message").await, 0);
 }
 
-crate::on_both_backends!(
+crate::on_every_backend!(
     a_valid_payment_marks_the_order_paid,
     a_retry_reencrypted_and_resigned_is_a_duplicate,
     partial_refunds_add_up_to_a_full_refund,
@@ -525,7 +525,7 @@ async fn a_resource_our_key_cannot_open_is_500_so_wechat_retries() {
         204,
         "the intact one opens"
     );
-    let metrics = crate::helpers::metric(
+    let metrics = crate::support::helpers::metric(
         &app,
         "paynotify_notify_rejections_total",
         &["wechat", "undecryptable"],

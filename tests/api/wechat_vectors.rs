@@ -14,7 +14,7 @@ use paynotify::notice::{NoticeKind, RefundAmount};
 use paynotify::time::Timestamp;
 use serde_json::Value;
 
-use crate::helpers::read_json;
+use crate::support::helpers::read_json;
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/wechat")

@@ -18,7 +18,7 @@ use paynotify::startup::{Application, Options};
 use paynotify::store::{SqliteAsync, Store};
 use paynotify::time::ManualClock;
 
-use crate::test_channel::TestChannel;
+use crate::support::test_channel::TestChannel;
 
 /// Where the PostgreSQL tests create their databases; trust auth on this machine.
 fn pg_admin_url() -> String {
@@ -613,7 +613,7 @@ async fn spawn_on(
     let options = Options {
         clock: clock.clone(),
         extra_routes: Some(Arc::new(move |cfg| {
-            crate::test_channel::mount(cfg, Arc::clone(&routes_channel))
+            crate::support::test_channel::mount(cfg, Arc::clone(&routes_channel))
         })),
     };
     let app = Application::build(&settings, options)
@@ -779,13 +779,13 @@ impl TestApp {
 
 /// Generates one `#[tokio::test]` per backend for each listed `async fn(Backend)`.
 #[macro_export]
-macro_rules! on_both_backends {
+macro_rules! on_every_backend {
     ($($name:ident),* $(,)?) => {
         mod postgres {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name($crate::helpers::Backend::Postgres).await
+                    super::$name($crate::support::helpers::Backend::Postgres).await
                 }
             )*
         }
@@ -793,7 +793,7 @@ macro_rules! on_both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name($crate::helpers::Backend::Mysql).await
+                    super::$name($crate::support::helpers::Backend::Mysql).await
                 }
             )*
         }
@@ -801,7 +801,7 @@ macro_rules! on_both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name($crate::helpers::Backend::Sqlite).await
+                    super::$name($crate::support::helpers::Backend::Sqlite).await
                 }
             )*
         }

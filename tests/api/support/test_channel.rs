@@ -147,13 +147,16 @@ pub fn mount(cfg: &mut web::ServiceConfig, channel: Arc<TestChannel>) {
 }
 
 /// Sends a signed notification; returns the status and body.
-pub async fn deliver(app: &crate::helpers::TestApp, n: &TestNotification) -> (StatusCode, String) {
+pub async fn deliver(
+    app: &crate::support::helpers::TestApp,
+    n: &TestNotification,
+) -> (StatusCode, String) {
     let (body, signature) = n.signed();
     send_raw(app, body, &signature).await
 }
 
 pub async fn send_raw(
-    app: &crate::helpers::TestApp,
+    app: &crate::support::helpers::TestApp,
     body: String,
     signature: &str,
 ) -> (StatusCode, String) {

@@ -17,7 +17,7 @@ use paynotify::qa::forge::rsa_sign;
 use paynotify::time::{Clock, ManualClock};
 use serde_json::{Value, json};
 
-use crate::keys::{public_key_path, rsa_key};
+use crate::support::keys::{public_key_path, rsa_key};
 
 pub const MERCHANT_SERIAL: &str = "3775B6A45ACD588826D15E583A95F5DD00000001";
 /// The merchant's API key pair (the service signs with its private half).

@@ -1,0 +1,8 @@
+//! What the tests stand on, not tests themselves: the service on a test database of its own
+//! (`helpers`), the providers' stand-ins (`provider`), a test channel with its own signature
+//! (`test_channel`) and throw-away keys (`keys`).
+
+pub mod helpers;
+pub mod keys;
+pub mod provider;
+pub mod test_channel;
