@@ -24,7 +24,7 @@ pub struct Settings {
     pub database: DatabaseSettings,
     pub redis: RedisSettings,
     /// `[[wechat.merchants]]`: src/channel/wechat.rs.
-    pub wechat: crate::channel::wechat::WechatSettings,
+    pub wechat: crate::channel::wechat::settings::WechatSettings,
     /// `[[alipay.apps]]`: src/channel/alipay.rs.
     pub alipay: crate::channel::alipay::AlipaySettings,
     pub orders: OrderSettings,

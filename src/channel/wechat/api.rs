@@ -1,0 +1,500 @@
+//! The API v3 client: query, close and refund query, each answer verified.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// WeChat Pay API v3's production base URL.
+pub const API_BASE: &str = "https://api.mch.weixin.qq.com";
+
+/// One merchant's API credentials: its API private key and that key's certificate serial.
+pub(super) struct ApiMerchant {
+    pub(super) merchant: Arc<Merchant>,
+    pub(super) serial: String,
+    pub(super) key: keys::RsaSigner,
+    pub(super) base: String,
+}
+
+/// The WeChat Pay API v3 client: query by `out_trade_no`, close, refund query, for every
+/// merchant with API credentials. Requests are signed with the merchant's API private key;
+/// answers are verified with that merchant's platform keys, as notifications are.
+pub struct WechatApi {
+    pub(super) channel: Arc<WechatPay>,
+    pub(super) merchants: Vec<ApiMerchant>,
+    pub(super) plumbing: Plumbing,
+}
+
+/// A transaction as the query answers it: `transaction_id` and `amount` only once paid.
+#[derive(Deserialize)]
+pub(super) struct QueriedTransaction {
+    pub(super) appid: String,
+    pub(super) mchid: String,
+    pub(super) out_trade_no: String,
+    pub(super) transaction_id: Option<String>,
+    pub(super) trade_state: String,
+    pub(super) amount: Option<QueriedAmount>,
+    pub(super) success_time: Option<String>,
+}
+
+/// An unpaid trade's `amount` may carry only `payer_currency`.
+#[derive(Deserialize)]
+pub(super) struct QueriedAmount {
+    pub(super) total: Option<i64>,
+    pub(super) currency: Option<String>,
+}
+
+/// A refund as the refund query answers it (no `mchid`: the asking merchant's).
+#[derive(Deserialize)]
+pub(super) struct QueriedRefund {
+    pub(super) refund_id: String,
+    pub(super) out_refund_no: String,
+    pub(super) transaction_id: String,
+    pub(super) out_trade_no: String,
+    pub(super) status: String,
+    pub(super) amount: WechatRefundAmount,
+    pub(super) success_time: Option<String>,
+}
+
+/// WeChat Pay's error body (4xx/5xx): never signed, so only its documented codes count.
+#[derive(Deserialize)]
+pub(super) struct ApiError {
+    pub(super) code: String,
+    #[serde(default)]
+    pub(super) message: String,
+}
+
+/// `/`-free path segment: `out_trade_no` allows `|` and `*`.
+pub(super) const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'*');
+
+impl WechatApi {
+    /// `None` when no merchant has API credentials.
+    pub(super) fn from_settings(
+        channel: Arc<WechatPay>,
+        settings: &WechatSettings,
+        reconcile: &ClientSettings,
+    ) -> Result<Option<Self>, ConfigError> {
+        let mut merchants = Vec::new();
+        for (i, m) in settings.merchants.iter().enumerate() {
+            let prefix = format!("wechat.merchants[{i}]");
+            let (path, serial) = match (&m.private_key_file, &m.merchant_serial) {
+                (None, None) => continue,
+                (Some(path), Some(serial)) if !serial.is_empty() => (path, serial),
+                (Some(_), _) => {
+                    return Err(invalid(
+                        format!("{prefix}.merchant_serial"),
+                        "required with private_key_file: the serial of the merchant API certificate",
+                    ));
+                }
+                (None, Some(_)) => {
+                    return Err(invalid(
+                        format!("{prefix}.private_key_file"),
+                        "required with merchant_serial: the merchant API private key (apiclient_key.pem)",
+                    ));
+                }
+            };
+            let key = keys::private_key_file(&format!("{prefix}.private_key_file"), path)?;
+            let base = m.api_base.clone().unwrap_or_else(|| API_BASE.to_owned());
+            let base = base.trim_end_matches('/').to_owned();
+            crate::channel::api::provider_url(&format!("{prefix}.api_base"), &base)?;
+            let Some(merchant) = channel
+                .keys
+                .values()
+                .find(|p| p.merchant.mchid == m.mchid)
+                .map(|p| Arc::clone(&p.merchant))
+            else {
+                return Err(invalid(
+                    format!("{prefix}.platform_keys"),
+                    "at least one key is needed",
+                ));
+            };
+            merchants.push(ApiMerchant {
+                merchant,
+                serial: serial.clone(),
+                key,
+                base,
+            });
+        }
+        if merchants.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            channel,
+            merchants,
+            plumbing: Plumbing::new(reconcile)?,
+        }))
+    }
+
+    pub(super) fn merchant(&self, mchid: &str) -> Result<&ApiMerchant, Failure> {
+        self.merchants
+            .iter()
+            .find(|m| m.merchant.mchid == mchid)
+            .ok_or_else(|| Failure::Unexpected(format!("no API credentials for mchid {mchid}")))
+    }
+
+    /// Sends one signed request. WeChat Pay v3: the string to sign is
+    /// `METHOD\npath?query\ntimestamp\nnonce\nbody\n`, RSA-SHA256 with the API private key.
+    pub(super) async fn call(
+        &self,
+        m: &ApiMerchant,
+        post: bool,
+        path: &str,
+        body: &str,
+        now: Timestamp,
+    ) -> Result<Received, Failure> {
+        const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        let nonce = crate::random::token(ALNUM, 32)
+            .map_err(|_| Failure::Unexpected("random number generator failed".into()))?;
+        let timestamp = now.unix_seconds();
+        let method = if post { "POST" } else { "GET" };
+        let message = format!("{method}\n{path}\n{timestamp}\n{nonce}\n{body}\n");
+        let signature = m
+            .key
+            .sign_base64(message.as_bytes())
+            .map_err(|e| Failure::Unexpected(format!("signing failed: {e}")))?;
+        let authorization = format!(
+            "{SIGNATURE_TYPE} mchid=\"{}\",nonce_str=\"{nonce}\",signature=\"{signature}\",timestamp=\"{timestamp}\",serial_no=\"{}\"",
+            m.merchant.mchid, m.serial
+        );
+        let url = format!("{}{path}", m.base);
+        let client = self.plumbing.client();
+        let request = if post {
+            client
+                .post(url)
+                .header("Content-Type", "application/json")
+                .body(body.to_owned())
+        } else {
+            client.get(url)
+        };
+        let request = request
+            .header("Accept", "application/json")
+            .header("Authorization", authorization);
+        self.plumbing.send(request).await
+    }
+
+    /// Checks a 2xx answer's signature, as a notification's: `Wechatpay-*` headers over
+    /// `timestamp\nnonce\nbody\n`, a platform key of the merchant that asked, fresh.
+    pub(super) fn verify(
+        &self,
+        m: &ApiMerchant,
+        r: &Received,
+        now: Timestamp,
+    ) -> Result<(), Failure> {
+        let unsigned = |what: &str| Failure::BadSignature(format!("answer without {what}"));
+        if let Some(kind) = r.header("Wechatpay-Signature-Type")
+            && kind != SIGNATURE_TYPE
+        {
+            return Err(Failure::BadSignature(format!(
+                "unsupported Wechatpay-Signature-Type {kind}"
+            )));
+        }
+        let timestamp = r
+            .header("Wechatpay-Timestamp")
+            .ok_or_else(|| unsigned("Wechatpay-Timestamp"))?;
+        let nonce = r
+            .header("Wechatpay-Nonce")
+            .ok_or_else(|| unsigned("Wechatpay-Nonce"))?;
+        let signature = r
+            .header("Wechatpay-Signature")
+            .ok_or_else(|| unsigned("Wechatpay-Signature"))?;
+        let serial = r
+            .header("Wechatpay-Serial")
+            .ok_or_else(|| unsigned("Wechatpay-Serial"))?;
+        let seconds: i64 = timestamp
+            .parse()
+            .map_err(|_| Failure::BadSignature("Wechatpay-Timestamp is not unix seconds".into()))?;
+        let skew = now.unix_seconds().saturating_sub(seconds);
+        if skew.abs() > TIMESTAMP_WINDOW_SECS {
+            return Err(Failure::BadSignature(format!(
+                "answer timestamp is {skew} s from now"
+            )));
+        }
+        let platform = self
+            .channel
+            .keys
+            .get(&serial.to_ascii_uppercase())
+            .filter(|p| p.merchant.mchid == m.merchant.mchid)
+            .ok_or_else(|| {
+                Failure::BadSignature(format!(
+                    "Wechatpay-Serial {serial} is not a platform key of merchant {}",
+                    m.merchant.mchid
+                ))
+            })?;
+        let signature = BASE64
+            .decode(signature)
+            .map_err(|_| Failure::BadSignature("Wechatpay-Signature is not base64".into()))?;
+        if signature.is_empty()
+            || !platform
+                .key
+                .verify(&string_to_sign(timestamp, nonce, &r.body), &signature)
+        {
+            return Err(Failure::BadSignature(
+                "the answer's signature does not verify with the platform key".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// What a non-2xx answer means: its `code` (unsigned, so only the documented ones
+    /// count), or "retry later".
+    pub(super) fn error_code(r: &Received) -> Result<String, Failure> {
+        if r.status == 429 || r.status >= 500 {
+            return Err(Failure::Unreachable(format!("HTTP {}", r.status)));
+        }
+        match serde_json::from_slice::<ApiError>(&r.body) {
+            Ok(e) => Ok(e.code),
+            Err(_) => Err(Failure::Unexpected(format!(
+                "HTTP {} without an error code",
+                r.status
+            ))),
+        }
+    }
+
+    pub(super) fn unexpected(r: &Received) -> Failure {
+        let message = serde_json::from_slice::<ApiError>(&r.body)
+            .map(|e| format!("{}: {}", e.code, e.message))
+            .unwrap_or_default();
+        Failure::Unexpected(format!("HTTP {} {message}", r.status))
+    }
+
+    pub(super) async fn do_query(
+        &self,
+        mchid: &str,
+        out_trade_no: &str,
+        now: Timestamp,
+    ) -> TradeAnswer {
+        let m = match self.merchant(mchid) {
+            Ok(m) => m,
+            Err(f) => return TradeAnswer::Failed(f),
+        };
+        let path = format!(
+            "/v3/pay/transactions/out-trade-no/{}?mchid={}",
+            percent_encoding::utf8_percent_encode(out_trade_no, SEGMENT),
+            percent_encoding::utf8_percent_encode(&m.merchant.mchid, SEGMENT)
+        );
+        let r = match self.call(m, false, &path, "", now).await {
+            Ok(r) => r,
+            Err(f) => return TradeAnswer::Failed(f),
+        };
+        if !(200..300).contains(&r.status) {
+            return match Self::error_code(&r) {
+                Ok(code) if code == "ORDER_NOT_EXIST" || code == "ORDERNOTEXIST" => {
+                    TradeAnswer::NotFound
+                }
+                Ok(_) => TradeAnswer::Failed(Self::unexpected(&r)),
+                Err(f) => TradeAnswer::Failed(f),
+            };
+        }
+        if let Err(f) = self.verify(m, &r, now) {
+            return TradeAnswer::Failed(f);
+        }
+        let t: QueriedTransaction = match serde_json::from_slice(&r.body) {
+            Ok(t) => t,
+            Err(e) => {
+                return TradeAnswer::Failed(Failure::Unexpected(format!("query answer: {e}")));
+            }
+        };
+        // Every id the answer carries is checked: a signed answer about another order or
+        // merchant (replayed from elsewhere) says nothing about this one.
+        if t.out_trade_no != out_trade_no || t.mchid != m.merchant.mchid {
+            return TradeAnswer::Failed(Failure::Unexpected(format!(
+                "asked about {out_trade_no} of merchant {}, answered about {} of merchant {}",
+                m.merchant.mchid, t.out_trade_no, t.mchid
+            )));
+        }
+        match t.trade_state.as_str() {
+            // REFUND: paid, then refunded; the payment happened all the same.
+            "SUCCESS" | "REFUND" => {
+                let (
+                    Some(transaction_id),
+                    Some(QueriedAmount {
+                        total: Some(total),
+                        currency,
+                    }),
+                ) = (t.transaction_id, t.amount)
+                else {
+                    return TradeAnswer::Failed(Failure::Unexpected(
+                        "a paid answer without transaction_id or amount".into(),
+                    ));
+                };
+                if total <= 0 {
+                    return TradeAnswer::Failed(Failure::Unexpected(
+                        "amount.total must be positive".into(),
+                    ));
+                }
+                let paid = Transaction {
+                    appid: t.appid,
+                    mchid: t.mchid,
+                    out_trade_no: t.out_trade_no,
+                    transaction_id,
+                    trade_state: t.trade_state,
+                    amount: TransactionAmount { total, currency },
+                    success_time: t.success_time,
+                };
+                let notice = transaction_notice(&m.merchant, paid, NoticeKind::Paid);
+                match notice.checked() {
+                    Ok(notice) => TradeAnswer::Paid(Box::new(notice)),
+                    Err(e) => TradeAnswer::Failed(Failure::Unexpected(e)),
+                }
+            }
+            "CLOSED" | "REVOKED" => TradeAnswer::Closed,
+            _ => TradeAnswer::Unpaid(t.trade_state),
+        }
+    }
+
+    pub(super) async fn do_close(
+        &self,
+        mchid: &str,
+        out_trade_no: &str,
+        now: Timestamp,
+    ) -> CloseAnswer {
+        let m = match self.merchant(mchid) {
+            Ok(m) => m,
+            Err(f) => return CloseAnswer::Failed(f),
+        };
+        let path = format!(
+            "/v3/pay/transactions/out-trade-no/{}/close",
+            percent_encoding::utf8_percent_encode(out_trade_no, SEGMENT)
+        );
+        let body = serde_json::json!({ "mchid": m.merchant.mchid }).to_string();
+        let r = match self.call(m, true, &path, &body, now).await {
+            Ok(r) => r,
+            Err(f) => return CloseAnswer::Failed(f),
+        };
+        if (200..300).contains(&r.status) {
+            // An empty 204 names no order: valid for any close of this merchant within 300 s.
+            // The caller confirms with a query (WeChat answers 204 also for a trade it never
+            // saw).
+            return match self.verify(m, &r, now) {
+                Ok(()) => CloseAnswer::Closed,
+                Err(f) => CloseAnswer::Failed(f),
+            };
+        }
+        match Self::error_code(&r) {
+            Ok(code) if code == "ORDERPAID" => CloseAnswer::NotClosable,
+            Ok(code) if code == "ORDER_NOT_EXIST" || code == "ORDERNOTEXIST" => {
+                CloseAnswer::NotFound
+            }
+            Ok(_) => CloseAnswer::Failed(Self::unexpected(&r)),
+            Err(f) => CloseAnswer::Failed(f),
+        }
+    }
+
+    pub(super) async fn do_refund_query(
+        &self,
+        mchid: &str,
+        out_trade_no: &str,
+        out_refund_no: &str,
+        now: Timestamp,
+    ) -> RefundAnswer {
+        let m = match self.merchant(mchid) {
+            Ok(m) => m,
+            Err(f) => return RefundAnswer::Failed(f),
+        };
+        let path = format!(
+            "/v3/refund/domestic/refunds/{}",
+            percent_encoding::utf8_percent_encode(out_refund_no, SEGMENT)
+        );
+        let r = match self.call(m, false, &path, "", now).await {
+            Ok(r) => r,
+            Err(f) => return RefundAnswer::Failed(f),
+        };
+        if !(200..300).contains(&r.status) {
+            return match Self::error_code(&r) {
+                Ok(code) if code == "RESOURCE_NOT_EXISTS" || code == "ORDER_NOT_EXIST" => {
+                    RefundAnswer::NotFound
+                }
+                Ok(_) => RefundAnswer::Failed(Self::unexpected(&r)),
+                Err(f) => RefundAnswer::Failed(f),
+            };
+        }
+        if let Err(f) = self.verify(m, &r, now) {
+            return RefundAnswer::Failed(f);
+        }
+        let q: QueriedRefund = match serde_json::from_slice(&r.body) {
+            Ok(q) => q,
+            Err(e) => {
+                return RefundAnswer::Failed(Failure::Unexpected(format!("refund answer: {e}")));
+            }
+        };
+        if q.out_trade_no != out_trade_no || q.out_refund_no != out_refund_no {
+            return RefundAnswer::Failed(Failure::Unexpected(format!(
+                "asked about refund {out_refund_no} of {out_trade_no}, answered about {} of {}",
+                q.out_refund_no, q.out_trade_no
+            )));
+        }
+        if q.status != "SUCCESS" {
+            return RefundAnswer::NotRefunded(q.status);
+        }
+        if q.amount.refund <= 0 || q.amount.total <= 0 {
+            return RefundAnswer::Failed(Failure::Unexpected(
+                "amount.refund and amount.total must be positive".into(),
+            ));
+        }
+        // The same fields as REFUND.SUCCESS decodes to, so the same digest.
+        let notice = Notice {
+            channel: ChannelId::Wechat,
+            kind: NoticeKind::Refunded(Refund {
+                out_refund_no: q.out_refund_no,
+                refund_id: q.refund_id,
+                amount: RefundAmount::This(q.amount.refund),
+            }),
+            merchant_matches: true,
+            merchant: MerchantIds {
+                merchant_id: m.merchant.mchid.clone(),
+                app_id: None,
+            },
+            out_trade_no: q.out_trade_no,
+            transaction_id: q.transaction_id,
+            amount_fen: q.amount.total,
+            currency: "CNY".to_owned(),
+            occurred_at: parse_time(q.success_time.as_deref()),
+        };
+        match notice.checked() {
+            Ok(notice) => RefundAnswer::Refunded(Some(Box::new(notice))),
+            Err(e) => RefundAnswer::Failed(Failure::Unexpected(e)),
+        }
+    }
+}
+
+impl ProviderApi for WechatApi {
+    fn channel(&self) -> ChannelId {
+        ChannelId::Wechat
+    }
+
+    fn accounts(&self) -> Vec<String> {
+        self.merchants
+            .iter()
+            .map(|m| m.merchant.mchid.clone())
+            .collect()
+    }
+
+    fn query<'a>(
+        &'a self,
+        account: &'a str,
+        out_trade_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, TradeAnswer> {
+        Box::pin(self.do_query(account, out_trade_no, now))
+    }
+
+    fn close<'a>(
+        &'a self,
+        account: &'a str,
+        out_trade_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, CloseAnswer> {
+        Box::pin(self.do_close(account, out_trade_no, now))
+    }
+
+    fn refund_query<'a>(
+        &'a self,
+        account: &'a str,
+        out_trade_no: &'a str,
+        out_refund_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, RefundAnswer> {
+        Box::pin(self.do_refund_query(account, out_trade_no, out_refund_no, now))
+    }
+}
