@@ -26,7 +26,7 @@ pub struct Settings {
     /// `[[wechat.merchants]]`: src/channel/wechat.rs.
     pub wechat: crate::channel::wechat::settings::WechatSettings,
     /// `[[alipay.apps]]`: src/channel/alipay.rs.
-    pub alipay: crate::channel::alipay::AlipaySettings,
+    pub alipay: crate::channel::alipay::settings::AlipaySettings,
     pub orders: OrderSettings,
     pub relay: RelaySettings,
     pub retention: RetentionSettings,

@@ -9,6 +9,7 @@ mod container;
 mod gate;
 mod gate_cluster;
 mod health;
+mod imports;
 mod ledger;
 mod notify;
 mod openapi;

@@ -1,0 +1,442 @@
+//! The OpenAPI client: trade query, close and refund query, each answer verified.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Alipay's production OpenAPI gateway.
+pub const GATEWAY: &str = "https://openapi.alipay.com/gateway.do";
+
+/// One app's API credentials.
+pub(super) struct ApiApp {
+    pub(super) app: Arc<App>,
+    pub(super) key: keys::RsaSigner,
+    pub(super) gateway: String,
+}
+
+/// The Alipay OpenAPI client (`alipay.trade.query`, `alipay.trade.close`,
+/// `alipay.trade.fastpay.refund.query`) for every app with an app private key. Requests are
+/// signed RSA2 with it; answers are verified over the exact bytes of their `…_response` value
+/// with the app's Alipay public key, the one notifications are verified with.
+pub struct AlipayApi {
+    pub(super) apps: Vec<ApiApp>,
+    pub(super) plumbing: Plumbing,
+}
+
+/// The fields of a `…_response` value this client reads.
+#[derive(Deserialize)]
+pub(super) struct ApiResponse {
+    pub(super) code: String,
+    #[serde(default)]
+    pub(super) msg: String,
+    pub(super) sub_code: Option<String>,
+    pub(super) sub_msg: Option<String>,
+    pub(super) out_trade_no: Option<String>,
+    pub(super) trade_no: Option<String>,
+    pub(super) trade_status: Option<String>,
+    pub(super) total_amount: Option<String>,
+    /// What the buyer paid; `0.00` (or absent) while nothing was paid.
+    pub(super) buyer_pay_amount: Option<String>,
+    pub(super) send_pay_date: Option<String>,
+    pub(super) refund_status: Option<String>,
+    pub(super) out_request_no: Option<String>,
+    /// Not in the documented query answer; checked when an answer carries it.
+    pub(super) seller_id: Option<String>,
+}
+
+impl ApiResponse {
+    /// Whether a query answer shows money paid: `send_pay_date` (when the buyer paid) or a
+    /// `buyer_pay_amount` above zero. A trade closed unpaid has neither. An amount that does
+    /// not parse counts as a payment, so the paid path refuses the answer instead of it
+    /// closing the order.
+    pub(super) fn carries_a_payment(&self) -> bool {
+        let paid_at = self
+            .send_pay_date
+            .as_deref()
+            .is_some_and(|d| !d.trim().is_empty());
+        let paid = self
+            .buyer_pay_amount
+            .as_deref()
+            .is_some_and(|a| yuan_to_fen(a).map_or(true, |fen| fen > 0));
+        paid_at || paid
+    }
+
+    /// `20000` (service unavailable) and `ACQ.SYSTEM_ERROR`: Alipay says "try later".
+    pub(super) fn retry_later(&self) -> bool {
+        self.code == "20000" || self.sub_code.as_deref() == Some("ACQ.SYSTEM_ERROR")
+    }
+
+    pub(super) fn failure(&self) -> Failure {
+        let what = format!(
+            "code {} {} {} {}",
+            self.code,
+            self.msg,
+            self.sub_code.as_deref().unwrap_or(""),
+            self.sub_msg.as_deref().unwrap_or("")
+        );
+        if self.retry_later() {
+            Failure::Unreachable(what)
+        } else {
+            Failure::Unexpected(what)
+        }
+    }
+}
+
+/// Alipay's times: Beijing, `yyyy-MM-dd HH:mm:ss`.
+pub(super) fn beijing(at: Timestamp) -> String {
+    (at.as_datetime().naive_utc() + chrono::Duration::hours(8))
+        .format("%Y-%m-%d %H:%M:%S")
+        .to_string()
+}
+
+impl AlipayApi {
+    /// `None` when no app has an app private key.
+    pub(super) fn from_settings(
+        channel: &Alipay,
+        settings: &AlipaySettings,
+        client: &ClientSettings,
+    ) -> Result<Option<Self>, ConfigError> {
+        let mut apps = Vec::new();
+        for (i, a) in settings.apps.iter().enumerate() {
+            let prefix = format!("alipay.apps[{i}]");
+            let Some(path) = &a.app_private_key_file else {
+                if a.gateway.is_some() {
+                    return Err(invalid(
+                        format!("{prefix}.app_private_key_file"),
+                        "required with gateway: the app private key that signs requests",
+                    ));
+                }
+                continue;
+            };
+            let key = keys::private_key_file(&format!("{prefix}.app_private_key_file"), path)?;
+            let gateway = a.gateway.clone().unwrap_or_else(|| GATEWAY.to_owned());
+            crate::channel::api::provider_url(&format!("{prefix}.gateway"), &gateway)?;
+            let Some(app) = channel.apps.get(&a.app_id) else {
+                return Err(invalid(format!("{prefix}.app_id"), "not loaded"));
+            };
+            apps.push(ApiApp {
+                app: Arc::clone(app),
+                key,
+                gateway,
+            });
+        }
+        if apps.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            apps,
+            plumbing: Plumbing::new(client)?,
+        }))
+    }
+
+    pub(super) fn app(&self, app_id: &str) -> Result<&ApiApp, Failure> {
+        self.apps
+            .iter()
+            .find(|a| a.app.app_id == app_id)
+            .ok_or_else(|| Failure::Unexpected(format!("no app private key for app {app_id}")))
+    }
+
+    /// Calls `method` and returns its verified `…_response` value. Alipay: sign every
+    /// non-empty parameter but `sign`, sorted by key, `k=v` joined with `&`, raw values.
+    pub(super) async fn call(
+        &self,
+        a: &ApiApp,
+        method: &str,
+        biz_content: &serde_json::Value,
+        now: Timestamp,
+    ) -> Result<ApiResponse, Failure> {
+        let mut params: Vec<(&str, String)> = vec![
+            ("app_id", a.app.app_id.clone()),
+            ("biz_content", biz_content.to_string()),
+            ("charset", "utf-8".to_owned()),
+            ("format", "JSON".to_owned()),
+            ("method", method.to_owned()),
+            ("sign_type", "RSA2".to_owned()),
+            ("timestamp", beijing(now)),
+            ("version", "1.0".to_owned()),
+        ];
+        params.sort_by(|x, y| x.0.cmp(y.0));
+        let content = params
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("&");
+        let sign = a
+            .key
+            .sign_base64(content.as_bytes())
+            .map_err(|e| Failure::Unexpected(format!("signing failed: {e}")))?;
+        let body = {
+            let mut form = form_urlencoded::Serializer::new(String::new());
+            for (k, v) in &params {
+                form.append_pair(k, v);
+            }
+            form.append_pair("sign", &sign);
+            form.finish()
+        };
+        let request = self
+            .plumbing
+            .client()
+            .post(&a.gateway)
+            .header(
+                "Content-Type",
+                "application/x-www-form-urlencoded;charset=utf-8",
+            )
+            .body(body);
+        let r = self.plumbing.send(request).await?;
+        if r.status == 429 || r.status >= 500 {
+            return Err(Failure::Unreachable(format!("HTTP {}", r.status)));
+        }
+        if !(200..300).contains(&r.status) {
+            return Err(Failure::Unexpected(format!("HTTP {}", r.status)));
+        }
+        let response_key = format!("{}_response", method.replace('.', "_"));
+        let value = signed_response(&a.app.key, &r.body, &response_key)?;
+        serde_json::from_str(value).map_err(|e| Failure::Unexpected(format!("{response_key}: {e}")))
+    }
+
+    pub(super) async fn do_query(
+        &self,
+        app_id: &str,
+        out_trade_no: &str,
+        now: Timestamp,
+    ) -> TradeAnswer {
+        let a = match self.app(app_id) {
+            Ok(a) => a,
+            Err(f) => return TradeAnswer::Failed(f),
+        };
+        let biz = serde_json::json!({ "out_trade_no": out_trade_no });
+        let r = match self.call(a, "alipay.trade.query", &biz, now).await {
+            Ok(r) => r,
+            Err(f) => return TradeAnswer::Failed(f),
+        };
+        if r.code != "10000" {
+            return if r.sub_code.as_deref() == Some("ACQ.TRADE_NOT_EXIST") {
+                TradeAnswer::NotFound
+            } else {
+                TradeAnswer::Failed(r.failure())
+            };
+        }
+        if r.out_trade_no.as_deref() != Some(out_trade_no) {
+            return TradeAnswer::Failed(Failure::Unexpected(format!(
+                "asked about {out_trade_no}, answered about {:?}",
+                r.out_trade_no
+            )));
+        }
+        let status = r.trade_status.clone().unwrap_or_default();
+        match status.as_str() {
+            // TRADE_CLOSED is also "paid, then refunded in full" (未付款交易超时关闭，或支付完成
+            // 后全额退款): the payment happened, as WeChat's REFUND, and the answer shows it.
+            "TRADE_SUCCESS" | "TRADE_FINISHED" => match paid_notice(&a.app, r) {
+                Ok(notice) => TradeAnswer::Paid(Box::new(notice)),
+                Err(f) => TradeAnswer::Failed(f),
+            },
+            "TRADE_CLOSED" if r.carries_a_payment() => match paid_notice(&a.app, r) {
+                Ok(notice) => TradeAnswer::Paid(Box::new(notice)),
+                Err(f) => TradeAnswer::Failed(f),
+            },
+            "TRADE_CLOSED" => TradeAnswer::Closed,
+            _ => TradeAnswer::Unpaid(status),
+        }
+    }
+
+    pub(super) async fn do_close(
+        &self,
+        app_id: &str,
+        out_trade_no: &str,
+        now: Timestamp,
+    ) -> CloseAnswer {
+        let a = match self.app(app_id) {
+            Ok(a) => a,
+            Err(f) => return CloseAnswer::Failed(f),
+        };
+        let biz = serde_json::json!({ "out_trade_no": out_trade_no });
+        let r = match self.call(a, "alipay.trade.close", &biz, now).await {
+            Ok(r) => r,
+            Err(f) => return CloseAnswer::Failed(f),
+        };
+        match (r.code.as_str(), r.sub_code.as_deref()) {
+            // A success carries no time: another order's, replayed, must not count for this one.
+            ("10000", _) if r.out_trade_no.as_deref() == Some(out_trade_no) => CloseAnswer::Closed,
+            ("10000", _) => CloseAnswer::Failed(Failure::Unexpected(format!(
+                "asked to close {out_trade_no}, answered about {:?}",
+                r.out_trade_no
+            ))),
+            (_, Some("ACQ.TRADE_NOT_EXIST")) => CloseAnswer::NotFound,
+            // Paid, or closed already: a query tells which.
+            (_, Some("ACQ.TRADE_STATUS_ERROR")) => CloseAnswer::NotClosable,
+            _ => CloseAnswer::Failed(r.failure()),
+        }
+    }
+
+    pub(super) async fn do_refund_query(
+        &self,
+        app_id: &str,
+        out_trade_no: &str,
+        out_refund_no: &str,
+        now: Timestamp,
+    ) -> RefundAnswer {
+        let a = match self.app(app_id) {
+            Ok(a) => a,
+            Err(f) => return RefundAnswer::Failed(f),
+        };
+        let biz =
+            serde_json::json!({ "out_trade_no": out_trade_no, "out_request_no": out_refund_no });
+        let r = match self
+            .call(a, "alipay.trade.fastpay.refund.query", &biz, now)
+            .await
+        {
+            Ok(r) => r,
+            Err(f) => return RefundAnswer::Failed(f),
+        };
+        if r.code != "10000" {
+            return if r.sub_code.as_deref() == Some("ACQ.TRADE_NOT_EXIST") {
+                RefundAnswer::NotFound
+            } else {
+                RefundAnswer::Failed(r.failure())
+            };
+        }
+        if r.out_request_no
+            .as_deref()
+            .is_some_and(|no| no != out_refund_no)
+        {
+            return RefundAnswer::Failed(Failure::Unexpected(format!(
+                "asked about refund {out_refund_no}, answered about {:?}",
+                r.out_request_no
+            )));
+        }
+        // `10000` alone is not a refund: only REFUND_SUCCESS is (an empty answer means
+        // Alipay has no such refund request).
+        match r.refund_status.as_deref() {
+            Some("REFUND_SUCCESS") => RefundAnswer::Refunded(None),
+            Some(other) => RefundAnswer::NotRefunded(other.to_owned()),
+            None => RefundAnswer::NotFound,
+        }
+    }
+}
+
+/// The exact bytes of `response_key`'s value in `body`, once `sign` verifies over them with
+/// the app's Alipay public key. An answer without `sign` (Alipay's answer to an unknown
+/// app) is never evidence.
+pub(super) fn signed_response<'b>(
+    key: &RsaVerifier,
+    body: &'b [u8],
+    response_key: &str,
+) -> Result<&'b str, Failure> {
+    use serde_json::value::RawValue;
+    // Every top-level value as its exact bytes: the signature covers them, not a re-encoding.
+    let mut envelope: HashMap<&'b str, &'b RawValue> = serde_json::from_slice(body)
+        .map_err(|e| Failure::Unexpected(format!("answer is not Alipay's JSON: {e}")))?;
+    let sign: Option<String> = match envelope.remove("sign") {
+        Some(raw) => Some(
+            serde_json::from_str(raw.get())
+                .map_err(|e| Failure::BadSignature(format!("sign is not a string: {e}")))?,
+        ),
+        None => None,
+    };
+    let Some(value) = envelope.get(response_key) else {
+        let mut keys: Vec<&&str> = envelope.keys().collect();
+        keys.sort();
+        return Err(match sign {
+            Some(_) => Failure::Unexpected(format!("no {response_key} in the answer ({keys:?})")),
+            None => Failure::BadSignature(format!("an unsigned answer ({keys:?})")),
+        });
+    };
+    let sign = sign
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| Failure::BadSignature(format!("{response_key} is not signed")))?;
+    let signature = BASE64
+        .decode(sign)
+        .map_err(|_| Failure::BadSignature("sign is not base64".into()))?;
+    if !key.verify(value.get().as_bytes(), &signature) {
+        return Err(Failure::BadSignature(format!(
+            "the sign of {response_key} does not verify with the Alipay public key"
+        )));
+    }
+    Ok(value.get())
+}
+
+/// A paid trade's notice from what the signed answer says. `alipay.trade.query` answers name
+/// neither seller nor app: the seller is the asking app's (Alipay answers an app only about
+/// its own seller's trades, and the answer verified with that app's Alipay key), checked
+/// against the answer's `seller_id` when it carries one; the app is the one that asked, which
+/// need not be the app the buyer paid through, so it is not part of an Alipay payment's
+/// content ([`Notice::digest`]) and the notification is a duplicate either way.
+pub(super) fn paid_notice(app: &App, r: ApiResponse) -> Result<Notice, Failure> {
+    let bad = |m: String| Failure::Unexpected(m);
+    let trade_no = r
+        .trade_no
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| bad("a paid answer without trade_no".into()))?;
+    let total = r
+        .total_amount
+        .as_deref()
+        .ok_or_else(|| bad("a paid answer without total_amount".into()))
+        .and_then(|t| yuan_to_fen(t).map_err(|e| bad(format!("total_amount: {e}"))))?;
+    if total <= 0 {
+        return Err(bad("total_amount must be positive".into()));
+    }
+    let occurred_at = r.send_pay_date.as_deref().and_then(|text| {
+        let naive = NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S").ok()?;
+        let at = FixedOffset::east_opt(8 * 3600)?
+            .from_local_datetime(&naive)
+            .single()?;
+        Some(Timestamp::new(at.with_timezone(&chrono::Utc)))
+    });
+    let seller_id = r
+        .seller_id
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| app.seller_id.clone());
+    let notice = Notice {
+        channel: ChannelId::Alipay,
+        kind: NoticeKind::Paid,
+        merchant_matches: seller_id == app.seller_id,
+        merchant: MerchantIds {
+            merchant_id: seller_id,
+            app_id: Some(app.app_id.clone()),
+        },
+        out_trade_no: r.out_trade_no.unwrap_or_default(),
+        transaction_id: trade_no,
+        amount_fen: total,
+        currency: "CNY".to_owned(),
+        occurred_at,
+    };
+    notice.checked().map_err(bad)
+}
+
+impl ProviderApi for AlipayApi {
+    fn channel(&self) -> ChannelId {
+        ChannelId::Alipay
+    }
+
+    fn accounts(&self) -> Vec<String> {
+        self.apps.iter().map(|a| a.app.app_id.clone()).collect()
+    }
+
+    fn query<'a>(
+        &'a self,
+        account: &'a str,
+        out_trade_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, TradeAnswer> {
+        Box::pin(self.do_query(account, out_trade_no, now))
+    }
+
+    fn close<'a>(
+        &'a self,
+        account: &'a str,
+        out_trade_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, CloseAnswer> {
+        Box::pin(self.do_close(account, out_trade_no, now))
+    }
+
+    fn refund_query<'a>(
+        &'a self,
+        account: &'a str,
+        out_trade_no: &'a str,
+        out_refund_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, RefundAnswer> {
+        Box::pin(self.do_refund_query(account, out_trade_no, out_refund_no, now))
+    }
+}

@@ -1,0 +1,27 @@
+//! `[alipay]`: the apps, their keys and API credentials.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlipaySettings {
+    pub apps: Vec<AlipayApp>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlipayApp {
+    pub app_id: String,
+    pub seller_id: String,
+    pub alipay_public_key_file: Option<PathBuf>,
+    pub alipay_cert_file: Option<PathBuf>,
+    /// The app private key. With it, this app's unpaid orders are queried and closed at
+    /// Alipay (src/reconcile.rs).
+    #[serde(default)]
+    pub app_private_key_file: Option<PathBuf>,
+    /// The OpenAPI gateway; `https://openapi.alipay.com/gateway.do` when absent.
+    #[serde(default)]
+    pub gateway: Option<String>,
+}
