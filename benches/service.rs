@@ -27,7 +27,7 @@ const SERIAL: &str = "PUB_KEY_ID_0000000000000000000000000000000A";
 
 /// Sends every delivery once from `CLIENTS` tasks; returns requests per second.
 async fn blast(url: &str, deliveries: &Arc<Vec<Delivery>>) -> f64 {
-    paynotify::channel::api::install_crypto();
+    paynotify::https::install_crypto();
     let client = reqwest::Client::new();
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();

@@ -151,7 +151,7 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
 #[tokio::main]
 async fn main() -> ExitCode {
     // reqwest is built without a TLS provider of its own: ring, before any client is built.
-    paynotify::channel::api::install_crypto();
+    paynotify::https::install_crypto();
     let result = match Cli::parse().command {
         Command::Serve { config } => serve(config).await,
         Command::Migrate { config } => migrate(config).await,
@@ -250,7 +250,7 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
             .map(|t| paynotify::time::Timestamp::new(t.with_timezone(&chrono::Utc)))
             .with_context(|| format!("--at {text:?} is not RFC 3339"))?,
     };
-    let providers: Vec<Arc<dyn Provider>> = paynotify::channel::mount_all(&settings, now)?
+    let providers: Vec<Arc<dyn Provider>> = paynotify::providers::mount_all(&settings, now)?
         .into_iter()
         .map(|m| m.provider)
         .collect();

@@ -14,6 +14,7 @@ use crate::config::{ConfigError, Settings};
 use crate::gate::Gate;
 use crate::jobs::Jobs;
 use crate::metrics::Metrics;
+use crate::providers;
 use crate::receipts::Receipts;
 use crate::reconcile::Reconciler;
 use crate::relay::{Relay, Sink, sinks};
@@ -88,11 +89,11 @@ impl Application {
     pub async fn build(settings: &Settings, options: Options) -> Result<Self, StartupError> {
         // Keys first: a bad key file should stop start-up before anything connects.
         let now = options.clock.now();
-        channel::api::install_crypto();
+        crate::https::install_crypto();
         let mut providers = Vec::new();
         let mut operated: Vec<Arc<dyn channel::Provider>> = Vec::new();
         let mut apis = Vec::new();
-        for mounted in channel::mount_all(settings, now)? {
+        for mounted in providers::mount_all(settings, now)? {
             providers.push(mounted.mount);
             operated.push(mounted.provider);
             apis.extend(mounted.api);
@@ -127,7 +128,7 @@ impl Application {
             &settings.relay,
             &settings.redis,
             sink_timeout,
-            &channel::client_settings(settings),
+            &providers::client_settings(settings),
         )?);
 
         let metrics = Arc::new(Metrics::new());

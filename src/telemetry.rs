@@ -46,7 +46,7 @@ pub fn init_with(format: LogFormat) {
 /// Logs in tests only when `TEST_LOG` is set, so failures can be read without noise.
 pub fn init_for_tests() {
     // Every test builds reqwest clients; reqwest has no TLS provider of its own here.
-    crate::channel::api::install_crypto();
+    crate::https::install_crypto();
     if std::env::var_os("TEST_LOG").is_some() {
         init();
     }

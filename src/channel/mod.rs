@@ -1,16 +1,15 @@
 //! The seam every payment provider plugs into: verify the raw request, decode it into a
 //! [`Notice`], and answer in the provider's own shape. The core never sees provider details.
 //!
-//! A provider is one file here: its settings, its key loading, its [`Channel`] impl, its
-//! notify routes with their OpenAPI description, and a `mount`. [`PROVIDERS`] lists them
-//! all; `docs/design.md` has the checklist for adding one.
+//! A provider is a folder here of one shape: `settings.rs` (its `[section]`), `wire.rs` (its
+//! request on the wire), `verify.rs` (its [`Channel`] impl), `explain.rs` (its [`Provider`]
+//! impl), `api.rs` (its query/close client) and `mod.rs` (key loading, notify routes with their
+//! OpenAPI description, and a `mount`). `crate::providers` lists them all; `docs/design.md`
+//! has the checklist for adding one.
 
 use actix_web::http::header::HeaderMap;
 use actix_web::web;
 
-use utoipa::OpenApi;
-
-use crate::config::{ConfigError, Settings};
 use crate::notice::{ChannelId, Notice};
 use crate::time::Timestamp;
 
@@ -268,41 +267,6 @@ pub struct Mounted {
     pub provider: std::sync::Arc<dyn Provider>,
     /// The provider's API client, when some merchant/app has API credentials.
     pub api: Option<std::sync::Arc<dyn api::ProviderApi>>,
-}
-
-/// How the service knows a provider: it builds the provider's channel from its settings
-/// (loading keys once, at start-up) and describes its notify routes.
-pub struct Registration {
-    pub build: fn(&Settings, Timestamp) -> Result<Mounted, ConfigError>,
-    pub openapi: fn() -> utoipa::openapi::OpenApi,
-}
-
-/// How every provider's API client connects, from `[reconcile]`.
-pub fn client_settings(settings: &Settings) -> api::ClientSettings {
-    let r = &settings.reconcile;
-    api::ClientSettings {
-        connect_timeout_ms: r.connect_timeout_ms,
-        timeout_ms: r.timeout_ms,
-        ca_file: r.ca_file.clone(),
-        max_qps: r.max_qps,
-    }
-}
-
-/// Every provider of this build: a new provider is one more entry here.
-pub const PROVIDERS: [Registration; 2] = [
-    Registration {
-        build: |s, now| wechat::mount(&s.wechat, &client_settings(s), now),
-        openapi: wechat::NotifyApi::openapi,
-    },
-    Registration {
-        build: |s, now| alipay::mount(&s.alipay, &client_settings(s), now),
-        openapi: alipay::NotifyApi::openapi,
-    },
-];
-
-/// Builds every provider's routes; the first bad key or setting stops start-up.
-pub fn mount_all(settings: &Settings, now: Timestamp) -> Result<Vec<Mounted>, ConfigError> {
-    PROVIDERS.iter().map(|p| (p.build)(settings, now)).collect()
 }
 
 /// The `reason` label a rejection is counted under.

@@ -6,7 +6,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::{ErrorBody, admin, health, orders};
-use crate::channel::PROVIDERS;
+use crate::providers::PROVIDERS;
 
 struct BearerToken;
 

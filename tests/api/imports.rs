@@ -51,7 +51,7 @@ fn is_word(c: char) -> bool {
 fn paths(text: &str) -> Vec<(Option<usize>, Vec<String>, Vec<String>)> {
     let mut found = Vec::new();
     let mut at = 0;
-    while let Some(offset) = text[at..].find(|c: char| c == 'c' || c == 's') {
+    while let Some(offset) = text[at..].find(['c', 's']) {
         let start = at + offset;
         at = start + 1;
         if text[..start].chars().next_back().is_some_and(is_word) {

@@ -32,7 +32,7 @@ struct Service {
 impl Service {
     async fn start(dir: &Path) -> Self {
         // reqwest has no TLS provider of its own in this build: ring, before any client.
-        paynotify::channel::api::install_crypto();
+        paynotify::https::install_crypto();
         let port = free_port();
         let child = Command::new(BIN)
             .args(["serve", "--config", "paynotify.toml"])

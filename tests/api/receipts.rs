@@ -337,7 +337,7 @@ async fn the_admin_api_lists_shows_and_reapplies_one_receipt(backend: Backend) {
 
 /// Every provider of `settings`, as `paynotify explain` builds them.
 fn providers(settings: &paynotify::config::Settings, app: &TestApp) -> Vec<Arc<dyn Provider>> {
-    paynotify::channel::mount_all(settings, app.clock.now())
+    paynotify::providers::mount_all(settings, app.clock.now())
         .expect("keys load")
         .into_iter()
         .map(|m| m.provider)

@@ -696,7 +696,7 @@ async fn refund_queries_answer_with_what_the_refund_notification_would_carry() {
     let mut settings = Settings::default();
     configure(&mut settings, &fake.url);
     let now = paynotify::time::Timestamp::new(chrono::Utc::now());
-    let mounted = paynotify::channel::mount_all(&settings, now).expect("providers");
+    let mounted = paynotify::providers::mount_all(&settings, now).expect("providers");
     let api = |channel| {
         mounted
             .iter()

@@ -778,7 +778,7 @@ async fn the_http_sink_signs_each_event_and_retries_until_accepted() {
     let sink = HttpSink::new(
         &format!("http://127.0.0.1:{port}/hook"),
         &Secret::new("webhook-secret"),
-        &paynotify::channel::client_settings(&paynotify::config::Settings::default()),
+        &paynotify::providers::client_settings(&paynotify::config::Settings::default()),
     )
     .expect("sink");
     let relay = relay(&app, Arc::new(sink), 16);
@@ -830,7 +830,7 @@ async fn the_http_sink_delivers_over_https_trusting_the_configured_ca() {
     let untrusting = HttpSink::new(
         &url,
         &Secret::new("webhook-secret"),
-        &paynotify::channel::client_settings(&settings),
+        &paynotify::providers::client_settings(&settings),
     )
     .expect("sink");
     let published = relay(&app, Arc::new(untrusting), 16)
@@ -845,7 +845,7 @@ async fn the_http_sink_delivers_over_https_trusting_the_configured_ca() {
     let sink = HttpSink::new(
         &url,
         &Secret::new("webhook-secret"),
-        &paynotify::channel::client_settings(&settings),
+        &paynotify::providers::client_settings(&settings),
     )
     .expect("sink");
     app.clock.advance(3600);

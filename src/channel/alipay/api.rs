@@ -109,7 +109,7 @@ impl AlipayApi {
             };
             let key = keys::private_key_file(&format!("{prefix}.app_private_key_file"), path)?;
             let gateway = a.gateway.clone().unwrap_or_else(|| GATEWAY.to_owned());
-            crate::channel::api::provider_url(&format!("{prefix}.gateway"), &gateway)?;
+            crate::https::provider_url(&format!("{prefix}.gateway"), &gateway)?;
             let Some(app) = channel.apps.get(&a.app_id) else {
                 return Err(invalid(format!("{prefix}.app_id"), "not loaded"));
             };

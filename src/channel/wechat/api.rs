@@ -97,7 +97,7 @@ impl WechatApi {
             let key = keys::private_key_file(&format!("{prefix}.private_key_file"), path)?;
             let base = m.api_base.clone().unwrap_or_else(|| API_BASE.to_owned());
             let base = base.trim_end_matches('/').to_owned();
-            crate::channel::api::provider_url(&format!("{prefix}.api_base"), &base)?;
+            crate::https::provider_url(&format!("{prefix}.api_base"), &base)?;
             let Some(merchant) = channel
                 .keys
                 .values()

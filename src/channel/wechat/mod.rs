@@ -19,14 +19,14 @@ use serde::Deserialize;
 use utoipa::OpenApi;
 
 use super::api::{
-    ApiFuture, ClientSettings, CloseAnswer, Failure, Plumbing, ProviderApi, Received, RefundAnswer,
-    TradeAnswer,
+    ApiFuture, CloseAnswer, Failure, Plumbing, ProviderApi, Received, RefundAnswer, TradeAnswer,
 };
 use super::keys::{self, RsaVerifier};
 use super::{
     Answer, Channel, Explanation, Inbound, Mounted, Provider, Rejection, Reply, Standing, Verdict,
 };
 use crate::config::value::{ConfigError, invalid};
+use crate::https::ClientSettings;
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 use crate::time::Timestamp;
 

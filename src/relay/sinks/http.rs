@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use ring::hmac;
 
-use crate::channel::api::{ClientSettings, client_builder};
 use crate::config::{ConfigError, Secret, invalid};
+use crate::https::{ClientSettings, client_builder};
 use crate::notice::hex;
 use crate::relay::sink::{Event, Health, Published, Sink, SinkError};
 

@@ -12,8 +12,8 @@ pub use http::HttpSink;
 pub use log::LogSink;
 pub use redis_stream::RedisStreamSink;
 
-use crate::channel::api::ClientSettings;
 use crate::config::{ConfigError, RedisSettings, RelaySettings, SinkKind, invalid};
+use crate::https::ClientSettings;
 use crate::relay::sink::Sink;
 
 /// The sink `relay.sink` names. Nothing is contacted here: an error is a configuration
