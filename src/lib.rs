@@ -5,7 +5,6 @@ pub(crate) mod batch;
 pub mod body_deadline;
 pub mod channel;
 pub mod config;
-pub mod explain;
 pub mod gate;
 pub mod https;
 pub mod jobs;

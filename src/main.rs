@@ -240,7 +240,7 @@ async fn migrate(config: Option<PathBuf>) -> anyhow::Result<()> {
 
 async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     use paynotify::channel::{Provider, Verdict};
-    use paynotify::explain::{self, ExplainError, Request};
+    use paynotify::receipts::explain::{self, ExplainError, Request};
     use paynotify::time::{Clock, SystemClock};
 
     let settings = load_settings(args.config.as_deref())?;

@@ -12,9 +12,9 @@ use super::{ApiError, Authorized, ErrorBody, detach};
 use crate::channel::{Inbound, Reply};
 use crate::metrics::Refusal;
 use crate::outbox::status;
+use crate::receipts::store::{ReceiptFilter, StoredReceipt};
 use crate::receipts::{decode_body, header_map};
 use crate::store::outbox::StoredMessage;
-use crate::store::receipts::{ReceiptFilter, StoredReceipt};
 use crate::time::Timestamp;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

@@ -9,8 +9,6 @@ pub use group::GroupCounts;
 pub mod ledger;
 pub mod orders;
 pub mod outbox;
-pub mod receipts;
-pub mod reconcile;
 pub mod relay;
 pub mod schema;
 mod statements;
@@ -156,9 +154,11 @@ pub(crate) enum Pools {
 /// The database behind paynotify; cheap to clone (the pools are shared).
 #[derive(Clone)]
 pub struct Store {
-    pools: std::sync::Arc<Pools>,
+    /// Crate-visible for [`with_conn!`], which the feature rooms that own their SQL
+    /// (`receipts/store.rs`, `reconcile/store.rs`) use as the ledger does.
+    pub(crate) pools: std::sync::Arc<Pools>,
     url: DatabaseUrl,
-    acquire_timeout: Duration,
+    pub(crate) acquire_timeout: Duration,
     /// `database.statement_timeout_ms`.
     statement_timeout: Duration,
     /// The runtime the store was built on, where the group applier runs.

@@ -55,7 +55,7 @@ async fn allow_commits_on(db: &TestDb, table: &str) {
 async fn receipt_outcomes(app: &TestApp) -> Vec<String> {
     let receipts = app
         .store
-        .receipts(&paynotify::store::receipts::ReceiptFilter {
+        .receipts(&paynotify::receipts::store::ReceiptFilter {
             limit: 10,
             ..Default::default()
         })

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use paynotify::config::{ReceiptMode, Secret};
 use paynotify::metrics::Metrics;
 use paynotify::qa::forge::Delivery;
-use paynotify::store::receipts::{NewReceipt, ReceiptFilter, StoredReceipt};
+use paynotify::receipts::store::{NewReceipt, ReceiptFilter, StoredReceipt};
 use serde_json::Value;
 
 use crate::support::helpers::{Backend, TestApp, metric, spawn_app_with};
@@ -15,7 +15,7 @@ use crate::wechat::{APIV3_A, paid, pay, sandbox, settings};
 use std::sync::Arc;
 
 use paynotify::channel::Provider;
-use paynotify::explain::{Report, Request};
+use paynotify::receipts::explain::{Report, Request};
 use paynotify::time::Clock;
 
 async fn app(backend: Backend) -> TestApp {
@@ -351,12 +351,12 @@ async fn explain_last(app: &TestApp, settings: &paynotify::config::Settings) -> 
         .into_iter()
         .next()
         .expect("a receipt");
-    let mut report = paynotify::explain::explain(
+    let mut report = paynotify::receipts::explain::explain(
         &providers(settings, app),
         Request::from_receipt(&receipt).expect("request"),
     )
     .expect("explain");
-    paynotify::explain::check_order(&mut report, &app.store)
+    paynotify::receipts::explain::check_order(&mut report, &app.store)
         .await
         .expect("order checks");
     report

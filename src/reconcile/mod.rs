@@ -11,14 +11,16 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+pub mod store;
+
 use crate::channel::api::{CloseAnswer, Failure, ProviderApi, TradeAnswer};
 use crate::config::ReconcileSettings;
 use crate::metrics::{ExpiryResult, Metrics, ProviderCall};
 use crate::notice::{ChannelId, Notice, Outcome};
 use crate::store::ledger::CloseResult;
-use crate::store::reconcile::OrderAtProvider;
 use crate::store::{Store, StoreError};
 use crate::time::{Clock, Timestamp};
+use store::OrderAtProvider;
 
 /// `Said::ledger` of a paid answer whose payment was handed to a group that did not answer in
 /// time: it may still commit.

@@ -25,15 +25,18 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use tokio::sync::mpsc;
 
+pub mod explain;
+pub mod store;
+
 use crate::channel::{Standing, sha256_hex};
 use crate::config::{ReceiptMode, ReceiptSettings};
 use crate::metrics::{Metrics, ReceiptResult};
 use crate::notice::ChannelId;
 use crate::store::Store;
-use crate::store::receipts::NewReceipt;
 use crate::store::types::Payload;
 use crate::text::storable;
 use crate::time::Timestamp;
+use store::NewReceipt;
 
 /// Receipts per insert statement.
 const WRITE_BATCH: usize = 200;

@@ -11,7 +11,7 @@ use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use crate::channel::{Check, Explanation, Inbound, Provider, Verdict};
 use crate::notice::{Notice, NoticeKind};
 use crate::order::OrderStatus;
-use crate::store::receipts::StoredReceipt;
+use crate::receipts::store::StoredReceipt;
 use crate::store::{Store, StoreError};
 use crate::time::Timestamp;
 

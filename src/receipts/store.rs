@@ -6,9 +6,9 @@ use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use serde::Serialize;
 
-use super::schema::notify_receipt;
-use super::types::Payload;
-use super::{Store, StoreError, with_conn};
+use crate::store::schema::notify_receipt;
+use crate::store::types::Payload;
+use crate::store::{Store, StoreError, with_conn};
 use crate::time::Timestamp;
 
 /// A receipt to write.

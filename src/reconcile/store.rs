@@ -4,9 +4,9 @@
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 
-use super::schema::orders;
-use super::{Store, StoreError, with_conn};
 use crate::order::OrderStatus;
+use crate::store::schema::orders;
+use crate::store::{Store, StoreError, with_conn};
 use crate::time::Timestamp;
 
 /// An order as the reconcile and expiry jobs see it (unpaid, but for the admin endpoint).
