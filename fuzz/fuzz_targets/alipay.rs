@@ -44,8 +44,8 @@ fn percent(bytes: &[u8], out: &mut Vec<u8>) {
 fn check(result: &Result<paynotify::notice::Notice, Rejection>) {
     match result {
         Ok(notice) => {
-            // Admitted means already storable and within the lengths: checking again changes nothing.
-            assert_eq!(notice.clone().checked().as_ref(), Ok(&notice));
+            // Admitted means storable and within the lengths: checking again changes nothing.
+            assert_eq!(notice.clone().checked().as_ref(), Ok(notice));
             assert!(notice.amount_fen > 0, "{notice:?}");
             if let NoticeKind::Refunded(r) = &notice.kind {
                 assert!(!r.out_refund_no.is_empty(), "{notice:?}");

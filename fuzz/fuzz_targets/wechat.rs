@@ -42,7 +42,7 @@ const EVENTS: [&str; 5] = [
 fn check(result: Result<paynotify::notice::Notice, Rejection>, encrypted_here: bool) {
     match result {
         Ok(notice) => {
-            // Admitted means already storable and within the lengths: checking again changes nothing.
+            // Admitted means storable and within the lengths: checking again changes nothing.
             assert_eq!(notice.clone().checked().as_ref(), Ok(&notice));
             match notice.kind {
                 NoticeKind::Paid => assert!(notice.amount_fen > 0, "{notice:?}"),
