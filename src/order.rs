@@ -7,6 +7,7 @@ use diesel::serialize::{self, Output, ToSql};
 use diesel::sql_types::Text;
 use serde::Serialize;
 
+use crate::notice::ChannelId;
 use crate::store::schema::orders;
 use crate::time::Timestamp;
 
@@ -87,8 +88,7 @@ pub struct Order {
 }
 
 /// A new order, already validated by the HTTP layer.
-#[derive(Debug, Clone, PartialEq, Eq, diesel::Insertable)]
-#[diesel(table_name = orders)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewOrder {
     pub order_no: String,
     pub amount_fen: i64,
@@ -96,10 +96,9 @@ pub struct NewOrder {
     pub subject: String,
     pub created_at: Timestamp,
     pub expire_at: Timestamp,
-    /// The WeChat merchant / Alipay app to ask about this order; `None`: every one with
-    /// API credentials.
-    pub wechat_mchid: Option<String>,
-    pub alipay_app_id: Option<String>,
+    /// The provider account to ask about this order, at most one per channel (the WeChat
+    /// `mchid`, the Alipay `app_id`); empty: every account with API credentials.
+    pub accounts: Vec<(ChannelId, String)>,
 }
 
 #[cfg(test)]

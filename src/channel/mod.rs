@@ -256,6 +256,10 @@ pub trait Provider: Send + Sync + 'static {
     /// Every configured merchant/app id (WeChat `mchid`, Alipay `app_id`): what
     /// `POST /orders` may name.
     fn accounts(&self) -> Vec<String>;
+
+    /// The `POST /orders` field that names one of [`Provider::accounts`] for an order
+    /// (`wechat_mchid`): the account stored for the order on this provider's channel.
+    fn order_field(&self) -> &'static str;
 }
 
 /// Registers a provider's notify routes (with its channel as their app data) on each worker.

@@ -115,16 +115,14 @@ impl Reconciler {
 
     /// The provider accounts to ask about `order`: those it names, else every one with
     /// credentials.
+    /// An API whose channel the order names no account on is not asked at all.
     fn accounts_for(&self, order: &OrderAtProvider) -> Vec<(&dyn ProviderApi, String)> {
-        let named = order.wechat_mchid.is_some() || order.alipay_app_id.is_some();
+        let named = !order.accounts.is_empty();
         let mut out = Vec::new();
         for api in &self.apis {
-            let wanted = match api.channel() {
-                ChannelId::Wechat => order.wechat_mchid.as_ref(),
-                ChannelId::Alipay => order.alipay_app_id.as_ref(),
-            };
+            let wanted = order.account_on(api.channel());
             for account in api.accounts() {
-                if !named || wanted == Some(&account) {
+                if !named || wanted == Some(account.as_str()) {
                     out.push((api.as_ref(), account));
                 }
             }

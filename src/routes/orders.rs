@@ -4,8 +4,11 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 
+use std::sync::Arc;
+
 use super::AppState;
 use super::{ApiError, Authorized, ErrorBody, detach, error_body};
+use crate::channel::Provider;
 use crate::notice::{ChannelId, Digest};
 use crate::order::NewOrder;
 use crate::order::Order;
@@ -54,6 +57,44 @@ fn default_currency() -> String {
 }
 
 impl CreateOrderRequest {
+    /// Each field that may name a provider account, by its name in the request: the
+    /// provider whose [`Provider::order_field`] it is owns the account.
+    fn named_accounts(&self) -> [(&'static str, Option<&String>); 2] {
+        [
+            ("wechat_mchid", self.wechat_mchid.as_ref()),
+            ("alipay_app_id", self.alipay_app_id.as_ref()),
+        ]
+    }
+
+    /// The accounts the order names, each on the channel of the provider whose field named
+    /// it; 400 for an id that provider has not configured.
+    fn accounts(
+        &self,
+        providers: &[Arc<dyn Provider>],
+    ) -> Result<Vec<(ChannelId, String)>, ApiError> {
+        let mut accounts = Vec::new();
+        for (field, id) in self.named_accounts() {
+            let Some(id) = id else { continue };
+            let provider = providers.iter().find(|p| p.order_field() == field);
+            match provider {
+                Some(p) if p.accounts().contains(id) => accounts.push((p.channel(), id.clone())),
+                Some(p) => {
+                    return Err(ApiError::BadRequest(format!(
+                        "{field}: {id} is not a configured {} merchant/app",
+                        p.channel()
+                    )));
+                }
+                // A field no provider of this build claims names nothing that is configured.
+                None => {
+                    return Err(ApiError::BadRequest(format!(
+                        "{field}: {id} is not a configured merchant/app"
+                    )));
+                }
+            }
+        }
+        Ok(accounts)
+    }
+
     /// Both providers accept `out_trade_no` of letters, digits and `_-|*`; WeChat up to 32
     /// characters, Alipay up to 64.
     fn validate(&self) -> Result<(), ApiError> {
@@ -81,10 +122,7 @@ impl CreateOrderRequest {
         {
             return bad("expire_after_secs: between 1 and 2592000");
         }
-        for (name, id) in [
-            ("wechat_mchid", &self.wechat_mchid),
-            ("alipay_app_id", &self.alipay_app_id),
-        ] {
+        for (name, id) in self.named_accounts() {
             if let Some(id) = id
                 && (id.is_empty()
                     || id.len() > 32
@@ -152,28 +190,7 @@ pub async fn create(
     body: web::Json<CreateOrderRequest>,
 ) -> Result<HttpResponse, ApiError> {
     body.validate()?;
-    for (channel, named) in [
-        (ChannelId::Wechat, &body.wechat_mchid),
-        (ChannelId::Alipay, &body.alipay_app_id),
-    ] {
-        let configured = |id: &String| {
-            state
-                .providers
-                .iter()
-                .any(|p| p.channel() == channel && p.accounts().contains(id))
-        };
-        if let Some(id) = named
-            && !configured(id)
-        {
-            let field = match channel {
-                ChannelId::Wechat => "wechat_mchid",
-                ChannelId::Alipay => "alipay_app_id",
-            };
-            return Err(ApiError::BadRequest(format!(
-                "{field}: {id} is not a configured {channel} merchant/app"
-            )));
-        }
-    }
+    let accounts = body.accounts(&state.providers)?;
     let key = idempotency_key(&request)?;
     // Same key + same parsed request = a replay, whatever the JSON whitespace or key order.
     let request_digest = Digest::of(serde_json::to_string(&*body).unwrap_or_default().as_bytes());
@@ -186,8 +203,7 @@ pub async fn create(
         subject: body.subject.clone(),
         created_at: now,
         expire_at: now.plus_seconds(i64::try_from(expire_after).unwrap_or(i64::MAX / 2)),
-        wechat_mchid: body.wechat_mchid.clone(),
-        alipay_app_id: body.alipay_app_id.clone(),
+        accounts,
     };
     if let (Some(gate), Some(key)) = (&state.gate, key)
         && let Some(cached) = gate.idempotent_answer(key).await

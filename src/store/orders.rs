@@ -5,7 +5,9 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 use serde::Serialize;
 
 use super::schema::{idempotency_key, orders, pay_callback, refund_callback, status_callback};
-use super::statements::{ClaimIdempotencyKey, InsertOrder, PRIMARY, unless_exists};
+use super::statements::{
+    ClaimIdempotencyKey, InsertOrder, InsertOrderAccount, PRIMARY, unless_exists,
+};
 use super::{Store, StoreError, with_conn};
 use crate::notice::Digest;
 use crate::order::{NewOrder, Order};
@@ -89,9 +91,10 @@ pub struct Callbacks {
 }
 
 impl Store {
-    /// Creates an order. With a key, the key row and the order are written in one
-    /// transaction and the rendered answer is stored with the key, so a repeat gets the same
-    /// bytes and a concurrent repeat waits for the first and then reads its answer.
+    /// Creates an order and the accounts it names, in one transaction: an order that exists
+    /// already gets no account written. With a key, the key row is written in the same
+    /// transaction and the rendered answer is stored with it, so a repeat gets the same bytes
+    /// and a concurrent repeat waits for the first and then reads its answer.
     pub async fn create_order<F>(
         &self,
         new: &NewOrder,
@@ -131,6 +134,15 @@ impl Store {
                 let written = InsertOrder { order: new }.execute(conn).await;
                 let inserted = unless_exists(written, PRIMARY)?;
                 let outcome = if inserted == 1 {
+                    for (channel, account) in &new.accounts {
+                        InsertOrderAccount {
+                            order_no: &new.order_no,
+                            channel: channel.as_str(),
+                            account,
+                        }
+                        .execute(conn)
+                        .await?;
+                    }
                     let order = orders::table
                         .find(&new.order_no)
                         .select(Order::as_select())

@@ -17,10 +17,20 @@ diesel::table! {
         paid_at -> Nullable<UtcTs>,
         closed_at -> Nullable<UtcTs>,
         expire_at -> UtcTs,
-        wechat_mchid -> Nullable<Text>,
-        alipay_app_id -> Nullable<Text>,
         next_query_at -> Nullable<UtcTs>,
         close_attempts -> Integer,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+
+    /// The provider account an order names per channel (`POST /orders`); none: every
+    /// account with API credentials is asked about it.
+    order_account (order_no, channel) {
+        order_no -> Text,
+        channel -> Text,
+        account -> Text,
     }
 }
 
@@ -126,6 +136,7 @@ diesel::table! {
 diesel::allow_tables_to_appear_in_same_query!(
     notify_receipt,
     orders,
+    order_account,
     pay_callback,
     refund_callback,
     status_callback,

@@ -163,12 +163,25 @@ pub struct InsertOrder<'a> {
 }
 
 statement!(InsertOrder, |self, out| {
-    "INSERT INTO orders (order_no, amount_fen, currency, subject, created_at, expire_at, wechat_mchid, alipay_app_id) VALUES ("
+    "INSERT INTO orders (order_no, amount_fen, currency, subject, created_at, expire_at) VALUES ("
     [Text: &self.order.order_no] ", " [BigInt: &self.order.amount_fen] ", "
     [Text: &self.order.currency] ", " [Text: &self.order.subject] ", "
-    [UtcTs: &self.order.created_at] ", " [UtcTs: &self.order.expire_at] ", "
-    [Nullable<Text>: &self.order.wechat_mchid] ", " [Nullable<Text>: &self.order.alipay_app_id] ")"
+    [UtcTs: &self.order.created_at] ", " [UtcTs: &self.order.expire_at] ")"
 }, unless_exists: " ON CONFLICT (order_no) DO NOTHING");
+
+/// The account a new order names for one channel, written in the order's transaction right
+/// after [`InsertOrder`] wrote the order. A row already there is an error: orders are never
+/// removed, so it would be another order's account.
+pub struct InsertOrderAccount<'a> {
+    pub order_no: &'a str,
+    pub channel: &'a str,
+    pub account: &'a str,
+}
+
+statement!(InsertOrderAccount, |self, out| {
+    "INSERT INTO order_account (order_no, channel, account) VALUES ("
+    [Text: self.order_no] ", " [Text: self.channel] ", " [Text: self.account] ")"
+});
 
 /// Claims an `Idempotency-Key` for a request; 0 rows when the key exists.
 pub struct ClaimIdempotencyKey<'a> {

@@ -11,6 +11,7 @@ mod gate_cluster;
 mod health;
 mod imports;
 mod ledger;
+mod migrations;
 mod notify;
 mod openapi;
 mod orders;

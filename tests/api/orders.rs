@@ -5,7 +5,7 @@ use std::sync::Arc;
 use serde_json::json;
 use tokio::sync::Barrier;
 
-use crate::support::helpers::{Backend, TestApp, spawn_app, spawn_app_with};
+use crate::support::helpers::{Backend, TestApp, named, named_accounts, spawn_app, spawn_app_with};
 
 crate::on_every_backend!(
     a_replay_with_the_same_key_returns_identical_bytes,
@@ -17,6 +17,9 @@ crate::on_every_backend!(
     without_a_token_requests_relayed_by_a_proxy_are_refused,
     an_order_has_every_key_and_404_when_missing,
     close_moves_only_unpaid_orders,
+    an_order_naming_both_accounts_stores_both,
+    an_existing_order_named_again_writes_no_account,
+    an_unconfigured_account_is_400_naming_its_provider,
 );
 
 async fn post_order(app: &TestApp, key: Option<&str>, body: &serde_json::Value) -> (u16, String) {
@@ -250,4 +253,108 @@ async fn without_a_token_requests_relayed_by_a_proxy_are_refused(backend: Backen
         (response.status(), response.text().await.expect("body"))
     };
     assert_eq!(status, 201, "a local caller without a token: {body}");
+}
+
+/// The WeChat merchants 1900000001 and 1900000002 and the Alipay apps 2021000000000001 and
+/// 2021000000000002 configured (without API credentials: they may be named, never asked).
+async fn app_with_accounts(backend: Backend) -> TestApp {
+    spawn_app_with(backend, |s| {
+        s.wechat = crate::wechat::settings();
+        s.alipay = crate::alipay::settings();
+    })
+    .await
+}
+
+/// `order(no, 100)` naming a WeChat merchant and an Alipay app.
+fn naming(no: &str, mchid: &str, app_id: &str) -> serde_json::Value {
+    let mut body = order(no, 100);
+    body["wechat_mchid"] = json!(mchid);
+    body["alipay_app_id"] = json!(app_id);
+    body
+}
+
+async fn an_order_naming_both_accounts_stores_both(backend: Backend) {
+    let app = app_with_accounts(backend).await;
+    let body = naming("P-ACC", "1900000001", "2021000000000001");
+    assert_eq!(post_order(&app, None, &body).await.0, 201);
+    assert_eq!(
+        app.db
+            .count(
+                "order_account WHERE order_no = 'P-ACC' AND \
+                 ((channel = 'wechat' AND account = '1900000001') OR \
+                  (channel = 'alipay' AND account = '2021000000000001'))"
+            )
+            .await,
+        2
+    );
+    assert_eq!(app.db.count("order_account").await, 2);
+    assert_eq!(
+        named_accounts(&app.store, "P-ACC").await,
+        [
+            named("alipay", "2021000000000001"),
+            named("wechat", "1900000001"),
+        ]
+    );
+    // One named, the other not: one row.
+    let mut one = order("P-ONE", 100);
+    one["alipay_app_id"] = json!("2021000000000002");
+    assert_eq!(post_order(&app, None, &one).await.0, 201);
+    assert_eq!(
+        named_accounts(&app.store, "P-ONE").await,
+        [named("alipay", "2021000000000002")]
+    );
+    // None named: no row, every account with credentials is asked.
+    assert_eq!(post_order(&app, None, &order("P-NONE", 100)).await.0, 201);
+    assert!(named_accounts(&app.store, "P-NONE").await.is_empty());
+    assert_eq!(app.db.count("order_account").await, 3);
+}
+
+async fn an_existing_order_named_again_writes_no_account(backend: Backend) {
+    let app = app_with_accounts(backend).await;
+    let first = naming("P-AGAIN", "1900000001", "2021000000000001");
+    assert_eq!(post_order(&app, None, &first).await.0, 201);
+    // Other accounts for the same order_no, with and without a key: 409, nothing written.
+    let other = naming("P-AGAIN", "1900000002", "2021000000000002");
+    assert_eq!(post_order(&app, None, &other).await.0, 409);
+    assert_eq!(post_order(&app, Some("k-again"), &other).await.0, 409);
+    assert_eq!(post_order(&app, None, &first).await.0, 409);
+    assert_eq!(app.db.count("order_account").await, 2);
+    assert_eq!(
+        named_accounts(&app.store, "P-AGAIN").await,
+        [
+            named("alipay", "2021000000000001"),
+            named("wechat", "1900000001"),
+        ]
+    );
+}
+
+async fn an_unconfigured_account_is_400_naming_its_provider(backend: Backend) {
+    let app = app_with_accounts(backend).await;
+    for (field, id, message) in [
+        (
+            "wechat_mchid",
+            "1999999999",
+            "wechat_mchid: 1999999999 is not a configured wechat merchant/app",
+        ),
+        // An Alipay app id is not a WeChat merchant, nor the other way round.
+        (
+            "wechat_mchid",
+            "2021000000000001",
+            "wechat_mchid: 2021000000000001 is not a configured wechat merchant/app",
+        ),
+        (
+            "alipay_app_id",
+            "1900000001",
+            "alipay_app_id: 1900000001 is not a configured alipay merchant/app",
+        ),
+    ] {
+        let mut body = order("P-UNKNOWN", 100);
+        body[field] = json!(id);
+        let (status, answer) = post_order(&app, None, &body).await;
+        assert_eq!(status, 400, "{answer}");
+        let answer: serde_json::Value = serde_json::from_str(&answer).expect("error JSON");
+        assert_eq!(answer["error"], message);
+    }
+    assert_eq!(app.db.count("orders").await, 0);
+    assert_eq!(app.db.count("order_account").await, 0);
 }

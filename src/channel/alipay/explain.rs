@@ -70,6 +70,10 @@ impl Provider for Alipay {
         ids
     }
 
+    fn order_field(&self) -> &'static str {
+        "alipay_app_id"
+    }
+
     fn admit(&self, request: &Inbound<'_>) -> Result<Notice, Rejection> {
         crate::channel::admit(self, request)
     }

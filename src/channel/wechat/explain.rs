@@ -81,6 +81,10 @@ impl Provider for WechatPay {
         ids
     }
 
+    fn order_field(&self) -> &'static str {
+        "wechat_mchid"
+    }
+
     fn admit(&self, request: &Inbound<'_>) -> Result<Notice, Rejection> {
         crate::channel::admit(self, request)
     }

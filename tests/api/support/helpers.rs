@@ -98,6 +98,22 @@ fn mysql_times(sql: &str) -> String {
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 const PG_PREFIX: &str = "paynotify_test_";
 
+/// A database name no other test of any run uses; its time stamp lets a later run sweep it.
+fn unique_name() -> String {
+    format!(
+        "{PG_PREFIX}{}_{}_{}",
+        Utc::now().timestamp(),
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The URL of database `name` on the server of `admin`.
+fn database_url(admin: &str, name: &str) -> String {
+    let base = admin.rsplit_once('/').map_or(admin, |(b, _)| b);
+    format!("{base}/{name}")
+}
+
 impl TestDb {
     pub async fn create(backend: Backend) -> Self {
         match backend {
@@ -110,12 +126,7 @@ impl TestDb {
                     )
                 });
                 sweep_old_databases(&mut conn).await;
-                let name = format!(
-                    "{PG_PREFIX}{}_{}_{}",
-                    Utc::now().timestamp(),
-                    std::process::id(),
-                    COUNTER.fetch_add(1, Ordering::Relaxed)
-                );
+                let name = unique_name();
                 // A copy of the migrated template: the migrations ran once for this process.
                 let mut template = migrated_template(&admin, false).await;
                 let mut attempts = 0;
@@ -135,29 +146,22 @@ impl TestDb {
                         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     }
                 }
-                let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
                 TestDb::Postgres {
-                    url: format!("{base}/{name}"),
+                    url: database_url(&admin, &name),
                     name,
                 }
             }
             Backend::Mysql => {
                 let admin = mysql_admin_url();
                 let mut conn = mysql_conn(&admin).await;
-                let name = format!(
-                    "{PG_PREFIX}{}_{}_{}",
-                    Utc::now().timestamp(),
-                    std::process::id(),
-                    COUNTER.fetch_add(1, Ordering::Relaxed)
-                );
+                let name = unique_name();
                 conn.batch_execute(&format!(
                     "CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
                 ))
                 .await
                 .expect("create test database");
-                let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
                 TestDb::Mysql {
-                    url: format!("{base}/{name}"),
+                    url: database_url(&admin, &name),
                     name,
                 }
             }
@@ -166,6 +170,27 @@ impl TestDb {
                 let url = format!("sqlite://{}", dir.path().join("paynotify.db").display());
                 TestDb::Sqlite { url, _dir: dir }
             }
+        }
+    }
+
+    /// A database without tables, for a test that runs the migrations itself: as
+    /// [`TestDb::create`], but on PostgreSQL an empty database, not a copy of the migrated
+    /// template (MySQL and SQLite databases start empty anyway).
+    pub async fn create_unmigrated(backend: Backend) -> Self {
+        if backend != Backend::Postgres {
+            return Self::create(backend).await;
+        }
+        let admin = pg_admin_url();
+        let mut conn = AsyncPgConnection::establish(&admin)
+            .await
+            .expect("PostgreSQL admin connection");
+        let name = unique_name();
+        conn.batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create test database");
+        TestDb::Postgres {
+            url: database_url(&admin, &name),
+            name,
         }
     }
 
@@ -458,9 +483,8 @@ async fn migrated_template(admin: &str, rebuild: bool) -> String {
                 .await
                 .expect("create template");
         }
-        let base = admin.rsplit_once('/').map_or(admin, |(b, _)| b);
         let mut settings = Settings::default();
-        settings.database.url = Secret::new(format!("{base}/{building}"));
+        settings.database.url = Secret::new(database_url(admin, &building));
         let store = Store::connect(&settings.database).expect("template store");
         store.migrate().await.expect("migrate the template");
         drop(store);
@@ -909,4 +933,24 @@ pub fn assert_storm_answers(statuses: &[actix_web::http::StatusCode]) {
         .filter(|s| **s != StatusCode::NO_CONTENT && **s != StatusCode::SERVICE_UNAVAILABLE)
         .collect();
     assert!(unexpected.is_empty(), "{unexpected:?}");
+}
+
+/// `(channel, account)` of every account an order names, as the reconcile and expiry jobs
+/// read them (`order_account`, by channel).
+pub async fn named_accounts(store: &Store, order_no: &str) -> Vec<(String, String)> {
+    let order = store
+        .reconcile_target(order_no)
+        .await
+        .expect("reconcile target")
+        .expect("the order");
+    order
+        .accounts
+        .into_iter()
+        .map(|a| (a.channel, a.account))
+        .collect()
+}
+
+/// One `(channel, account)` of [`named_accounts`].
+pub fn named(channel: &str, account: &str) -> (String, String) {
+    (channel.to_owned(), account.to_owned())
 }

@@ -1,0 +1,136 @@
+//! The migrations on rows already there: migrate up to the one before a change, write rows
+//! as the service of that time did, run the rest, and find the rows where the new schema
+//! keeps them; then back down and up again.
+
+use diesel::Connection;
+use diesel::sqlite::SqliteConnection;
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
+use diesel_async::{AsyncMysqlConnection, AsyncPgConnection};
+use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
+use paynotify::store::{MYSQL_MIGRATIONS, POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS, Store};
+
+use crate::support::helpers::{Backend, TestDb, named, named_accounts, test_settings};
+
+crate::on_every_backend!(accounts_named_in_order_columns_move_to_order_account);
+
+/// The migration that moved `orders.wechat_mchid` / `orders.alipay_app_id` into
+/// `order_account`.
+const ORDER_ACCOUNT: &str = "2026-12-04-000001_order_account";
+
+#[derive(Clone, Copy)]
+enum Step {
+    /// Every pending migration, or those before the one named.
+    Up(Option<&'static str>),
+    /// The last migration applied, reverted.
+    RevertLast,
+}
+
+/// Takes `step` on one connection; the names of the migrations applied (none for a revert).
+fn apply<DB: diesel::backend::Backend>(
+    conn: &mut impl MigrationHarness<DB>,
+    migrations: EmbeddedMigrations,
+    step: Step,
+) -> Vec<String> {
+    let stop = match step {
+        Step::RevertLast => {
+            conn.revert_last_migration(migrations).expect("revert");
+            return Vec::new();
+        }
+        Step::Up(stop) => stop,
+    };
+    let mut applied = Vec::new();
+    for migration in conn.pending_migrations(migrations).expect("pending") {
+        let name = migration.name().to_string();
+        if stop == Some(name.as_str()) {
+            break;
+        }
+        conn.run_migration(migration.as_ref())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        applied.push(name);
+    }
+    applied
+}
+
+/// Takes `step` on `db` with the backend's embedded migrations, as `paynotify migrate` does.
+async fn migrate(db: &TestDb, backend: Backend, step: Step) -> Vec<String> {
+    let url = db.url().to_owned();
+    tokio::task::spawn_blocking(move || match backend {
+        Backend::Postgres => {
+            let mut conn =
+                AsyncConnectionWrapper::<AsyncPgConnection>::establish(&url).expect("connect");
+            apply(&mut conn, POSTGRES_MIGRATIONS, step)
+        }
+        Backend::Mysql => {
+            let mut conn =
+                AsyncConnectionWrapper::<AsyncMysqlConnection>::establish(&url).expect("connect");
+            apply(&mut conn, MYSQL_MIGRATIONS, step)
+        }
+        Backend::Sqlite => {
+            let path = url.trim_start_matches("sqlite://");
+            let mut conn = SqliteConnection::establish(path).expect("connect");
+            apply(&mut conn, SQLITE_MIGRATIONS, step)
+        }
+    })
+    .await
+    .expect("migration task")
+}
+
+async fn accounts_named_in_order_columns_move_to_order_account(backend: Backend) {
+    let db = TestDb::create_unmigrated(backend).await;
+    let before = migrate(&db, backend, Step::Up(Some(ORDER_ACCOUNT))).await;
+    assert!(!before.is_empty(), "the migrations before {ORDER_ACCOUNT}");
+    db.execute(
+        "INSERT INTO orders (order_no, amount_fen, currency, subject, created_at, expire_at, \
+         wechat_mchid, alipay_app_id) VALUES \
+         ('M-BOTH', 100, 'CNY', 't', '2026-11-30T08:00:00.000000Z', '2026-11-30T09:00:00.000000Z', \
+          '1900000001', '2021000000000001'), \
+         ('M-WECHAT', 100, 'CNY', 't', '2026-11-30T08:00:00.000000Z', '2026-11-30T09:00:00.000000Z', \
+          '1900000002', NULL), \
+         ('M-ALIPAY', 100, 'CNY', 't', '2026-11-30T08:00:00.000000Z', '2026-11-30T09:00:00.000000Z', \
+          NULL, '2021000000000002'), \
+         ('M-NONE', 100, 'CNY', 't', '2026-11-30T08:00:00.000000Z', '2026-11-30T09:00:00.000000Z', \
+          NULL, NULL)",
+    )
+    .await;
+    let rest = migrate(&db, backend, Step::Up(None)).await;
+    assert_eq!(rest.first().map(String::as_str), Some(ORDER_ACCOUNT));
+
+    assert_eq!(db.count("order_account").await, 4);
+    let store = Store::connect(&test_settings(db.url()).database).expect("store");
+    assert_eq!(
+        named_accounts(&store, "M-BOTH").await,
+        [
+            named("alipay", "2021000000000001"),
+            named("wechat", "1900000001")
+        ]
+    );
+    assert_eq!(
+        named_accounts(&store, "M-WECHAT").await,
+        [named("wechat", "1900000002")]
+    );
+    assert_eq!(
+        named_accounts(&store, "M-ALIPAY").await,
+        [named("alipay", "2021000000000002")]
+    );
+    assert!(named_accounts(&store, "M-NONE").await.is_empty());
+    drop(store);
+
+    // Back down (its ADD COLUMN fails unless up dropped the columns) and up again: each
+    // account returns to its column and back.
+    for _ in &rest {
+        migrate(&db, backend, Step::RevertLast).await;
+    }
+    for (order_no, mchid, app_id) in [
+        ("M-BOTH", "= '1900000001'", "= '2021000000000001'"),
+        ("M-WECHAT", "= '1900000002'", "IS NULL"),
+        ("M-ALIPAY", "IS NULL", "= '2021000000000002'"),
+        ("M-NONE", "IS NULL", "IS NULL"),
+    ] {
+        let row = format!(
+            "orders WHERE order_no = '{order_no}' AND wechat_mchid {mchid} AND alipay_app_id {app_id}"
+        );
+        assert_eq!(db.count(&row).await, 1, "{row}");
+    }
+    assert_eq!(migrate(&db, backend, Step::Up(None)).await, rest);
+    assert_eq!(db.count("order_account").await, 4);
+}
