@@ -1,10 +1,10 @@
 //! The internal orders API: create (with `Idempotency-Key`), read, close.
 
+use std::sync::Arc;
+
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
-
-use std::sync::Arc;
 
 use super::AppState;
 use super::{ApiError, Authorized, ErrorBody, detach, error_body};
