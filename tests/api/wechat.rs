@@ -9,9 +9,8 @@ use paynotify::qa::forge::Delivery;
 use paynotify::qa::forge::wechat::{self, Sandbox};
 use paynotify::time::Clock;
 use serde_json::Value;
-use tokio::sync::Barrier;
 
-use crate::support::helpers::{Backend, TestApp, post_delivery, spawn_app_with};
+use crate::support::helpers::{Backend, TestApp, post_delivery, released_together, spawn_app_with};
 use crate::support::keys::{certificate, public_key_path, rsa_key};
 
 const KEY_A: &str = "PUB_KEY_ID_0000000000000000000000000000000A";
@@ -240,18 +239,13 @@ async fn twenty_concurrent_identical_deliveries_make_one_transition(backend: Bac
     let app = Arc::new(app(backend).await);
     app.create_order("W-20", 19900).await;
     let d = paid(&app, &sandbox('A'), "W-20", 19900);
-    let barrier = Arc::new(Barrier::new(20));
-    let tasks: Vec<_> = (0..20)
-        .map(|_| {
-            let (app, d, barrier) = (app.clone(), d.clone(), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                pay(&app, &d).await
-            })
-        })
-        .collect();
-    for t in tasks {
-        assert_eq!(t.await.expect("task"), (204, String::new()));
+    let answers = released_together(20, |_| {
+        let (app, d) = (app.clone(), d.clone());
+        async move { pay(&app, &d).await }
+    })
+    .await;
+    for answer in answers {
+        assert_eq!(answer, (204, String::new()));
     }
     assert_eq!(app.messages("ORDER_PAID").await, 1);
     assert_eq!(app.db.count("pay_callback").await, 1);
