@@ -82,6 +82,15 @@ fn relay(app: &TestApp, sink: Arc<dyn Sink>, max_attempts: u32) -> Relay {
     )
 }
 
+/// One tick of a fresh relay on `sink`.
+async fn tick_once(
+    app: &TestApp,
+    sink: Arc<dyn Sink>,
+    max_attempts: u32,
+) -> paynotify::relay::TickReport {
+    relay(app, sink, max_attempts).tick().await.expect("tick")
+}
+
 fn sql_time(t: Timestamp) -> String {
     t.as_datetime().format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
 }
@@ -154,7 +163,7 @@ async fn publishes_each_pending_message_once(backend: Backend) {
     let app = spawn_app(backend).await;
     pending(&app, 250).await;
     let sink = Arc::new(TestSink::default());
-    let report = relay(&app, sink.clone(), 16).tick().await.expect("tick");
+    let report = tick_once(&app, sink.clone(), 16).await;
     assert_eq!(
         report.published, 250,
         "a backlog drains in one tick, batch after batch"
@@ -168,14 +177,7 @@ async fn publishes_each_pending_message_once(backend: Backend) {
         250
     );
     // Nothing is due any more: the next tick publishes nothing.
-    assert_eq!(
-        relay(&app, sink.clone(), 16)
-            .tick()
-            .await
-            .expect("tick")
-            .published,
-        0
-    );
+    assert_eq!(tick_once(&app, sink.clone(), 16).await.published, 0);
     assert_eq!(sink.ids().len(), 250);
     let e = &sink.delivered.lock().expect("lock")[0];
     assert_eq!(
@@ -240,10 +242,7 @@ async fn max_attempts_park_a_message_dead_with_the_reason(backend: Backend) {
 async fn redrive_makes_a_dead_message_pending_and_it_is_delivered(backend: Backend) {
     let app = spawn_app(backend).await;
     pending(&app, 1).await;
-    relay(&app, Arc::new(TestSink::failing(1)), 1)
-        .tick()
-        .await
-        .expect("tick");
+    tick_once(&app, Arc::new(TestSink::failing(1)), 1).await;
     let dead = message(&app, "k0").await;
     assert_eq!(dead.status, 2);
     let admin = |path: String| {
@@ -287,14 +286,7 @@ async fn redrive_makes_a_dead_message_pending_and_it_is_delivered(backend: Backe
         404
     );
     let sink = Arc::new(TestSink::default());
-    assert_eq!(
-        relay(&app, sink.clone(), 1)
-            .tick()
-            .await
-            .expect("tick")
-            .published,
-        1
-    );
+    assert_eq!(tick_once(&app, sink.clone(), 1).await.published, 1);
     assert_eq!(sink.ids(), [dead.id]);
 }
 
@@ -512,10 +504,7 @@ async fn retention_keeps_callbacks_anomalies_pending_dead_and_recent_rows(backen
     app.clock.advance(8 * 86_400);
     app.create_and_apply(&TestNotification::paid("RT-NEW", "T-NEW", 100).to_notice())
         .await;
-    relay(&app, Arc::new(TestSink::default()), 16)
-        .tick()
-        .await
-        .expect("tick");
+    tick_once(&app, Arc::new(TestSink::default()), 16).await;
 
     let deleted = purge(&app.store, app.clock.as_ref(), 7, 7)
         .await
@@ -656,14 +645,7 @@ async fn the_redis_stream_sink_adds_every_event_with_its_fields() {
     let sink = RedisStreamSink::connect("redis://127.0.0.1:6379", &stream, Duration::from_secs(2))
         .await
         .expect("Redis must run on 127.0.0.1:6379 (bash tests/run.sh starts it)");
-    assert_eq!(
-        relay(&app, Arc::new(sink), 16)
-            .tick()
-            .await
-            .expect("tick")
-            .published,
-        5
-    );
+    assert_eq!(tick_once(&app, Arc::new(sink), 16).await.published, 5);
     let entries = crate::support::helpers::stream_entries("redis://127.0.0.1:6379", &stream).await;
     let mut conn = redis::Client::open("redis://127.0.0.1:6379")
         .expect("client")
@@ -792,11 +774,7 @@ async fn the_http_sink_delivers_over_https_trusting_the_configured_ca() {
         &paynotify::providers::client_settings(&settings),
     )
     .expect("sink");
-    let published = relay(&app, Arc::new(untrusting), 16)
-        .tick()
-        .await
-        .expect("tick")
-        .published;
+    let published = tick_once(&app, Arc::new(untrusting), 16).await.published;
     assert_eq!(published, 0);
     assert_eq!(received.load(Ordering::SeqCst), 0);
 
@@ -808,11 +786,7 @@ async fn the_http_sink_delivers_over_https_trusting_the_configured_ca() {
     )
     .expect("sink");
     app.clock.advance(3600);
-    let published = relay(&app, Arc::new(sink), 16)
-        .tick()
-        .await
-        .expect("tick")
-        .published;
+    let published = tick_once(&app, Arc::new(sink), 16).await.published;
     handle.stop(false).await;
     assert_eq!(published, 1);
     assert_eq!(received.load(Ordering::SeqCst), 1);

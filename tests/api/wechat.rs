@@ -120,6 +120,13 @@ pub(crate) async fn pay(app: &TestApp, d: &Delivery) -> (u16, String) {
     send(app, "/notify/wechat/pay", d).await
 }
 
+/// Creates `order_no` and pays it with merchant A's notification, which is acknowledged.
+pub(crate) async fn paid_order(app: &TestApp, order_no: &str, total: i64) {
+    app.create_order(order_no, total).await;
+    let (status, body) = pay(app, &paid(app, &sandbox('A'), order_no, total)).await;
+    assert_eq!(status, 204, "{order_no}: {body}");
+}
+
 /// A refused notification answers in WeChat's failure shape and writes nothing.
 async fn assert_refused(app: &TestApp, d: &Delivery, status: u16) {
     let (got, body) = pay(app, d).await;
@@ -175,9 +182,8 @@ async fn a_retry_reencrypted_and_resigned_is_a_duplicate(backend: Backend) {
 
 async fn partial_refunds_add_up_to_a_full_refund(backend: Backend) {
     let app = app(backend).await;
-    app.create_order("W-R", 10000).await;
+    paid_order(&app, "W-R", 10000).await;
     let s = sandbox('A');
-    assert_eq!(pay(&app, &paid(&app, &s, "W-R", 10000)).await.0, 204);
     let refund = |no: &str, fen| {
         let plaintext = wechat::refund(&s, "W-R", "42W-R", no, fen, 10000);
         s.notification("REFUND.SUCCESS", &plaintext, now(&app))
@@ -208,9 +214,8 @@ async fn partial_refunds_add_up_to_a_full_refund(backend: Backend) {
 
 async fn abnormal_and_closed_refunds_change_nothing(backend: Backend) {
     let app = app(backend).await;
-    app.create_order("W-AB", 10000).await;
+    paid_order(&app, "W-AB", 10000).await;
     let s = sandbox('A');
-    pay(&app, &paid(&app, &s, "W-AB", 10000)).await;
     for (event, status) in [("REFUND.ABNORMAL", "ABNORMAL"), ("REFUND.CLOSED", "CLOSED")] {
         let mut plaintext = wechat::refund(&s, "W-AB", "42W-AB", "R-X", 10000, 10000);
         plaintext["refund_status"] = status.into();
@@ -329,9 +334,8 @@ async fn a_payment_from_any_appid_of_the_merchant_is_ours(backend: Backend) {
 /// refunds it. The order stays paid by A, and each of B's notices is recorded exactly once.
 async fn a_second_merchants_payment_and_its_refund_leave_the_order_paid(backend: Backend) {
     let app = app(backend).await;
-    app.create_order("W-2M", 10000).await;
+    paid_order(&app, "W-2M", 10000).await;
     let (a, b) = (sandbox('A'), sandbox('B'));
-    assert_eq!(pay(&app, &paid(&app, &a, "W-2M", 10000)).await.0, 204);
 
     let second = |at: i64| {
         let plaintext = wechat::transaction(&b, "W-2M", "43W-2M", 10000);

@@ -209,30 +209,27 @@ impl TestDb {
         order_no: &str,
         hold: std::time::Duration,
     ) -> tokio::task::JoinHandle<()> {
-        let (taken_tx, taken) = tokio::sync::oneshot::channel();
-        let task = match self {
+        match self {
             TestDb::Postgres { url, .. } => {
                 let c = AsyncPgConnection::establish(url).await.expect("connect");
                 let lock = format!(
                     "BEGIN; SELECT order_no FROM orders WHERE order_no = '{order_no}' FOR UPDATE"
                 );
-                hold_lock(c, lock, "COMMIT", hold, taken_tx)
+                hold_lock(c, lock, "COMMIT", hold).await
             }
             TestDb::Mysql { url, .. } => {
                 let c = mysql_conn(url).await;
                 let lock = format!(
                     "START TRANSACTION; SELECT order_no FROM orders WHERE order_no = '{order_no}' FOR UPDATE"
                 );
-                hold_lock(c, lock, "COMMIT", hold, taken_tx)
+                hold_lock(c, lock, "COMMIT", hold).await
             }
             TestDb::Sqlite { url, .. } => {
                 let path = url.trim_start_matches("sqlite://").to_owned();
                 let c = SqliteAsync::establish(&path).await.expect("connect");
-                hold_lock(c, "BEGIN IMMEDIATE".to_owned(), "COMMIT", hold, taken_tx)
+                hold_lock(c, "BEGIN IMMEDIATE".to_owned(), "COMMIT", hold).await
             }
-        };
-        taken.await.expect("lock taken");
-        task
+        }
     }
 
     /// PostgreSQL and MySQL: holds a lock on `table` that blocks every write to it, for
@@ -242,22 +239,19 @@ impl TestDb {
         table: &str,
         hold: std::time::Duration,
     ) -> tokio::task::JoinHandle<()> {
-        let (taken_tx, taken) = tokio::sync::oneshot::channel();
-        let task = match self {
+        match self {
             TestDb::Postgres { url, .. } => {
                 let c = AsyncPgConnection::establish(url).await.expect("connect");
                 let lock = format!("BEGIN; LOCK TABLE {table} IN EXCLUSIVE MODE");
-                hold_lock(c, lock, "COMMIT", hold, taken_tx)
+                hold_lock(c, lock, "COMMIT", hold).await
             }
             TestDb::Mysql { url, .. } => {
                 let c = mysql_conn(url).await;
                 let lock = format!("LOCK TABLES {table} WRITE");
-                hold_lock(c, lock, "UNLOCK TABLES", hold, taken_tx)
+                hold_lock(c, lock, "UNLOCK TABLES", hold).await
             }
             TestDb::Sqlite { .. } => panic!("hold_table_lock is for PostgreSQL and MySQL"),
-        };
-        taken.await.expect("lock taken");
-        task
+        }
     }
 
     /// `SELECT COUNT(*) AS n FROM …` on the test database.
@@ -1001,24 +995,26 @@ impl Storm {
     }
 }
 
-/// A lock taken by `lock` on `c` and held for `hold` on a task of its own, then given back
-/// with `release`; `taken` is told once it is held.
-fn hold_lock<C>(
+/// Takes a lock with `lock` on `c` and holds it for `hold` on a task of its own, then gives
+/// it back with `release`. Resolves once the lock is taken.
+async fn hold_lock<C>(
     mut c: C,
     lock: String,
     release: &'static str,
     hold: std::time::Duration,
-    taken: tokio::sync::oneshot::Sender<()>,
 ) -> tokio::task::JoinHandle<()>
 where
     C: SimpleAsyncConnection + Send + 'static,
 {
-    tokio::spawn(async move {
+    let (taken_tx, taken) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
         c.batch_execute(&lock).await.expect("lock");
-        let _ = taken.send(());
+        let _ = taken_tx.send(());
         tokio::time::sleep(hold).await;
         c.batch_execute(release).await.expect(release);
-    })
+    });
+    taken.await.expect("lock taken");
+    task
 }
 
 impl TestApp {
@@ -1049,4 +1045,26 @@ impl TestApp {
             .await
             .expect("expiry")
     }
+}
+
+/// Every known-answer vector file (`*.json`) of `dir`, by file name, in name order.
+pub fn vector_files(dir: &std::path::Path) -> Vec<(String, serde_json::Value)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("vectors")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|path| {
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("?")
+                .to_owned();
+            (name, read_json(&path))
+        })
+        .collect()
 }
