@@ -8,13 +8,7 @@ crate::on_every_backend!(ready_when_the_database_answers);
 
 /// The status of `GET /healthz`.
 async fn liveness(app: &TestApp) -> u16 {
-    app.client
-        .get(app.url("/healthz"))
-        .send()
-        .await
-        .expect("healthz")
-        .status()
-        .as_u16()
+    app.get_without_token("/healthz").await.status().as_u16()
 }
 
 async fn ready_when_the_database_answers(backend: Backend) {

@@ -812,14 +812,20 @@ async fn repeat_after_its_callback_row_was_purged_is_still_a_duplicate(backend: 
     assert_eq!(app.db.count("local_message").await, 1);
 }
 
-async fn partial_refunds_add_up_to_a_full_refund(backend: Backend) {
-    let app = spawn_app(backend).await;
-    app.create_and_apply(&paid("O-R", "T-O-R", 10000)).await;
-
+/// Order `order_no` of 10000 fen paid (transaction `T-{order_no}`), then refunded 3000 fen
+/// by refund `R1`.
+async fn paid_then_refunded_3000(app: &TestApp, order_no: &str) {
+    app.create_and_apply(&paid(order_no, &format!("T-{order_no}"), 10000))
+        .await;
     assert_eq!(
-        app.apply(&refund("O-R", "R1", 3000)).await,
+        app.apply(&refund(order_no, "R1", 3000)).await,
         Outcome::Applied
     );
+}
+
+async fn partial_refunds_add_up_to_a_full_refund(backend: Backend) {
+    let app = spawn_app(backend).await;
+    paid_then_refunded_3000(&app, "O-R").await;
     assert_eq!(
         app.apply(&refund("O-R", "R1", 3000)).await,
         Outcome::Duplicate
@@ -843,11 +849,7 @@ async fn partial_refunds_add_up_to_a_full_refund(backend: Backend) {
 
 async fn refund_with_different_content_is_a_conflict(backend: Backend) {
     let app = spawn_app(backend).await;
-    app.create_and_apply(&paid("O-RC", "T-O-RC", 10000)).await;
-    assert_eq!(
-        app.apply(&refund("O-RC", "R1", 3000)).await,
-        Outcome::Applied
-    );
+    paid_then_refunded_3000(&app, "O-RC").await;
     assert_eq!(
         app.apply(&refund("O-RC", "R1", 4000)).await,
         Outcome::Conflict

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use actix_web::http::StatusCode;
 
 use crate::support::helpers::{Backend, released_together, spawn_app, spawn_app_with};
-use crate::support::test_channel::{TestNotification, deliver, send_raw, sign};
+use crate::support::test_channel::{TestNotification, deliver, paid_order, send_raw, sign};
 
 crate::on_every_backend!(
     first_and_repeated_deliveries_are_acknowledged_alike,
@@ -147,10 +147,7 @@ async fn hang_up(
 /// After a hang-up: the service still answers every request, on every pooled connection.
 async fn service_still_works(app: &crate::support::helpers::TestApp, prefix: &str) {
     for i in 0..6 {
-        let no = format!("{prefix}-{i}");
-        app.create_order(&no, 100).await;
-        let (status, _) = deliver(app, &TestNotification::paid(&no, &format!("T-{no}"), 100)).await;
-        assert_eq!(status, StatusCode::NO_CONTENT, "{no}");
+        paid_order(app, &format!("{prefix}-{i}"), 100).await;
     }
 }
 

@@ -329,12 +329,7 @@ async fn the_admin_api_lists_shows_and_reapplies_one_receipt(backend: Backend) {
     assert_eq!(app.status_of("RA-1").await, "WAIT_PAY");
     let (status, _) = post_admin(&app, "/admin/receipts/999999/reapply").await;
     assert_eq!(status, 404);
-    let unauthorised = app
-        .client
-        .get(app.url("/admin/receipts"))
-        .send()
-        .await
-        .expect("GET");
+    let unauthorised = app.get_without_token("/admin/receipts").await;
     assert_eq!(unauthorised.status(), 401);
 }
 
@@ -485,14 +480,20 @@ async fn the_explain_command_names_the_failing_check_for_a_receipt_and_a_saved_r
     let expected = "first failing check: signature: the body is not the bytes WeChat signed: \
                     it was re-serialised (whitespace differs)";
 
-    let out = run(&["--receipt", &id.to_string()]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains(expected), "{stdout}");
+    // A run that succeeds and names the failing check; its output.
+    let explains = |args: &[&str]| {
+        let out = run(args);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains(expected), "{stdout}");
+        stdout
+    };
+
+    let stdout = explains(&["--receipt", &id.to_string()]);
     assert!(stdout.contains("amount: 100 CNY as the order"), "{stdout}");
 
     let mut raw = b"POST /notify/wechat/pay HTTP/1.1\r\nHost: pay.example.com\r\n".to_vec();
@@ -504,14 +505,7 @@ async fn the_explain_command_names_the_failing_check_for_a_receipt_and_a_saved_r
     let file = dir.path().join("request.http");
     std::fs::write(&file, &raw).expect("request file");
     let file = file.display().to_string();
-    let out = run(&["--file", &file, "--at", "2026-11-30T08:00:10Z"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains(expected), "{stdout}");
+    let stdout = explains(&["--file", &file, "--at", "2026-11-30T08:00:10Z"]);
     assert!(stdout.contains("timestamp skew: 10 s"), "{stdout}");
 
     let out = run(&["--receipt", "999999"]);

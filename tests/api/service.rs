@@ -47,12 +47,7 @@ impl Noise {
 }
 
 async fn metrics_text(app: &TestApp) -> String {
-    let response = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("GET /metrics");
+    let response = app.get_without_token("/metrics").await;
     assert_eq!(response.status(), 200);
     response.text().await.expect("metrics text")
 }

@@ -891,12 +891,7 @@ pub fn free_port() -> u16 {
 
 /// `GET /readyz`: its status and JSON body.
 pub async fn readiness(app: &TestApp) -> (u16, serde_json::Value) {
-    let response = app
-        .client
-        .get(app.url("/readyz"))
-        .send()
-        .await
-        .expect("readyz");
+    let response = app.get_without_token("/readyz").await;
     let status = response.status().as_u16();
     (status, response.json().await.expect("readyz JSON"))
 }
@@ -1037,6 +1032,15 @@ impl TestApp {
             "{}",
             notice.out_trade_no
         );
+    }
+
+    /// `GET path` as anyone may send it, without the API token.
+    pub async fn get_without_token(&self, path: &str) -> reqwest::Response {
+        self.client
+            .get(self.url(path))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
     }
 
     /// One expiry run now (`jobs::expire_orders`): the orders it closed.
