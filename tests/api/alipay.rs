@@ -7,10 +7,10 @@ use paynotify::channel::alipay::{AlipayApp, AlipaySettings};
 use paynotify::notice::Outcome;
 use paynotify::qa::forge::Delivery;
 use paynotify::qa::forge::alipay::{self, Sandbox, encode_form, sign_content, yuan};
-use paynotify::time::Clock;
-use tokio::sync::Barrier;
 
-use crate::support::helpers::{Backend, TestApp, post_delivery, spawn_app_with, wechat_paid};
+use crate::support::helpers::{
+    Backend, TestApp, post_delivery, released_together, spawn_app_with, wechat_paid,
+};
 use crate::support::keys::{certificate, public_key_path, rsa_key};
 
 const APP: &str = "2021000000000001";
@@ -85,6 +85,13 @@ fn ok() -> (u16, String) {
     (200, "success".to_owned())
 }
 
+/// Creates `order_no` and pays it with a `TRADE_SUCCESS` notification.
+async fn paid_order(app: &TestApp, order_no: &str, fen: i64) {
+    app.create_order(order_no, fen).await;
+    let d = signed(pay_fields(order_no, fen, "TRADE_SUCCESS"));
+    assert_eq!(send(app, &d).await, ok(), "{order_no}");
+}
+
 /// Refused in Alipay's shape (`fail`), nothing written.
 async fn assert_refused(app: &TestApp, d: &Delivery, status: u16) {
     assert_eq!(send(app, d).await, (status, "fail".to_owned()));
@@ -106,7 +113,8 @@ crate::on_every_backend!(
     a_refund_through_the_channel_that_did_not_pay_is_an_anomaly,
 );
 
-async fn refund_events(app: &TestApp) -> Vec<(String, Option<i64>)> {
+/// The `ORDER_REFUNDED` events, sorted by key, are `expected`: `(biz_key, refund_fen)`.
+async fn assert_refund_events(app: &TestApp, expected: &[(&str, Option<i64>)]) {
     let mut events: Vec<_> = app
         .outbox("ORDER_REFUNDED")
         .await
@@ -114,13 +122,16 @@ async fn refund_events(app: &TestApp) -> Vec<(String, Option<i64>)> {
         .map(|m| (m.biz_key, m.payload.0["refund_fen"].as_i64()))
         .collect();
     events.sort();
-    events
+    let expected: Vec<_> = expected
+        .iter()
+        .map(|(key, fen)| ((*key).to_owned(), *fen))
+        .collect();
+    assert_eq!(events, expected);
 }
 
 async fn partial_refunds_out_of_order_each_get_an_event_and_count_once(backend: Backend) {
     let app = app(backend).await;
-    app.create_order("A-OO", 10000).await;
-    send(&app, &signed(pay_fields("A-OO", 10000, "TRADE_SUCCESS"))).await;
+    paid_order(&app, "A-OO", 10000).await;
     let s = sandbox();
     // Refund A (50.00, total 50.00) and then B (30.00, total 80.00); B's notice arrives first.
     let b = signed(alipay::refund(&s, "A-OO", "2026A-OO", 10000, "RF-B", 8000));
@@ -129,46 +140,26 @@ async fn partial_refunds_out_of_order_each_get_an_event_and_count_once(backend: 
     assert_eq!(send(&app, &a).await, ok());
     assert_eq!(send(&app, &a).await, ok(), "repeat");
     assert_eq!(app.refund_state("A-OO").await, ("PAID".into(), 8000));
-    assert_eq!(
-        refund_events(&app).await,
-        [
-            ("A-OO:RF-A".to_owned(), Some(0)),
-            ("A-OO:RF-B".to_owned(), Some(8000))
-        ]
-    );
+    assert_refund_events(&app, &[("A-OO:RF-A", Some(0)), ("A-OO:RF-B", Some(8000))]).await;
 }
 
 async fn two_orders_may_use_the_same_refund_number(backend: Backend) {
     let app = app(backend).await;
     let s = sandbox();
     for no in ["A-N1", "A-N2"] {
-        app.create_order(no, 1000).await;
-        send(&app, &signed(pay_fields(no, 1000, "TRADE_SUCCESS"))).await;
+        paid_order(&app, no, 1000).await;
         // Alipay's out_request_no only has to be unique within one trade.
         let refund = signed(alipay::refund(&s, no, &format!("2026{no}"), 1000, "1", 400));
         assert_eq!(send(&app, &refund).await, ok(), "{no}");
         assert_eq!(app.get_order(no).await["refunded_fen"], 400, "{no}");
     }
-    assert_eq!(
-        refund_events(&app).await,
-        [
-            ("A-N1:1".to_owned(), Some(400)),
-            ("A-N2:1".to_owned(), Some(400))
-        ]
-    );
+    assert_refund_events(&app, &[("A-N1:1", Some(400)), ("A-N2:1", Some(400))]).await;
 }
 
 async fn a_refund_through_the_channel_that_did_not_pay_is_an_anomaly(backend: Backend) {
     let app = app(backend).await;
-    app.create_order("A-XC", 1000).await;
-    let wechat = wechat_paid("A-XC", "4200000001", 1000);
-    assert_eq!(
-        app.store
-            .apply(&wechat, app.clock.now())
-            .await
-            .expect("apply"),
-        Outcome::Applied
-    );
+    app.create_and_apply(&wechat_paid("A-XC", "4200000001", 1000))
+        .await;
     // Alipay was paid too (an anomaly), and that second payment is refunded in full.
     send(&app, &signed(pay_fields("A-XC", 1000, "TRADE_SUCCESS"))).await;
     let refund = signed(alipay::refund(
@@ -223,18 +214,13 @@ async fn twenty_concurrent_identical_deliveries_make_one_transition(backend: Bac
     let app = Arc::new(app(backend).await);
     app.create_order("A-20", 990).await;
     let d = signed(pay_fields("A-20", 990, "TRADE_SUCCESS"));
-    let barrier = Arc::new(Barrier::new(20));
-    let tasks: Vec<_> = (0..20)
-        .map(|_| {
-            let (app, d, barrier) = (app.clone(), d.clone(), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                send(&app, &d).await
-            })
-        })
-        .collect();
-    for t in tasks {
-        assert_eq!(t.await.expect("task"), ok());
+    let answers = released_together(20, |_| {
+        let (app, d) = (app.clone(), d.clone());
+        async move { send(&app, &d).await }
+    })
+    .await;
+    for answer in answers {
+        assert_eq!(answer, ok());
     }
     assert_eq!(app.messages("ORDER_PAID").await, 1);
     assert_eq!(app.db.count("pay_callback").await, 1);
@@ -242,11 +228,7 @@ async fn twenty_concurrent_identical_deliveries_make_one_transition(backend: Bac
 
 async fn trade_finished_after_trade_success_is_the_same_payment(backend: Backend) {
     let app = app(backend).await;
-    app.create_order("A-F", 5880).await;
-    assert_eq!(
-        send(&app, &signed(pay_fields("A-F", 5880, "TRADE_SUCCESS"))).await,
-        ok()
-    );
+    paid_order(&app, "A-F", 5880).await;
     let mut finished = pay_fields("A-F", 5880, "TRADE_FINISHED");
     set(&mut finished, "notify_time", "2027-02-28 10:00:00");
     set(&mut finished, "notify_id", "another-notify-id");
@@ -268,9 +250,8 @@ async fn trade_finished_after_trade_success_is_the_same_payment(backend: Backend
 
 async fn partial_refund_twice_then_the_rest(backend: Backend) {
     let app = app(backend).await;
-    app.create_order("A-R", 19900).await;
+    paid_order(&app, "A-R", 19900).await;
     let s = sandbox();
-    send(&app, &signed(pay_fields("A-R", 19900, "TRADE_SUCCESS"))).await;
     let first = signed(alipay::refund(&s, "A-R", "2026A-R", 19900, "RF-1", 5000));
     assert_eq!(send(&app, &first).await, ok());
     assert_eq!(send(&app, &first).await, ok(), "the same refund again");
@@ -304,8 +285,7 @@ async fn partial_refund_twice_then_the_rest(backend: Backend) {
 
 async fn a_full_refund_comes_as_trade_closed(backend: Backend) {
     let app = app(backend).await;
-    app.create_order("A-FR", 12800).await;
-    send(&app, &signed(pay_fields("A-FR", 12800, "TRADE_SUCCESS"))).await;
+    paid_order(&app, "A-FR", 12800).await;
     let full = signed(alipay::refund(
         &sandbox(),
         "A-FR",
@@ -348,13 +328,7 @@ async fn an_unpaid_trade_closed_by_alipay_is_recorded_and_the_order_stays_payabl
     assert_eq!(statuses[0]["channel"], "alipay");
     // The buyer pays the same order by WeChat.
     let wechat = wechat_paid("A-C", "4200000009", 6660);
-    assert_eq!(
-        app.store
-            .apply(&wechat, app.clock.now())
-            .await
-            .expect("apply"),
-        Outcome::Applied
-    );
+    assert_eq!(app.apply(&wechat).await, Outcome::Applied);
     assert_eq!(app.status_of("A-C").await, "PAID");
     // WAIT_BUYER_PAY is acknowledged and changes nothing.
     app.create_order("A-W", 100).await;
@@ -367,15 +341,8 @@ async fn an_unpaid_trade_closed_by_alipay_is_recorded_and_the_order_stays_payabl
 
 async fn wechat_and_alipay_both_paying_is_a_duplicate_payment(backend: Backend) {
     let app = app(backend).await;
-    app.create_order("A-2C", 19900).await;
-    let wechat = wechat_paid("A-2C", "4200000000", 19900);
-    assert_eq!(
-        app.store
-            .apply(&wechat, app.clock.now())
-            .await
-            .expect("apply"),
-        Outcome::Applied
-    );
+    app.create_and_apply(&wechat_paid("A-2C", "4200000000", 19900))
+        .await;
     assert_eq!(
         send(&app, &signed(pay_fields("A-2C", 19900, "TRADE_SUCCESS"))).await,
         ok()

@@ -12,7 +12,7 @@ use paynotify::notice::{NoticeKind, RefundAmount};
 use paynotify::qa::forge::alipay::sign_content;
 use paynotify::time::{Clock, SystemClock};
 
-use crate::support::helpers::read_json;
+use crate::support::helpers::{read_json, vector_files};
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/alipay")
@@ -38,21 +38,9 @@ pub fn vector_settings() -> AlipaySettings {
 #[test]
 fn every_alipay_vector_gets_its_expected_answer() {
     let channel = Alipay::from_settings(&vector_settings(), SystemClock.now()).expect("keys load");
-    let mut files: Vec<_> = std::fs::read_dir(dir())
-        .expect("vectors")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
-    assert_eq!(files.len(), 14, "every vector file is checked");
-    for path in files {
-        let v = read_json(&path);
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("?")
-            .to_owned();
+    let vectors = vector_files(&dir());
+    assert_eq!(vectors.len(), 14, "every vector file is checked");
+    for (name, v) in vectors {
         let body = v["body"].as_str().expect("body").as_bytes();
         let mut headers = HeaderMap::new();
         headers.insert(

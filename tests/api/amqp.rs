@@ -18,7 +18,7 @@ use paynotify::relay::sink::Sink;
 use paynotify::relay::sinks::AmqpSink;
 use paynotify::time::Clock;
 
-use crate::support::helpers::{Backend, TestApp, spawn_app, spawn_app_with_jobs};
+use crate::support::helpers::{Backend, TestApp, readiness, spawn_app, spawn_app_with_jobs};
 
 static VHOST: AtomicU32 = AtomicU32::new(0);
 const EXCHANGE: &str = "paynotify.events";
@@ -561,18 +561,8 @@ async fn a_broker_down_at_start_up_does_not_stop_serving_and_readyz_reports_the_
     })
     .await;
     app.create_order("AM-1", 100).await;
-    let ready = app
-        .client
-        .get(app.url("/readyz"))
-        .send()
-        .await
-        .expect("readyz");
-    assert_eq!(
-        ready.status(),
-        200,
-        "a sink that is down never makes it unready"
-    );
-    let body: serde_json::Value = ready.json().await.expect("json");
+    let (status, body) = readiness(&app).await;
+    assert_eq!(status, 200, "a sink that is down never makes it unready");
     assert_eq!(body["sink"], "down", "{body}");
 
     let vhost = Vhost::create();
@@ -581,15 +571,7 @@ async fn a_broker_down_at_start_up_does_not_stop_serving_and_readyz_reports_the_
         s.relay.amqp_url = Secret::new(vhost.url());
     })
     .await;
-    let body: serde_json::Value = up
-        .client
-        .get(up.url("/readyz"))
-        .send()
-        .await
-        .expect("readyz")
-        .json()
-        .await
-        .expect("json");
+    let (_, body) = readiness(&up).await;
     assert_eq!(body["sink"], "up", "{body}");
 }
 

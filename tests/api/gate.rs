@@ -3,14 +3,16 @@
 //! a marker whose owner died.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use actix_web::http::StatusCode;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Barrier, watch};
+use tokio::sync::watch;
 
-use crate::support::helpers::{Backend, TestApp, metric, spawn_app_with};
+use crate::support::helpers::{
+    Backend, Storm, TestApp, metric, readiness, released_together, spawn_app_with,
+};
 use crate::support::test_channel::{TestNotification, deliver};
 
 const REDIS: &str = "redis://127.0.0.1:6379";
@@ -88,22 +90,11 @@ fn from_ledger(app: &TestApp) -> u64 {
 
 /// Delivers every notice at once (released together by a barrier); their statuses, in order.
 async fn at_once(app: &Arc<TestApp>, notices: Vec<TestNotification>) -> Vec<StatusCode> {
-    let barrier = Arc::new(Barrier::new(notices.len()));
-    let tasks: Vec<_> = notices
-        .into_iter()
-        .map(|n| {
-            let (app, barrier) = (app.clone(), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                deliver(&app, &n).await.0
-            })
-        })
-        .collect();
-    let mut statuses = Vec::new();
-    for t in tasks {
-        statuses.push(t.await.expect("task"));
-    }
-    statuses
+    released_together(notices.len(), |i| {
+        let (app, n) = (app.clone(), notices[i].clone());
+        async move { deliver(&app, &n).await.0 }
+    })
+    .await
 }
 
 crate::on_every_backend!(fifty_concurrent_deliveries_one_transition_duplicates_from_the_cache);
@@ -206,18 +197,8 @@ async fn redis_unreachable_from_the_start_changes_only_speed() {
         bypassed >= 20,
         "every delivery bypassed the gate: {bypassed}"
     );
-    let ready = app
-        .client
-        .get(app.url("/readyz"))
-        .send()
-        .await
-        .expect("readyz");
-    assert_eq!(
-        ready.status(),
-        200,
-        "Redis down never makes the service unready"
-    );
-    let body: serde_json::Value = ready.json().await.expect("json");
+    let (status, body) = readiness(&app).await;
+    assert_eq!(status, 200, "Redis down never makes the service unready");
     assert_eq!(
         (body["database"].as_str(), body["redis"].as_str()),
         (Some("up"), Some("down"))
@@ -273,36 +254,13 @@ async fn redis_cut_mid_storm_stays_exactly_once_and_recovers() {
     for no in &orders {
         app.create_order(no, 100).await;
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let storm: Vec<_> = (0..8)
-        .map(|worker| {
-            let (app, orders, stop) = (app.clone(), orders.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut statuses = Vec::new();
-                let mut i = worker;
-                while !stop.load(Ordering::Relaxed) {
-                    let no = &orders[i % orders.len()];
-                    statuses.push(
-                        deliver(&app, &TestNotification::paid(no, &format!("T-{no}"), 100))
-                            .await
-                            .0,
-                    );
-                    i += 1;
-                }
-                statuses
-            })
-        })
-        .collect();
+    let storm = Storm::start(&app, &orders, None);
     tokio::time::sleep(Duration::from_millis(400)).await;
     proxy.cut.send_replace(true);
     tokio::time::sleep(Duration::from_millis(800)).await;
     proxy.cut.send_replace(false);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut statuses = Vec::new();
-    for t in storm {
-        statuses.extend(t.await.expect("worker"));
-    }
+    let statuses = storm.stop().await;
     crate::support::helpers::assert_storm_answers(&statuses);
     assert_eq!(
         app.messages("ORDER_PAID").await,

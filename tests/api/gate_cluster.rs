@@ -4,13 +4,15 @@
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use actix_web::http::StatusCode;
-use tokio::sync::Barrier;
 
-use crate::support::helpers::{Backend, TestApp, eventually, metric, spawn_app_with};
+use crate::support::helpers::{
+    Backend, Storm, TestApp, eventually, metric, readiness, redis_answers, released_together,
+    spawn_app_with,
+};
 use crate::support::test_channel::{TestNotification, deliver};
 
 /// Three cluster masters on 127.0.0.1; every node is killed on drop.
@@ -75,19 +77,7 @@ impl OwnCluster {
             cluster.ports.push(port);
         }
         for &port in &cluster.ports {
-            let up = eventually(Duration::from_secs(10), || async move {
-                let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}")) else {
-                    return false;
-                };
-                match client.get_multiplexed_async_connection().await {
-                    Ok(mut c) => redis::cmd("PING")
-                        .query_async::<String>(&mut c)
-                        .await
-                        .is_ok(),
-                    Err(_) => false,
-                }
-            })
-            .await;
+            let up = redis_answers(&format!("redis://127.0.0.1:{port}")).await;
             assert!(up, "cluster node on {port} did not start");
         }
         let addresses: Vec<String> = cluster
@@ -205,20 +195,15 @@ async fn on_a_redis_cluster_duplicates_are_served_from_the_cache_on_every_node()
     for order in &orders {
         app.create_order(order, 100).await;
     }
-    let barrier = Arc::new(Barrier::new(orders.len() * 5));
-    let mut tasks = Vec::new();
-    for order in &orders {
-        for _ in 0..5 {
-            let (app, barrier) = (app.clone(), barrier.clone());
-            let n = TestNotification::paid(order, &format!("T-{order}"), 100);
-            tasks.push(tokio::spawn(async move {
-                barrier.wait().await;
-                deliver(&app, &n).await.0
-            }));
+    let statuses = released_together(orders.len() * 5, |i| {
+        let (app, order) = (app.clone(), orders[i / 5].clone());
+        async move {
+            let n = TestNotification::paid(&order, &format!("T-{order}"), 100);
+            deliver(&app, &n).await.0
         }
-    }
-    for t in tasks {
-        let status = t.await.expect("task");
+    })
+    .await;
+    for status in statuses {
         assert!(
             status == StatusCode::NO_CONTENT || status == StatusCode::SERVICE_UNAVAILABLE,
             "{status}"
@@ -251,15 +236,7 @@ async fn on_a_redis_cluster_duplicates_are_served_from_the_cache_on_every_node()
         .map(|r| metric(&app, "paynotify_gate_total", &[r]))
         .sum();
     assert_eq!(bypassed, 0, "the cluster answered every call");
-    let ready: serde_json::Value = app
-        .client
-        .get(app.url("/readyz"))
-        .send()
-        .await
-        .expect("readyz")
-        .json()
-        .await
-        .expect("json");
+    let (_, ready) = readiness(&app).await;
     assert_eq!(ready["redis"], "up", "{ready}");
 }
 
@@ -278,35 +255,11 @@ async fn a_cluster_node_killed_mid_storm_leaves_exactly_once_intact() {
     for order in &orders {
         app.create_order(order, 100).await;
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let storm: Vec<_> = (0..8)
-        .map(|worker| {
-            let (app, orders, stop) = (app.clone(), orders.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut statuses = Vec::new();
-                let mut i = worker;
-                let started = Instant::now();
-                while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(20) {
-                    let no = &orders[i % orders.len()];
-                    statuses.push(
-                        deliver(&app, &TestNotification::paid(no, &format!("T-{no}"), 100))
-                            .await
-                            .0,
-                    );
-                    i += 1;
-                }
-                statuses
-            })
-        })
-        .collect();
+    let storm = Storm::start(&app, &orders, Some(Duration::from_secs(20)));
     tokio::time::sleep(Duration::from_millis(400)).await;
     cluster.kill(1);
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut statuses = Vec::new();
-    for t in storm {
-        statuses.extend(t.await.expect("worker"));
-    }
+    let statuses = storm.stop().await;
     crate::support::helpers::assert_storm_answers(&statuses);
     assert_eq!(
         app.messages("ORDER_PAID").await,

@@ -2,27 +2,20 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::helpers::{Backend, spawn_app, spawn_app_with};
+use crate::support::helpers::{Backend, TestApp, readiness, spawn_app, spawn_app_with};
 
 crate::on_every_backend!(ready_when_the_database_answers);
 
+/// The status of `GET /healthz`.
+async fn liveness(app: &TestApp) -> u16 {
+    app.get_without_token("/healthz").await.status().as_u16()
+}
+
 async fn ready_when_the_database_answers(backend: Backend) {
     let app = spawn_app(backend).await;
-    let health = app
-        .client
-        .get(app.url("/healthz"))
-        .send()
-        .await
-        .expect("healthz");
-    assert_eq!(health.status(), 200);
-    let ready = app
-        .client
-        .get(app.url("/readyz"))
-        .send()
-        .await
-        .expect("readyz");
-    assert_eq!(ready.status(), 200);
-    let body: serde_json::Value = ready.json().await.expect("json");
+    assert_eq!(liveness(&app).await, 200);
+    let (status, body) = readiness(&app).await;
+    assert_eq!(status, 200);
     assert_eq!(
         body,
         serde_json::json!({
@@ -35,24 +28,12 @@ async fn ready_when_the_database_answers(backend: Backend) {
 async fn unready_when_the_database_is_gone() {
     let app = spawn_app(Backend::Postgres).await;
     app.db.drop_now().await;
-    let ready = app
-        .client
-        .get(app.url("/readyz"))
-        .send()
-        .await
-        .expect("readyz");
-    assert_eq!(ready.status(), 503);
-    let body: serde_json::Value = ready.json().await.expect("json");
+    let (status, body) = readiness(&app).await;
+    assert_eq!(status, 503);
     assert_eq!(body["status"], "unready");
     assert_eq!(body["database"], "down");
-    let health = app
-        .client
-        .get(app.url("/healthz"))
-        .send()
-        .await
-        .expect("healthz");
     assert_eq!(
-        health.status(),
+        liveness(&app).await,
         200,
         "liveness does not depend on the database"
     );

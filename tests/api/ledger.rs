@@ -1,16 +1,13 @@
 //! The exactly-once core, on both backends: one transition per payment, conflicts and
 //! anomalies that leave orders alone, rollback on failure, state that only moves forward.
 
-use std::sync::Arc;
-
 use paynotify::notice::{
     AnomalyReason, ChannelId, Notice, NoticeKind, Outcome, Refund, RefundAmount,
 };
 use paynotify::store::ledger::CloseResult;
 use paynotify::time::Clock;
-use tokio::sync::Barrier;
 
-use crate::support::helpers::{Backend, TestApp, spawn_app};
+use crate::support::helpers::{Backend, TestApp, released_together, spawn_app};
 use crate::support::test_channel::TestNotification;
 
 crate::on_every_backend!(
@@ -69,13 +66,6 @@ fn pair(reason: &str, biz_key: &str) -> (String, String) {
     (reason.to_owned(), biz_key.to_owned())
 }
 
-async fn apply(app: &TestApp, notice: &Notice) -> Outcome {
-    app.store
-        .apply(notice, app.clock.now())
-        .await
-        .expect("no database error")
-}
-
 /// The `reason` of the only anomaly message of an order.
 async fn anomaly_reason(app: &TestApp, order_no: &str) -> String {
     let anomalies: Vec<_> = app
@@ -95,21 +85,15 @@ async fn fifty_concurrent_deliveries_make_exactly_one_transition(backend: Backen
     let app = spawn_app(backend).await;
     app.create_order("O-50", 19900).await;
     let notice = paid("O-50", "T-50", 19900);
-    let barrier = Arc::new(Barrier::new(50));
-    let tasks: Vec<_> = (0..50)
-        .map(|_| {
-            let (store, notice, barrier) = (app.store.clone(), notice.clone(), barrier.clone());
-            let now = app.clock.now();
-            tokio::spawn(async move {
-                barrier.wait().await;
-                store.apply(&notice, now).await
-            })
-        })
-        .collect();
-    let mut outcomes = Vec::new();
-    for task in tasks {
-        outcomes.push(task.await.expect("task").expect("no database error"));
-    }
+    let now = app.clock.now();
+    let outcomes: Vec<Outcome> = released_together(50, |_| {
+        let (store, notice) = (app.store.clone(), notice.clone());
+        async move { store.apply(&notice, now).await }
+    })
+    .await
+    .into_iter()
+    .map(|result| result.expect("no database error"))
+    .collect();
     let applied = outcomes.iter().filter(|o| **o == Outcome::Applied).count();
     assert_eq!(applied, 1, "{outcomes:?}");
     assert!(
@@ -183,35 +167,28 @@ async fn five_hundred_mixed_notices(backend: Backend, group_apply_max: u32) -> T
     }
     for i in 0..50 {
         let no = format!("MX-R{i}");
-        app.create_order(&no, 10000).await;
-        assert_eq!(
-            apply(&app, &paid(&no, &format!("T-{no}"), 10000)).await,
-            Outcome::Applied
-        );
+        app.create_and_apply(&paid(&no, &format!("T-{no}"), 10000))
+            .await;
         let r = refund(&no, "R1", 10000);
         groups.push(("refund", vec![r.clone(), r]));
     }
     let total: usize = groups.iter().map(|(_, g)| g.len()).sum();
     assert_eq!(total, 500);
 
-    let barrier = Arc::new(Barrier::new(total));
     let now = app.clock.now();
-    let mut tasks = Vec::new();
-    for (group, notices) in &groups {
-        for n in notices {
-            let (store, notice, barrier) = (app.store.clone(), n.clone(), barrier.clone());
-            let order = n.out_trade_no.clone();
-            let group = *group;
-            tasks.push(tokio::spawn(async move {
-                barrier.wait().await;
-                (group, order, store.apply(&notice, now).await)
-            }));
-        }
-    }
+    let all: Vec<(&str, Notice)> = groups
+        .iter()
+        .flat_map(|(group, notices)| notices.iter().map(|n| (*group, n.clone())))
+        .collect();
+    let results = released_together(total, |i| {
+        let (store, (group, notice)) = (app.store.clone(), all[i].clone());
+        let order = notice.out_trade_no.clone();
+        async move { (group, order, store.apply(&notice, now).await) }
+    })
+    .await;
     let mut answers: std::collections::BTreeMap<String, Vec<Outcome>> = Default::default();
     let mut kinds: std::collections::BTreeMap<String, &str> = Default::default();
-    for task in tasks {
-        let (group, order, result) = task.await.expect("task");
+    for (group, order, result) in results {
         let outcome = result.unwrap_or_else(|e| panic!("{group} {order}: {e}"));
         answers.entry(order.clone()).or_default().push(outcome);
         kinds.insert(order, group);
@@ -447,45 +424,28 @@ async fn apply_at_once(
     notices: &[Notice],
     now: paynotify::time::Timestamp,
 ) -> Vec<Result<Outcome, paynotify::store::StoreError>> {
-    let barrier = Arc::new(Barrier::new(notices.len()));
-    let tasks: Vec<_> = (0..notices.len())
-        .map(|i| {
-            let (store, notice, barrier) = (app.store.clone(), notices[i].clone(), barrier.clone());
-            let now = now.plus_seconds(i64::try_from(i).expect("small"));
-            tokio::spawn(async move {
-                barrier.wait().await;
-                store.apply(&notice, now).await
-            })
-        })
-        .collect();
-    let mut outcomes = Vec::with_capacity(tasks.len());
-    for task in tasks {
-        outcomes.push(task.await.expect("task"));
-    }
-    outcomes
+    released_together(notices.len(), |i| {
+        let (store, notice) = (app.store.clone(), notices[i].clone());
+        let now = now.plus_seconds(i64::try_from(i).expect("small"));
+        async move { store.apply(&notice, now).await }
+    })
+    .await
 }
 
 async fn same_payment_with_different_content_is_a_conflict_and_changes_nothing(backend: Backend) {
     let app = spawn_app(backend).await;
-    app.create_order("O-C", 19900).await;
-    assert_eq!(
-        apply(&app, &paid("O-C", "T-1", 19900)).await,
-        Outcome::Applied
-    );
+    app.create_and_apply(&paid("O-C", "T-1", 19900)).await;
     let before = app.get_order("O-C").await;
 
     // The same transaction id with another amount, currency or merchant: the provider
     // contradicts itself.
-    assert_eq!(
-        apply(&app, &paid("O-C", "T-1", 100)).await,
-        Outcome::Conflict
-    );
+    assert_eq!(app.apply(&paid("O-C", "T-1", 100)).await, Outcome::Conflict);
     let mut usd = paid("O-C", "T-1", 19900);
     usd.currency = "USD".into();
-    assert_eq!(apply(&app, &usd).await, Outcome::Conflict);
+    assert_eq!(app.apply(&usd).await, Outcome::Conflict);
     let mut other_app = paid("O-C", "T-1", 19900);
     other_app.merchant.app_id = Some("wx-other".into());
-    assert_eq!(apply(&app, &other_app).await, Outcome::Conflict);
+    assert_eq!(app.apply(&other_app).await, Outcome::Conflict);
 
     assert_eq!(app.get_order("O-C").await, before);
     assert_eq!(before["transaction_id"], "T-1");
@@ -495,25 +455,17 @@ async fn same_payment_with_different_content_is_a_conflict_and_changes_nothing(b
 
 async fn a_second_payment_under_the_same_key_is_recorded_once(backend: Backend) {
     let app = spawn_app(backend).await;
-    app.create_order("O-2P", 19900).await;
-    assert_eq!(
-        apply(&app, &paid("O-2P", "T-1", 19900)).await,
-        Outcome::Applied
-    );
+    app.create_and_apply(&paid("O-2P", "T-1", 19900)).await;
     let before = app.get_order("O-2P").await;
 
     // Another merchant of the channel took a second, real payment for the same order.
     let second = paid("O-2P", "T-2", 19900);
     assert_eq!(
-        apply(&app, &second).await,
+        app.apply(&second).await,
         Outcome::Anomaly(AnomalyReason::DuplicatePayment)
     );
     for _ in 0..3 {
-        assert_eq!(
-            apply(&app, &second).await,
-            Outcome::Duplicate,
-            "its retries"
-        );
+        assert_eq!(app.apply(&second).await, Outcome::Duplicate, "its retries");
     }
     assert_eq!(app.get_order("O-2P").await, before, "the order untouched");
     assert_eq!(
@@ -522,7 +474,7 @@ async fn a_second_payment_under_the_same_key_is_recorded_once(backend: Backend) 
     );
     // The first payment's repeat is still a plain duplicate.
     assert_eq!(
-        apply(&app, &paid("O-2P", "T-1", 19900)).await,
+        app.apply(&paid("O-2P", "T-1", 19900)).await,
         Outcome::Duplicate
     );
     assert_eq!(app.db.count("pay_callback").await, 1);
@@ -531,20 +483,19 @@ async fn a_second_payment_under_the_same_key_is_recorded_once(backend: Backend) 
 
 async fn a_refund_of_another_payment_leaves_the_order_alone(backend: Backend) {
     let app = spawn_app(backend).await;
-    app.create_order("O-OR", 10000).await;
-    apply(&app, &paid("O-OR", "T-A", 10000)).await;
+    app.create_and_apply(&paid("O-OR", "T-A", 10000)).await;
     assert_eq!(
-        apply(&app, &paid("O-OR", "T-B", 10000)).await,
+        app.apply(&paid("O-OR", "T-B", 10000)).await,
         Outcome::Anomaly(AnomalyReason::DuplicatePayment)
     );
 
     // Payment B is refunded in full: payment A still stands.
     let refund_b = refund_of("O-OR", "T-B", "R-B", 10000);
     assert_eq!(
-        apply(&app, &refund_b).await,
+        app.apply(&refund_b).await,
         Outcome::Anomaly(AnomalyReason::OtherPaymentRefunded)
     );
-    assert_eq!(apply(&app, &refund_b).await, Outcome::Duplicate);
+    assert_eq!(app.apply(&refund_b).await, Outcome::Duplicate);
     assert_eq!(app.refund_state("O-OR").await, ("PAID".into(), 0));
     assert_eq!(
         app.anomalies("O-OR").await,
@@ -559,14 +510,14 @@ async fn a_refund_of_another_payment_leaves_the_order_alone(backend: Backend) {
     let mut alipay = refund_of("O-OR", "T-A", "R-ALI", 10000);
     alipay.channel = ChannelId::Alipay;
     assert_eq!(
-        apply(&app, &alipay).await,
+        app.apply(&alipay).await,
         Outcome::Anomaly(AnomalyReason::OtherPaymentRefunded)
     );
     assert_eq!(app.refund_state("O-OR").await, ("PAID".into(), 0));
 
     // The order's own payment refunded: that one moves it.
     assert_eq!(
-        apply(&app, &refund_of("O-OR", "T-A", "R-A", 10000)).await,
+        app.apply(&refund_of("O-OR", "T-A", "R-A", 10000)).await,
         Outcome::Applied
     );
     assert_eq!(app.refund_state("O-OR").await, ("REFUNDED".into(), 10000));
@@ -579,8 +530,8 @@ async fn a_provider_close_is_recorded_and_changes_nothing(backend: Backend) {
     let mut closed = paid("O-PCL", "ALI-T", 19900);
     closed.channel = ChannelId::Alipay;
     closed.kind = NoticeKind::Closed;
-    assert_eq!(apply(&app, &closed).await, Outcome::Ignored);
-    assert_eq!(apply(&app, &closed).await, Outcome::Duplicate);
+    assert_eq!(app.apply(&closed).await, Outcome::Ignored);
+    assert_eq!(app.apply(&closed).await, Outcome::Duplicate);
     assert_eq!(app.status_of("O-PCL").await, "WAIT_PAY");
     assert_eq!(app.messages("ORDER_CLOSED").await, 0);
     let recorded = app.store.callbacks_of("O-PCL").await.expect("callbacks");
@@ -590,13 +541,13 @@ async fn a_provider_close_is_recorded_and_changes_nothing(backend: Backend) {
 
     // The buyer pays the same order through the other channel.
     assert_eq!(
-        apply(&app, &paid("O-PCL", "WX-T", 19900)).await,
+        app.apply(&paid("O-PCL", "WX-T", 19900)).await,
         Outcome::Applied
     );
     assert_eq!(app.status_of("O-PCL").await, "PAID");
 
     closed.out_trade_no = "NOPE".into();
-    assert_eq!(apply(&app, &closed).await, Outcome::UnknownOrder);
+    assert_eq!(app.apply(&closed).await, Outcome::UnknownOrder);
     assert_eq!(app.db.count("status_callback").await, 1);
 }
 
@@ -631,7 +582,7 @@ async fn late_repeats_after_retention_are_duplicates(backend: Backend) {
         &full_refund,
     ];
     for n in notices {
-        let outcome = apply(&app, n).await;
+        let outcome = app.apply(n).await;
         assert!(
             matches!(outcome, Outcome::Applied | Outcome::Anomaly(_)),
             "{outcome:?}"
@@ -672,11 +623,7 @@ async fn the_longest_provider_ids_fit(backend: Backend) {
     let order_no = "O".repeat(max_len::ORDER_NO);
     let txn = "T".repeat(max_len::TRANSACTION_ID);
     let out_refund_no = |c: &str| c.repeat(max_len::OUT_REFUND_NO);
-    app.create_order(&order_no, 1000).await;
-    assert_eq!(
-        apply(&app, &paid(&order_no, &txn, 1000)).await,
-        Outcome::Applied
-    );
+    app.create_and_apply(&paid(&order_no, &txn, 1000)).await;
     let long_refund = |out_refund_no: String, txn: &str, fen| {
         let mut n = refund_of(&order_no, txn, &out_refund_no, fen);
         if let NoticeKind::Refunded(r) = &mut n.kind {
@@ -691,23 +638,24 @@ async fn the_longest_provider_ids_fit(backend: Backend) {
     let mut alipay = paid(&order_no, &txn, 1000);
     alipay.channel = ChannelId::Alipay;
     assert_eq!(
-        apply(&app, &alipay).await,
+        app.apply(&alipay).await,
         Outcome::Anomaly(AnomalyReason::DuplicatePayment)
     );
     assert_eq!(
-        apply(&app, &long_refund(out_refund_no("A"), &txn, 1000)).await,
+        app.apply(&long_refund(out_refund_no("A"), &txn, 1000))
+            .await,
         Outcome::Anomaly(AnomalyReason::OtherPaymentRefunded)
     );
     let mut foreign = long_refund(out_refund_no("B"), &txn, 1000);
     foreign.merchant_matches = false;
     assert_eq!(
-        apply(&app, &foreign).await,
+        app.apply(&foreign).await,
         Outcome::Anomaly(AnomalyReason::MerchantMismatch)
     );
     // ORDER_REFUNDED: order and refund number.
     let mut own = long_refund(out_refund_no("C"), &txn, 1000);
     own.channel = ChannelId::Wechat;
-    assert_eq!(apply(&app, &own).await, Outcome::Applied);
+    assert_eq!(app.apply(&own).await, Outcome::Applied);
     assert_eq!(app.refund_state(&order_no).await, ("REFUNDED".into(), 1000));
     assert_eq!(app.db.count("refund_callback").await, 3);
 }
@@ -717,11 +665,11 @@ async fn amount_or_currency_mismatch_is_an_anomaly_and_the_order_stays_unpaid(ba
     app.create_order("O-A", 19900).await;
     let short = paid("O-A", "T-A", 100);
     assert_eq!(
-        apply(&app, &short).await,
+        app.apply(&short).await,
         Outcome::Anomaly(AnomalyReason::AmountMismatch)
     );
     assert_eq!(
-        apply(&app, &short).await,
+        app.apply(&short).await,
         Outcome::Duplicate,
         "repeat of the anomaly"
     );
@@ -739,7 +687,7 @@ async fn amount_or_currency_mismatch_is_an_anomaly_and_the_order_stays_unpaid(ba
     let mut usd = paid("O-CUR", "T-CUR", 19900);
     usd.currency = "USD".into();
     assert_eq!(
-        apply(&app, &usd).await,
+        app.apply(&usd).await,
         Outcome::Anomaly(AnomalyReason::AmountMismatch)
     );
     assert_eq!(app.status_of("O-CUR").await, "WAIT_PAY");
@@ -751,7 +699,7 @@ async fn merchant_mismatch_is_an_anomaly_and_the_order_stays_unpaid(backend: Bac
     let mut foreign = paid("O-M", "T-M", 19900);
     foreign.merchant_matches = false;
     assert_eq!(
-        apply(&app, &foreign).await,
+        app.apply(&foreign).await,
         Outcome::Anomaly(AnomalyReason::MerchantMismatch)
     );
     assert_eq!(app.status_of("O-M").await, "WAIT_PAY");
@@ -765,7 +713,7 @@ async fn payment_after_close_is_an_anomaly(backend: Backend) {
     let closed = app.store.close_order("O-PC", "api", app.clock.now()).await;
     assert!(matches!(closed, Ok(CloseResult::Closed(_))), "{closed:?}");
     assert_eq!(
-        apply(&app, &paid("O-PC", "T-PC", 19900)).await,
+        app.apply(&paid("O-PC", "T-PC", 19900)).await,
         Outcome::Anomaly(AnomalyReason::PaidAfterClose)
     );
     assert_eq!(app.status_of("O-PC").await, "CLOSED");
@@ -774,15 +722,11 @@ async fn payment_after_close_is_an_anomaly(backend: Backend) {
 
 async fn payment_by_a_second_channel_is_a_duplicate_payment_anomaly(backend: Backend) {
     let app = spawn_app(backend).await;
-    app.create_order("O-2C", 19900).await;
-    assert_eq!(
-        apply(&app, &paid("O-2C", "WX-1", 19900)).await,
-        Outcome::Applied
-    );
+    app.create_and_apply(&paid("O-2C", "WX-1", 19900)).await;
     let mut alipay = paid("O-2C", "ALI-1", 19900);
     alipay.channel = ChannelId::Alipay;
     assert_eq!(
-        apply(&app, &alipay).await,
+        app.apply(&alipay).await,
         Outcome::Anomaly(AnomalyReason::DuplicatePayment)
     );
     let order = app.get_order("O-2C").await;
@@ -832,38 +776,34 @@ async fn a_failure_after_the_cas_rolls_back_everything(backend: Backend) {
 
     // Nothing half-written blocks the provider's retry once the fault is gone.
     app.db.execute("DELETE FROM local_message").await;
-    assert_eq!(apply(&app, &notice).await, Outcome::Applied);
+    assert_eq!(app.apply(&notice).await, Outcome::Applied);
     assert_eq!(app.status_of("O-RB").await, "PAID");
 }
 
 async fn unknown_order_writes_nothing(backend: Backend) {
     let app = spawn_app(backend).await;
     assert_eq!(
-        apply(&app, &paid("NOPE", "T-N", 19900)).await,
+        app.apply(&paid("NOPE", "T-N", 19900)).await,
         Outcome::UnknownOrder
     );
     assert_eq!(
-        apply(&app, &refund("NOPE", "R-N", 100)).await,
+        app.apply(&refund("NOPE", "R-N", 100)).await,
         Outcome::UnknownOrder
     );
     assert_eq!(app.db.count("pay_callback").await, 0);
     assert_eq!(app.db.count("refund_callback").await, 0);
     assert_eq!(app.db.count("local_message").await, 0);
     // The order may be created late; the provider's retry then succeeds.
-    app.create_order("NOPE", 19900).await;
-    assert_eq!(
-        apply(&app, &paid("NOPE", "T-N", 19900)).await,
-        Outcome::Applied
-    );
+    app.create_and_apply(&paid("NOPE", "T-N", 19900)).await;
 }
 
 async fn repeat_after_its_callback_row_was_purged_is_still_a_duplicate(backend: Backend) {
     let app = spawn_app(backend).await;
     app.create_order("O-P", 19900).await;
     let notice = paid("O-P", "T-P", 19900);
-    assert_eq!(apply(&app, &notice).await, Outcome::Applied);
+    assert_eq!(app.apply(&notice).await, Outcome::Applied);
     app.db.execute("DELETE FROM pay_callback").await;
-    assert_eq!(apply(&app, &notice).await, Outcome::Duplicate);
+    assert_eq!(app.apply(&notice).await, Outcome::Duplicate);
     assert_eq!(
         app.db.count("pay_callback").await,
         0,
@@ -872,26 +812,28 @@ async fn repeat_after_its_callback_row_was_purged_is_still_a_duplicate(backend: 
     assert_eq!(app.db.count("local_message").await, 1);
 }
 
+/// Order `order_no` of 10000 fen paid (transaction `T-{order_no}`), then refunded 3000 fen
+/// by refund `R1`.
+async fn paid_then_refunded_3000(app: &TestApp, order_no: &str) {
+    app.create_and_apply(&paid(order_no, &format!("T-{order_no}"), 10000))
+        .await;
+    assert_eq!(
+        app.apply(&refund(order_no, "R1", 3000)).await,
+        Outcome::Applied
+    );
+}
+
 async fn partial_refunds_add_up_to_a_full_refund(backend: Backend) {
     let app = spawn_app(backend).await;
-    app.create_order("O-R", 10000).await;
+    paid_then_refunded_3000(&app, "O-R").await;
     assert_eq!(
-        apply(&app, &paid("O-R", "T-O-R", 10000)).await,
-        Outcome::Applied
-    );
-
-    assert_eq!(
-        apply(&app, &refund("O-R", "R1", 3000)).await,
-        Outcome::Applied
-    );
-    assert_eq!(
-        apply(&app, &refund("O-R", "R1", 3000)).await,
+        app.apply(&refund("O-R", "R1", 3000)).await,
         Outcome::Duplicate
     );
     assert_eq!(app.refund_state("O-R").await, ("PAID".into(), 3000));
 
     assert_eq!(
-        apply(&app, &refund("O-R", "R2", 7000)).await,
+        app.apply(&refund("O-R", "R2", 7000)).await,
         Outcome::Applied
     );
     assert_eq!(app.refund_state("O-R").await, ("REFUNDED".into(), 10000));
@@ -899,7 +841,7 @@ async fn partial_refunds_add_up_to_a_full_refund(backend: Backend) {
 
     // More than was paid: recorded as an anomaly, never applied.
     assert_eq!(
-        apply(&app, &refund("O-R", "R3", 1)).await,
+        app.apply(&refund("O-R", "R3", 1)).await,
         Outcome::Anomaly(AnomalyReason::AmountMismatch)
     );
     assert_eq!(app.get_order("O-R").await["refunded_fen"], 10000);
@@ -907,14 +849,9 @@ async fn partial_refunds_add_up_to_a_full_refund(backend: Backend) {
 
 async fn refund_with_different_content_is_a_conflict(backend: Backend) {
     let app = spawn_app(backend).await;
-    app.create_order("O-RC", 10000).await;
-    apply(&app, &paid("O-RC", "T-O-RC", 10000)).await;
+    paid_then_refunded_3000(&app, "O-RC").await;
     assert_eq!(
-        apply(&app, &refund("O-RC", "R1", 3000)).await,
-        Outcome::Applied
-    );
-    assert_eq!(
-        apply(&app, &refund("O-RC", "R1", 4000)).await,
+        app.apply(&refund("O-RC", "R1", 4000)).await,
         Outcome::Conflict
     );
     assert_eq!(app.get_order("O-RC").await["refunded_fen"], 3000);
@@ -924,14 +861,14 @@ async fn refund_before_payment_writes_nothing(backend: Backend) {
     let app = spawn_app(backend).await;
     app.create_order("O-E", 10000).await;
     assert_eq!(
-        apply(&app, &refund("O-E", "R1", 3000)).await,
+        app.apply(&refund("O-E", "R1", 3000)).await,
         Outcome::TooEarly
     );
     assert_eq!(app.db.count("refund_callback").await, 0);
     assert_eq!(app.db.count("local_message").await, 0);
-    apply(&app, &paid("O-E", "T-O-E", 10000)).await;
+    app.apply(&paid("O-E", "T-O-E", 10000)).await;
     assert_eq!(
-        apply(&app, &refund("O-E", "R1", 3000)).await,
+        app.apply(&refund("O-E", "R1", 3000)).await,
         Outcome::Applied
     );
 }
@@ -941,11 +878,11 @@ async fn a_refund_of_a_payment_recorded_as_an_anomaly_is_recorded_too(backend: B
     app.create_order("O-AR", 10000).await;
     // Paid the wrong amount: recorded, order unpaid. Then that money is refunded.
     assert_eq!(
-        apply(&app, &paid("O-AR", "T-O-AR", 500)).await,
+        app.apply(&paid("O-AR", "T-O-AR", 500)).await,
         Outcome::Anomaly(AnomalyReason::AmountMismatch)
     );
     assert_eq!(
-        apply(&app, &refund("O-AR", "R1", 500)).await,
+        app.apply(&refund("O-AR", "R1", 500)).await,
         Outcome::Anomaly(AnomalyReason::OtherPaymentRefunded),
         "recorded, not 404 until the order expires"
     );
@@ -1017,13 +954,14 @@ async fn state_never_moves_backwards(backend: Backend) {
             // Bring the order to `start` through real operations.
             if matches!(start, Paid | Refunded) {
                 assert_eq!(
-                    apply(&app, &paid(&no, "T-START", 1000)).await,
+                    app.apply(&paid(&no, "T-START", 1000)).await,
                     Outcome::Applied
                 );
             }
             if *start == Refunded {
                 assert_eq!(
-                    apply(&app, &refund_of(&no, "T-START", &format!("{no}-R0"), 1000)).await,
+                    app.apply(&refund_of(&no, "T-START", &format!("{no}-R0"), 1000))
+                        .await,
                     Outcome::Applied
                 );
             }
@@ -1034,18 +972,20 @@ async fn state_never_moves_backwards(backend: Backend) {
 
             match op {
                 PayWechat => {
-                    apply(&app, &paid(&no, "T-START", 1000)).await;
+                    app.apply(&paid(&no, "T-START", 1000)).await;
                 }
                 PayAlipay => {
                     let mut n = paid(&no, "ALI-1", 1000);
                     n.channel = ChannelId::Alipay;
-                    apply(&app, &n).await;
+                    app.apply(&n).await;
                 }
                 RefundFull => {
-                    apply(&app, &refund_of(&no, "T-START", &format!("{no}-RF"), 1000)).await;
+                    app.apply(&refund_of(&no, "T-START", &format!("{no}-RF"), 1000))
+                        .await;
                 }
                 RefundPartial => {
-                    apply(&app, &refund_of(&no, "T-START", &format!("{no}-RP"), 1)).await;
+                    app.apply(&refund_of(&no, "T-START", &format!("{no}-RP"), 1))
+                        .await;
                 }
                 CloseApi => {
                     app.store.close_order(&no, "api", now).await.expect("close");
@@ -1053,7 +993,7 @@ async fn state_never_moves_backwards(backend: Backend) {
                 CloseByProvider => {
                     let mut n = paid(&no, "T-START", 1000);
                     n.kind = NoticeKind::Closed;
-                    apply(&app, &n).await;
+                    app.apply(&n).await;
                 }
             }
             let after = OrderStatus::parse(&app.status_of(&no).await).expect("known status");

@@ -4,10 +4,9 @@
 use std::sync::Arc;
 
 use actix_web::http::StatusCode;
-use tokio::sync::Barrier;
 
-use crate::support::helpers::{Backend, spawn_app, spawn_app_with};
-use crate::support::test_channel::{TestNotification, deliver, send_raw, sign};
+use crate::support::helpers::{Backend, released_together, spawn_app, spawn_app_with};
+use crate::support::test_channel::{TestNotification, deliver, paid_order, send_raw, sign};
 
 crate::on_every_backend!(
     first_and_repeated_deliveries_are_acknowledged_alike,
@@ -98,18 +97,13 @@ async fn twenty_concurrent_http_deliveries_make_one_transition(backend: Backend)
     let app = Arc::new(spawn_app(backend).await);
     app.create_order("N-20", 19900).await;
     let n = TestNotification::paid("N-20", "T-20", 19900);
-    let barrier = Arc::new(Barrier::new(20));
-    let tasks: Vec<_> = (0..20)
-        .map(|_| {
-            let (app, n, barrier) = (app.clone(), n.clone(), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                deliver(&app, &n).await.0
-            })
-        })
-        .collect();
-    for task in tasks {
-        assert_eq!(task.await.expect("task"), StatusCode::NO_CONTENT);
+    let statuses = released_together(20, |_| {
+        let (app, n) = (app.clone(), n.clone());
+        async move { deliver(&app, &n).await.0 }
+    })
+    .await;
+    for status in statuses {
+        assert_eq!(status, StatusCode::NO_CONTENT);
     }
     assert_eq!(app.messages("ORDER_PAID").await, 1);
     assert_eq!(app.db.count("pay_callback").await, 1);
@@ -153,10 +147,7 @@ async fn hang_up(
 /// After a hang-up: the service still answers every request, on every pooled connection.
 async fn service_still_works(app: &crate::support::helpers::TestApp, prefix: &str) {
     for i in 0..6 {
-        let no = format!("{prefix}-{i}");
-        app.create_order(&no, 100).await;
-        let (status, _) = deliver(app, &TestNotification::paid(&no, &format!("T-{no}"), 100)).await;
-        assert_eq!(status, StatusCode::NO_CONTENT, "{no}");
+        paid_order(app, &format!("{prefix}-{i}"), 100).await;
     }
 }
 

@@ -3,9 +3,10 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use tokio::sync::Barrier;
 
-use crate::support::helpers::{Backend, TestApp, named, named_accounts, spawn_app, spawn_app_with};
+use crate::support::helpers::{
+    Backend, TestApp, named, named_accounts, released_together, spawn_app, spawn_app_with,
+};
 
 crate::on_every_backend!(
     a_replay_with_the_same_key_returns_identical_bytes,
@@ -79,20 +80,11 @@ async fn an_existing_order_without_a_key_is_409(backend: Backend) {
 
 async fn concurrent_creates_with_one_key_make_one_order_and_one_answer(backend: Backend) {
     let app = Arc::new(spawn_app(backend).await);
-    let barrier = Arc::new(Barrier::new(10));
-    let tasks: Vec<_> = (0..10)
-        .map(|_| {
-            let (app, barrier) = (app.clone(), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                post_order(&app, Some("k-c"), &order("P-C", 100)).await
-            })
-        })
-        .collect();
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.push(task.await.expect("task"));
-    }
+    let answers = released_together(10, |_| {
+        let app = app.clone();
+        async move { post_order(&app, Some("k-c"), &order("P-C", 100)).await }
+    })
+    .await;
     assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
     assert_eq!(answers[0].0, 201);
     assert_eq!(app.db.count("orders").await, 1);
@@ -183,12 +175,7 @@ async fn close_moves_only_unpaid_orders(backend: Backend) {
     assert_eq!(close("P-CL").await.expect("close").status(), 200);
     assert_eq!(app.messages("ORDER_CLOSED").await, 1);
 
-    app.create_order("P-PAID", 100).await;
-    crate::support::test_channel::deliver(
-        &app,
-        &crate::support::test_channel::TestNotification::paid("P-PAID", "T", 100),
-    )
-    .await;
+    crate::support::test_channel::paid_order(&app, "P-PAID", 100).await;
     assert_eq!(close("P-PAID").await.expect("close").status(), 409);
     assert_eq!(app.status_of("P-PAID").await, "PAID");
     assert_eq!(close("NOPE").await.expect("close").status(), 404);

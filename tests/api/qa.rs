@@ -5,14 +5,9 @@ use std::path::Path;
 use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_paynotify");
+use crate::support::helpers::free_port;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+const BIN: &str = env!("CARGO_BIN_EXE_paynotify");
 
 /// Where a child service writes: the test's output with `TEST_LOG`, else nowhere.
 fn child_log() -> std::process::Stdio {

@@ -10,6 +10,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::helpers::free_port;
+
 const BIN: &str = env!("CARGO_BIN_EXE_paynotify");
 /// The longest any one block may run.
 const BLOCK_LIMIT: Duration = Duration::from_secs(90);
@@ -40,13 +42,6 @@ fn sh_blocks(readme: &str) -> Vec<(usize, String)> {
         }
     }
     blocks
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// Every process group a block started; SIGTERM to each when the test ends, pass or fail

@@ -30,6 +30,25 @@ fn reserialised(d: &Delivery) -> Delivery {
     d
 }
 
+/// A payment notification for `order_no` (100 fen) whose signature does not verify.
+fn badly_signed(app: &TestApp, order_no: &str) -> Delivery {
+    let mut forged = paid(app, &sandbox('A'), order_no, 100);
+    forged.set_header("Wechatpay-Signature", "AAAA");
+    forged
+}
+
+/// Blocks every receipt insert for `hold`: SQLite's one writer, elsewhere the table.
+async fn hold_receipt_writes(
+    app: &TestApp,
+    backend: Backend,
+    hold: Duration,
+) -> tokio::task::JoinHandle<()> {
+    match backend {
+        Backend::Sqlite => app.db.hold_write_lock("none", hold).await,
+        _ => app.db.hold_table_lock("notify_receipt", hold).await,
+    }
+}
+
 async fn all_receipts(app: &TestApp) -> Vec<StoredReceipt> {
     app.store
         .receipts(&ReceiptFilter {
@@ -94,14 +113,9 @@ async fn a_body_reserialised_by_a_proxy_is_refused_and_kept_as_it_arrived(backen
 
 async fn accepted_notifications_leave_no_receipt_unless_store_is_all(backend: Backend) {
     let app = app(backend).await;
-    app.create_order("RC-2", 100).await;
-    assert_eq!(
-        pay(&app, &paid(&app, &sandbox('A'), "RC-2", 100)).await.0,
-        204
-    );
+    crate::wechat::paid_order(&app, "RC-2", 100).await;
     // A refused one after it: once it is stored, the accepted one would have been too.
-    let mut forged = paid(&app, &sandbox('A'), "RC-2", 100);
-    forged.set_header("Wechatpay-Signature", "AAAA");
+    let forged = badly_signed(&app, "RC-2");
     assert_eq!(pay(&app, &forged).await.0, 401);
     assert_eq!(app.receipts_stored(1).await, 1);
     assert_eq!(all_receipts(&app).await[0].outcome, "bad_signature");
@@ -111,11 +125,7 @@ async fn accepted_notifications_leave_no_receipt_unless_store_is_all(backend: Ba
         s.receipts.store = ReceiptMode::All;
     })
     .await;
-    all.create_order("RC-3", 100).await;
-    assert_eq!(
-        pay(&all, &paid(&all, &sandbox('A'), "RC-3", 100)).await.0,
-        204
-    );
+    crate::wechat::paid_order(&all, "RC-3", 100).await;
     assert_eq!(all.receipts_stored(1).await, 1);
     let receipt = &all_receipts(&all).await[0];
     assert_eq!(
@@ -181,12 +191,8 @@ async fn a_full_receipt_queue_drops_and_counts_while_notify_still_answers(backen
     .await;
     // The writer's insert waits behind this lock, so nothing leaves the queue.
     let hold = Duration::from_secs(3);
-    let lock = match backend {
-        Backend::Sqlite => app.db.hold_write_lock("none", hold).await,
-        _ => app.db.hold_table_lock("notify_receipt", hold).await,
-    };
-    let mut forged = paid(&app, &sandbox('A'), "RC-Q", 100);
-    forged.set_header("Wechatpay-Signature", "AAAA");
+    let lock = hold_receipt_writes(&app, backend, hold).await;
+    let forged = badly_signed(&app, "RC-Q");
     assert_eq!(pay(&app, &forged).await.0, 401);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let started = Instant::now();
@@ -211,28 +217,25 @@ async fn a_full_receipt_queue_drops_and_counts_while_notify_still_answers(backen
     assert!(app.receipts_stored(3).await >= 1);
 }
 
-async fn post_admin(app: &TestApp, path: &str) -> (u16, Value) {
+/// An admin request with the API token: the status and the JSON answer.
+async fn admin(app: &TestApp, method: reqwest::Method, path: &str) -> (u16, Value) {
     let response = app
         .client
-        .post(app.url(path))
+        .request(method, app.url(path))
         .bearer_auth(&app.api_token)
         .send()
         .await
-        .expect("admin POST");
+        .expect(path);
     let status = response.status().as_u16();
     (status, response.json().await.expect("JSON"))
 }
 
+async fn post_admin(app: &TestApp, path: &str) -> (u16, Value) {
+    admin(app, reqwest::Method::POST, path).await
+}
+
 async fn get_admin(app: &TestApp, path: &str) -> (u16, Value) {
-    let response = app
-        .client
-        .get(app.url(path))
-        .bearer_auth(&app.api_token)
-        .send()
-        .await
-        .expect("admin GET");
-    let status = response.status().as_u16();
-    (status, response.json().await.expect("JSON"))
+    admin(app, reqwest::Method::GET, path).await
 }
 
 /// 32 bytes, but not the key WeChat encrypts with.
@@ -326,12 +329,7 @@ async fn the_admin_api_lists_shows_and_reapplies_one_receipt(backend: Backend) {
     assert_eq!(app.status_of("RA-1").await, "WAIT_PAY");
     let (status, _) = post_admin(&app, "/admin/receipts/999999/reapply").await;
     assert_eq!(status, 404);
-    let unauthorised = app
-        .client
-        .get(app.url("/admin/receipts"))
-        .send()
-        .await
-        .expect("GET");
+    let unauthorised = app.get_without_token("/admin/receipts").await;
     assert_eq!(unauthorised.status(), 401);
 }
 
@@ -482,14 +480,20 @@ async fn the_explain_command_names_the_failing_check_for_a_receipt_and_a_saved_r
     let expected = "first failing check: signature: the body is not the bytes WeChat signed: \
                     it was re-serialised (whitespace differs)";
 
-    let out = run(&["--receipt", &id.to_string()]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains(expected), "{stdout}");
+    // A run that succeeds and names the failing check; its output.
+    let explains = |args: &[&str]| {
+        let out = run(args);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains(expected), "{stdout}");
+        stdout
+    };
+
+    let stdout = explains(&["--receipt", &id.to_string()]);
     assert!(stdout.contains("amount: 100 CNY as the order"), "{stdout}");
 
     let mut raw = b"POST /notify/wechat/pay HTTP/1.1\r\nHost: pay.example.com\r\n".to_vec();
@@ -501,14 +505,7 @@ async fn the_explain_command_names_the_failing_check_for_a_receipt_and_a_saved_r
     let file = dir.path().join("request.http");
     std::fs::write(&file, &raw).expect("request file");
     let file = file.display().to_string();
-    let out = run(&["--file", &file, "--at", "2026-11-30T08:00:10Z"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains(expected), "{stdout}");
+    let stdout = explains(&["--file", &file, "--at", "2026-11-30T08:00:10Z"]);
     assert!(stdout.contains("timestamp skew: 10 s"), "{stdout}");
 
     let out = run(&["--receipt", "999999"]);
@@ -518,8 +515,7 @@ async fn the_explain_command_names_the_failing_check_for_a_receipt_and_a_saved_r
 
 async fn the_retention_job_purges_receipts_after_receipts_keep_days(backend: Backend) {
     let app = app(backend).await;
-    let mut forged = paid(&app, &sandbox('A'), "RP-1", 100);
-    forged.set_header("Wechatpay-Signature", "AAAA");
+    let forged = badly_signed(&app, "RP-1");
     assert_eq!(pay(&app, &forged).await.0, 401);
     assert_eq!(app.receipts_stored(1).await, 1);
 
@@ -565,10 +561,7 @@ async fn a_nul_in_refused_requests_is_stored_escaped_and_sinks_no_batch(backend:
     // The writer's first insert waits behind this lock, so the requests after it reach the
     // database together, in one batch.
     let hold = Duration::from_secs(2);
-    let lock = match backend {
-        Backend::Sqlite => app.db.hold_write_lock("none", hold).await,
-        _ => app.db.hold_table_lock("notify_receipt", hold).await,
-    };
+    let lock = hold_receipt_writes(&app, backend, hold).await;
     let poisoned = |i: usize| {
         alipay_form(
             format!("app_id=%00&notify_type=trade_status_sync&out_trade_no=RN-{i}&sign=AAAA")
@@ -682,10 +675,7 @@ async fn a_receipt_the_database_refuses_is_counted_and_the_rest_of_its_batch_sto
     let mut bad = arrival("unknown app_id \0");
     bad.channel = "w".repeat(40);
     let hold = Duration::from_secs(1);
-    let lock = match backend {
-        Backend::Sqlite => app.db.hold_write_lock("none", hold).await,
-        _ => app.db.hold_table_lock("notify_receipt", hold).await,
-    };
+    let lock = hold_receipt_writes(&app, backend, hold).await;
     receipts.submit(arrival("first"));
     tokio::time::sleep(Duration::from_millis(200)).await;
     for i in 0..48 {
@@ -835,8 +825,7 @@ async fn identical_junk_bodies_are_stored_once_as_a_prefix_and_a_hash(backend: B
         assert_eq!(status.as_u16(), 400);
     }
     // A refusal after them that is kept: once it is stored, the junk would have been.
-    let mut forged = paid(&app, &sandbox('A'), "RJ-1", 100);
-    forged.set_header("Wechatpay-Signature", "AAAA");
+    let forged = badly_signed(&app, "RJ-1");
     assert_eq!(pay(&app, &forged).await.0, 401);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !all_receipts(&app)

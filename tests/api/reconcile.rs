@@ -7,7 +7,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use paynotify::config::Settings;
-use paynotify::jobs::expire_orders;
 use paynotify::metrics::Metrics;
 use paynotify::time::Clock;
 
@@ -23,6 +22,18 @@ const APP_ID: &str = "2021000000000001";
 const AFTER_SECS: i64 = 300;
 const EXPIRE_SECS: i64 = 1800;
 const GRACE_SECS: i64 = 600;
+
+/// Tests that run one check on one channel: `name => check("channel", more…)` is
+/// `async fn name(backend)` running `check(backend, "channel", more…)`.
+macro_rules! channel_tests {
+    ($($name:ident => $check:ident($channel:literal $(, $more:expr)*)),* $(,)?) => {
+        $(
+            async fn $name(backend: Backend) {
+                $check(backend, $channel $(, $more)*).await;
+            }
+        )*
+    };
+}
 
 async fn fake() -> FakeProvider {
     let platform = crate::wechat::sandbox('A');
@@ -105,6 +116,57 @@ async fn create(app: &TestApp, order_no: &str, fen: i64, channel: &str) {
     assert_eq!(response.status(), 201);
 }
 
+/// `order_no` paid at the fake `channel` provider, with `transaction_id(channel, order_no)`.
+fn paid_at(fake: &FakeProvider, order_no: &str, fen: i64, channel: &str) {
+    fake.state.set(
+        order_no,
+        Trade::Paid {
+            transaction_id: transaction_id(channel, order_no),
+            total: fen,
+        },
+    );
+}
+
+/// [`create`], and the order paid at the fake `channel` provider already.
+async fn paid_at_provider(
+    app: &TestApp,
+    fake: &FakeProvider,
+    order_no: &str,
+    fen: i64,
+    channel: &str,
+) {
+    create(app, order_no, fen, channel).await;
+    paid_at(fake, order_no, fen, channel);
+}
+
+/// `POST path` with the API token.
+async fn post(app: &TestApp, path: &str) -> reqwest::Response {
+    app.client
+        .post(app.url(path))
+        .bearer_auth(&app.api_token)
+        .send()
+        .await
+        .expect(path)
+}
+
+/// Builds the service on a database of its own, its settings [`configure`]d for `url` and then
+/// `change`d; what start-up said, if it stopped.
+async fn start_up(url: &str, change: impl FnOnce(&mut Settings)) -> Result<(), String> {
+    use paynotify::startup::{Application, Options};
+
+    let db = crate::support::helpers::TestDb::create(Backend::Sqlite).await;
+    let mut settings = crate::support::helpers::test_settings(db.url());
+    configure(&mut settings, url);
+    change(&mut settings);
+    match settings.validate() {
+        Err(e) => Err(e.to_string()),
+        Ok(()) => Application::build(&settings, Options::default())
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+    }
+}
+
 fn calls(app: &TestApp, channel: &str, call: &str, result: &str) -> u64 {
     Metrics::count(&app.metrics.provider_calls, &[channel, call, result])
 }
@@ -136,14 +198,7 @@ async fn lost_notification_recovered(backend: Backend, channel: &str) {
     let fake = fake().await;
     let app = app_with(backend, &fake).await;
     let no = format!("RC-LOST-{channel}");
-    create(&app, &no, 19900, channel).await;
-    fake.state.set(
-        &no,
-        Trade::Paid {
-            transaction_id: transaction_id(channel, &no),
-            total: 19900,
-        },
-    );
+    paid_at_provider(&app, &fake, &no, 19900, channel).await;
     // Too young to ask about.
     app.clock.advance(AFTER_SECS - 1);
     assert_eq!(reconcile_now(&app).await, 0);
@@ -193,12 +248,7 @@ async fn expiry_closes_at_the_provider_first(backend: Backend, channel: &str) {
     // only when the buyer opens them, so "no such trade" there is no proof before the grace
     // period is over.
     let at_once = if channel == "wechat" { 2 } else { 1 };
-    assert_eq!(
-        expire_orders(&app.reconciler, app.clock.as_ref())
-            .await
-            .expect("expiry"),
-        at_once
-    );
+    assert_eq!(app.expire_now().await, at_once);
     assert_eq!(fake.state.trade(&unpaid), Some(Trade::Closed));
     assert_eq!(app.status_of(&unpaid).await, "CLOSED");
     assert_eq!(
@@ -215,12 +265,7 @@ async fn expiry_closes_at_the_provider_first(backend: Backend, channel: &str) {
     if channel == "alipay" {
         assert_eq!(app.status_of(&never_seen).await, "WAIT_PAY");
         app.clock.advance(GRACE_SECS);
-        assert_eq!(
-            expire_orders(&app.reconciler, app.clock.as_ref())
-                .await
-                .expect("expiry"),
-            1
-        );
+        assert_eq!(app.expire_now().await, 1);
         assert_eq!(
             Metrics::count(&app.metrics.expiry, &["closed_not_found"]),
             1
@@ -234,21 +279,9 @@ async fn expiry_of_a_trade_paid_at_the_provider_pays_the_order(backend: Backend,
     let fake = fake().await;
     let app = app_with(backend, &fake).await;
     let no = format!("RC-LATE-{channel}");
-    create(&app, &no, 500, channel).await;
-    fake.state.set(
-        &no,
-        Trade::Paid {
-            transaction_id: transaction_id(channel, &no),
-            total: 500,
-        },
-    );
+    paid_at_provider(&app, &fake, &no, 500, channel).await;
     app.clock.advance(EXPIRE_SECS + 1);
-    assert_eq!(
-        expire_orders(&app.reconciler, app.clock.as_ref())
-            .await
-            .expect("expiry"),
-        0
-    );
+    assert_eq!(app.expire_now().await, 0);
     assert_eq!(app.status_of(&no).await, "PAID");
     assert_eq!(app.messages("ORDER_PAID").await, 1);
     assert_eq!(app.messages("ORDER_CLOSED").await, 0);
@@ -271,37 +304,20 @@ async fn provider_down_then_closed_after_the_grace_period(backend: Backend, chan
     fake.state.set(&no, Trade::NotPaid);
     fake.state.down.store(true, Ordering::SeqCst);
     app.clock.advance(EXPIRE_SECS + 1);
-    assert_eq!(
-        expire_orders(&app.reconciler, app.clock.as_ref())
-            .await
-            .expect("expiry"),
-        0
-    );
+    assert_eq!(app.expire_now().await, 0);
     assert_eq!(app.status_of(&no).await, "WAIT_PAY");
     assert_eq!(calls(&app, channel, "close", "unreachable"), 1);
     // Backing off: not asked again at once.
-    assert_eq!(
-        expire_orders(&app.reconciler, app.clock.as_ref())
-            .await
-            .expect("expiry"),
-        0
-    );
+    assert_eq!(app.expire_now().await, 0);
     assert_eq!(calls(&app, channel, "close", "unreachable"), 1);
     app.clock.advance(60);
-    expire_orders(&app.reconciler, app.clock.as_ref())
-        .await
-        .expect("expiry");
+    app.expire_now().await;
     assert_eq!(calls(&app, channel, "close", "unreachable"), 2);
     assert_eq!(app.status_of(&no).await, "WAIT_PAY");
     assert_eq!(app.messages("ORDER_CLOSED").await, 0);
     // Past the grace period: closed here anyway.
     app.clock.advance(GRACE_SECS);
-    assert_eq!(
-        expire_orders(&app.reconciler, app.clock.as_ref())
-            .await
-            .expect("expiry"),
-        1
-    );
+    assert_eq!(app.expire_now().await, 1);
     assert_eq!(app.status_of(&no).await, "CLOSED");
     assert_eq!(
         Metrics::count(&app.metrics.expiry, &["closed_after_grace"]),
@@ -309,30 +325,20 @@ async fn provider_down_then_closed_after_the_grace_period(backend: Backend, chan
     );
 }
 
-async fn wechat_lost_notification_is_recovered_by_query(backend: Backend) {
-    lost_notification_recovered(backend, "wechat").await;
-}
-async fn alipay_lost_notification_is_recovered_by_query(backend: Backend) {
-    lost_notification_recovered(backend, "alipay").await;
-}
-async fn wechat_expiry_closes_at_the_provider_first(backend: Backend) {
-    expiry_closes_at_the_provider_first(backend, "wechat").await;
-}
-async fn alipay_expiry_closes_at_the_provider_first(backend: Backend) {
-    expiry_closes_at_the_provider_first(backend, "alipay").await;
-}
-async fn wechat_close_answered_already_paid_pays_the_order(backend: Backend) {
-    expiry_of_a_trade_paid_at_the_provider_pays_the_order(backend, "wechat").await;
-}
-async fn alipay_close_answered_already_paid_pays_the_order(backend: Backend) {
-    expiry_of_a_trade_paid_at_the_provider_pays_the_order(backend, "alipay").await;
-}
-async fn wechat_provider_down_keeps_the_order_open_until_the_grace_period(backend: Backend) {
-    provider_down_then_closed_after_the_grace_period(backend, "wechat").await;
-}
-async fn alipay_provider_down_keeps_the_order_open_until_the_grace_period(backend: Backend) {
-    provider_down_then_closed_after_the_grace_period(backend, "alipay").await;
-}
+channel_tests!(
+    wechat_lost_notification_is_recovered_by_query => lost_notification_recovered("wechat"),
+    alipay_lost_notification_is_recovered_by_query => lost_notification_recovered("alipay"),
+    wechat_expiry_closes_at_the_provider_first => expiry_closes_at_the_provider_first("wechat"),
+    alipay_expiry_closes_at_the_provider_first => expiry_closes_at_the_provider_first("alipay"),
+    wechat_close_answered_already_paid_pays_the_order =>
+        expiry_of_a_trade_paid_at_the_provider_pays_the_order("wechat"),
+    alipay_close_answered_already_paid_pays_the_order =>
+        expiry_of_a_trade_paid_at_the_provider_pays_the_order("alipay"),
+    wechat_provider_down_keeps_the_order_open_until_the_grace_period =>
+        provider_down_then_closed_after_the_grace_period("wechat"),
+    alipay_provider_down_keeps_the_order_open_until_the_grace_period =>
+        provider_down_then_closed_after_the_grace_period("alipay"),
+);
 
 crate::on_every_backend!(
     wechat_lost_notification_is_recovered_by_query,
@@ -364,14 +370,7 @@ async fn unverified_answers_change_nothing(signing: Signing, result: &str) {
         let fake = fake().await;
         let app = app_with(Backend::Sqlite, &fake).await;
         let no = format!("RC-FORGED-{channel}");
-        create(&app, &no, 100, channel).await;
-        fake.state.set(
-            &no,
-            Trade::Paid {
-                transaction_id: transaction_id(channel, &no),
-                total: 100,
-            },
-        );
+        paid_at_provider(&app, &fake, &no, 100, channel).await;
         fake.state.sign_with(signing);
         app.clock.advance(AFTER_SECS);
         assert_eq!(reconcile_now(&app).await, 0);
@@ -429,34 +428,21 @@ async fn the_rate_limit_holds() {
 async fn closing_through_the_api_asks_the_provider_first() {
     let fake = fake().await;
     let app = app_with(Backend::Sqlite, &fake).await;
-    let close = |no: &str| {
-        app.client
-            .post(app.url(&format!("/orders/{no}/close")))
-            .bearer_auth(&app.api_token)
-            .send()
-    };
     create(&app, "RC-API-OPEN", 100, "wechat").await;
     fake.state.set("RC-API-OPEN", Trade::NotPaid);
-    let response = close("RC-API-OPEN").await.expect("close");
+    let response = post(&app, "/orders/RC-API-OPEN/close").await;
     assert_eq!(response.status(), 200);
     assert_eq!(fake.state.trade("RC-API-OPEN"), Some(Trade::Closed));
     assert_eq!(app.status_of("RC-API-OPEN").await, "CLOSED");
 
-    create(&app, "RC-API-PAID", 100, "wechat").await;
-    fake.state.set(
-        "RC-API-PAID",
-        Trade::Paid {
-            transaction_id: "42RC-API-PAID".into(),
-            total: 100,
-        },
-    );
-    let response = close("RC-API-PAID").await.expect("close");
+    paid_at_provider(&app, &fake, "RC-API-PAID", 100, "wechat").await;
+    let response = post(&app, "/orders/RC-API-PAID/close").await;
     assert_eq!(response.status(), 409);
     assert_eq!(app.status_of("RC-API-PAID").await, "PAID");
 
     create(&app, "RC-API-DOWN", 100, "wechat").await;
     fake.state.down.store(true, Ordering::SeqCst);
-    let response = close("RC-API-DOWN").await.expect("close");
+    let response = post(&app, "/orders/RC-API-DOWN/close").await;
     assert_eq!(response.status(), 503);
     assert_eq!(app.status_of("RC-API-DOWN").await, "WAIT_PAY");
 }
@@ -467,20 +453,8 @@ async fn the_admin_endpoint_asks_now_and_says_what_each_provider_answered() {
     let app = app_with(Backend::Sqlite, &fake).await;
     // Names no account: every merchant and app with credentials is asked.
     app.create_order("RC-ADMIN", 300).await;
-    fake.state.set(
-        "RC-ADMIN",
-        Trade::Paid {
-            transaction_id: "2026RC-ADMIN".into(),
-            total: 300,
-        },
-    );
-    let reconcile = || {
-        app.client
-            .post(app.url("/admin/orders/RC-ADMIN/reconcile"))
-            .bearer_auth(&app.api_token)
-            .send()
-    };
-    let response = reconcile().await.expect("reconcile");
+    paid_at(&fake, "RC-ADMIN", 300, "alipay");
+    let response = post(&app, "/admin/orders/RC-ADMIN/reconcile").await;
     assert_eq!(response.status(), 200);
     let body: serde_json::Value = response.json().await.expect("json");
     assert_eq!(body["status"], "PAID");
@@ -499,13 +473,7 @@ async fn the_admin_endpoint_asks_now_and_says_what_each_provider_answered() {
     assert_eq!(app.messages("ORDER_PAID").await, 1);
     assert_eq!(app.anomalies("RC-ADMIN").await[0].0, "DUPLICATE_PAYMENT");
 
-    let missing = app
-        .client
-        .post(app.url("/admin/orders/NOPE/reconcile"))
-        .bearer_auth(&app.api_token)
-        .send()
-        .await
-        .expect("reconcile");
+    let missing = post(&app, "/admin/orders/NOPE/reconcile").await;
     assert_eq!(missing.status(), 404);
 }
 
@@ -517,13 +485,7 @@ async fn queries_go_over_https_trusting_the_configured_ca() {
     let front = TlsFront::start(fake.port).await;
     let https = format!("https://127.0.0.1:{}", front.port);
     for (channel, no) in [("wechat", "RC-TLS-W"), ("alipay", "RC-TLS-A")] {
-        fake.state.set(
-            no,
-            Trade::Paid {
-                transaction_id: transaction_id(channel, no),
-                total: 100,
-            },
-        );
+        paid_at(&fake, no, 100, channel);
     }
 
     // The system's roots do not know the test CA: no answer, nothing changes.
@@ -531,11 +493,7 @@ async fn queries_go_over_https_trusting_the_configured_ca() {
     let untrusting = spawn_app_with(Backend::Sqlite, move |s| configure(s, &url)).await;
     create(&untrusting, "RC-TLS-W", 100, "wechat").await;
     untrusting.clock.advance(AFTER_SECS);
-    untrusting
-        .reconciler
-        .reconcile_due(untrusting.clock.now())
-        .await
-        .expect("reconcile");
+    reconcile_now(&untrusting).await;
     assert_eq!(untrusting.status_of("RC-TLS-W").await, "WAIT_PAY");
     assert_eq!(calls(&untrusting, "wechat", "query", "unreachable"), 1);
     assert!(fake.state.calls().is_empty(), "the handshake failed first");
@@ -566,14 +524,7 @@ async fn a_provider_that_hangs_or_refuses_connections_is_unreachable() {
         s.reconcile.timeout_ms = 300;
     })
     .await;
-    create(&app, "RC-HANG", 100, "wechat").await;
-    fake.state.set(
-        "RC-HANG",
-        Trade::Paid {
-            transaction_id: "42RC-HANG".into(),
-            total: 100,
-        },
-    );
+    paid_at_provider(&app, &fake, "RC-HANG", 100, "wechat").await;
     app.clock.advance(AFTER_SECS);
     let started = Instant::now();
     reconcile_now(&app).await;
@@ -586,20 +537,12 @@ async fn a_provider_that_hangs_or_refuses_connections_is_unreachable() {
     assert_eq!(app.status_of("RC-HANG").await, "WAIT_PAY");
 
     // Nothing listens on the port any more.
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.local_addr().expect("addr").port()
-    };
+    let closed = crate::support::helpers::free_port();
     let url = format!("http://127.0.0.1:{closed}");
     let app = spawn_app_with(Backend::Sqlite, move |s| configure(s, &url)).await;
     create(&app, "RC-REFUSED", 100, "alipay").await;
     app.clock.advance(EXPIRE_SECS + 1);
-    assert_eq!(
-        expire_orders(&app.reconciler, app.clock.as_ref())
-            .await
-            .expect("expiry"),
-        0
-    );
+    assert_eq!(app.expire_now().await, 0);
     assert_eq!(calls(&app, "alipay", "close", "unreachable"), 1);
     assert_eq!(app.status_of("RC-REFUSED").await, "WAIT_PAY");
 }
@@ -607,8 +550,6 @@ async fn a_provider_that_hangs_or_refuses_connections_is_unreachable() {
 /// Every mistake in the API credentials or `[reconcile]` stops start-up naming the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_credential_mistakes_stop_start_up_naming_the_key() {
-    use paynotify::startup::{Application, Options};
-
     paynotify::telemetry::init_for_tests();
     let not_a_key = tempfile::NamedTempFile::new().expect("temp file");
     std::fs::write(
@@ -664,18 +605,7 @@ async fn api_credential_mistakes_stop_start_up_naming_the_key() {
         ),
     ];
     for (key, mistake) in cases {
-        let db = crate::support::helpers::TestDb::create(Backend::Sqlite).await;
-        let mut settings = crate::support::helpers::test_settings(db.url());
-        configure(&mut settings, "http://127.0.0.1:1");
-        mistake(&mut settings);
-        let built = match settings.validate() {
-            Err(e) => Err(e.to_string()),
-            Ok(()) => Application::build(&settings, Options::default())
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string()),
-        };
-        let Err(err) = built else {
+        let Err(err) = start_up("http://127.0.0.1:1", mistake).await else {
             panic!("{key}: start-up went on");
         };
         assert!(err.contains(key), "{key}: {err}");
@@ -840,14 +770,7 @@ async fn paid_backlog(app: &TestApp, fake: &FakeProvider, tag: &str, n: usize) -
     let mut all = Vec::new();
     for i in 0..n {
         let no = format!("RC-{tag}-{i}");
-        create(app, &no, 100, "wechat").await;
-        fake.state.set(
-            &no,
-            Trade::Paid {
-                transaction_id: transaction_id("wechat", &no),
-                total: 100,
-            },
-        );
+        paid_at_provider(app, fake, &no, 100, "wechat").await;
         all.push(no);
     }
     all
@@ -908,19 +831,13 @@ async fn an_expiry_run_stops_at_its_bound_and_the_next_run_goes_on(backend: Back
     }
     app.clock.advance(EXPIRE_SECS + 1);
     fake.state.tick(app.clock.clone(), 110);
-    let first = expire_orders(&app.reconciler, app.clock.as_ref())
-        .await
-        .expect("expiry");
+    let first = app.expire_now().await;
     assert!(0 < first && first < 6, "{first} closed in the first run");
     assert_eq!(calls(&app, "wechat", "close", "bad_signature"), 0);
     assert_eq!(calls(&app, "wechat", "query", "bad_signature"), 0);
     // The rest were not tried (no backoff): the next run closes them at once.
-    let second = expire_orders(&app.reconciler, app.clock.as_ref())
-        .await
-        .expect("expiry");
-    let third = expire_orders(&app.reconciler, app.clock.as_ref())
-        .await
-        .expect("expiry");
+    let second = app.expire_now().await;
+    let third = app.expire_now().await;
     assert_eq!(first + second + third, 6);
     for no in &orders {
         assert_eq!(app.status_of(no).await, "CLOSED", "{no}");
@@ -940,43 +857,22 @@ async fn alipay_no_trade_at_expiry_keeps_the_order_payable_until_the_grace_perio
     create(&app, late, 100, "alipay").await;
     create(&app, never, 100, "alipay").await;
     app.clock.advance(EXPIRE_SECS + 1);
-    assert_eq!(
-        expire_orders(&app.reconciler, app.clock.as_ref())
-            .await
-            .expect("expiry"),
-        0
-    );
+    assert_eq!(app.expire_now().await, 0);
     assert_eq!(app.status_of(late).await, "WAIT_PAY");
     assert_eq!(app.status_of(never).await, "WAIT_PAY");
     assert_eq!(calls(&app, "alipay", "close", "not_found"), 2);
     assert_eq!(Metrics::count(&app.metrics.expiry, &["retried"]), 2);
     // The buyer opens the cashier page now and pays before Alipay's time_expire.
-    fake.state.set(
-        late,
-        Trade::Paid {
-            transaction_id: transaction_id("alipay", late),
-            total: 100,
-        },
-    );
+    paid_at(&fake, late, 100, "alipay");
     app.clock.advance(60);
-    assert_eq!(
-        expire_orders(&app.reconciler, app.clock.as_ref())
-            .await
-            .expect("expiry"),
-        0
-    );
+    assert_eq!(app.expire_now().await, 0);
     assert_eq!(app.status_of(late).await, "PAID");
     assert_eq!(app.messages("ORDER_PAID").await, 1);
     assert_eq!(app.messages("PAYMENT_ANOMALY").await, 0);
     assert_eq!(app.status_of(never).await, "WAIT_PAY");
     // Past expire_at + close_grace_secs no trade can be created any more: closed here.
     app.clock.advance(GRACE_SECS);
-    assert_eq!(
-        expire_orders(&app.reconciler, app.clock.as_ref())
-            .await
-            .expect("expiry"),
-        1
-    );
+    assert_eq!(app.expire_now().await, 1);
     assert_eq!(app.status_of(never).await, "CLOSED");
     assert_eq!(
         Metrics::count(&app.metrics.expiry, &["closed_not_found"]),
@@ -1004,22 +900,10 @@ async fn a_lie_closes_nothing(backend: Backend, channel: &str, lie: Lie) {
     fake.state.set(&expiring, Trade::NotPaid);
     fake.state.set(&by_api, Trade::NotPaid);
     fake.state.lie(lie);
-    let response = app
-        .client
-        .post(app.url(&format!("/orders/{by_api}/close")))
-        .bearer_auth(&app.api_token)
-        .send()
-        .await
-        .expect("close");
+    let response = post(&app, &format!("/orders/{by_api}/close")).await;
     assert_eq!(response.status(), 503, "{channel} {lie:?}");
     app.clock.advance(EXPIRE_SECS + 1);
-    assert_eq!(
-        expire_orders(&app.reconciler, app.clock.as_ref())
-            .await
-            .expect("expiry"),
-        0,
-        "{channel} {lie:?}"
-    );
+    assert_eq!(app.expire_now().await, 0, "{channel} {lie:?}");
     for no in [&expiring, &by_api] {
         assert_eq!(app.status_of(no).await, "WAIT_PAY", "{no} {lie:?}");
         assert_eq!(fake.state.trade(no), Some(Trade::NotPaid), "{no} {lie:?}");
@@ -1031,40 +915,24 @@ async fn a_lie_closes_nothing(backend: Backend, channel: &str, lie: Lie) {
     );
 }
 
-async fn wechat_a_close_answer_not_bound_to_the_order_closes_nothing(backend: Backend) {
-    a_lie_closes_nothing(backend, "wechat", Lie::CloseKeepsTrade).await;
-}
-async fn alipay_a_close_answer_not_bound_to_the_order_closes_nothing(backend: Backend) {
-    a_lie_closes_nothing(backend, "alipay", Lie::CloseKeepsTrade).await;
-}
-async fn wechat_unsigned_not_found_answers_close_nothing(backend: Backend) {
-    a_lie_closes_nothing(backend, "wechat", Lie::NotFoundUnsigned).await;
-}
-async fn wechat_a_closed_answer_about_another_merchant_closes_nothing(backend: Backend) {
-    a_lie_closes_nothing(backend, "wechat", Lie::OtherMerchant).await;
-}
+channel_tests!(
+    wechat_a_close_answer_not_bound_to_the_order_closes_nothing =>
+        a_lie_closes_nothing("wechat", Lie::CloseKeepsTrade),
+    alipay_a_close_answer_not_bound_to_the_order_closes_nothing =>
+        a_lie_closes_nothing("alipay", Lie::CloseKeepsTrade),
+    wechat_unsigned_not_found_answers_close_nothing =>
+        a_lie_closes_nothing("wechat", Lie::NotFoundUnsigned),
+    wechat_a_closed_answer_about_another_merchant_closes_nothing =>
+        a_lie_closes_nothing("wechat", Lie::OtherMerchant),
+);
 
 /// Plain `http://` lets anyone on the path answer for the provider: only a loopback stand-in
 /// may use it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_http_provider_url_off_loopback_stops_start_up_naming_the_key() {
-    use paynotify::startup::{Application, Options};
-
     paynotify::telemetry::init_for_tests();
     type Change = Box<dyn Fn(&mut Settings)>;
-    let build = async |change: Change| {
-        let db = crate::support::helpers::TestDb::create(Backend::Sqlite).await;
-        let mut settings = crate::support::helpers::test_settings(db.url());
-        configure(&mut settings, "https://127.0.0.1:1");
-        change(&mut settings);
-        match settings.validate() {
-            Err(e) => Err(e.to_string()),
-            Ok(()) => Application::build(&settings, Options::default())
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string()),
-        }
-    };
+    let build = async |change: Change| start_up("https://127.0.0.1:1", change).await;
     let refused: Vec<(&str, Change)> = vec![
         (
             "wechat.merchants[0].api_base",
@@ -1132,20 +1000,8 @@ async fn a_payment_recovered_through_one_app_is_the_same_as_another_apps_notific
     .await;
     let no = "RC-TWO-APPS";
     app.create_order(no, 300).await;
-    fake.state.set(
-        no,
-        Trade::Paid {
-            transaction_id: transaction_id("alipay", no),
-            total: 300,
-        },
-    );
-    let response = app
-        .client
-        .post(app.url(&format!("/admin/orders/{no}/reconcile")))
-        .bearer_auth(&app.api_token)
-        .send()
-        .await
-        .expect("reconcile");
+    paid_at(&fake, no, 300, "alipay");
+    let response = post(&app, &format!("/admin/orders/{no}/reconcile")).await;
     assert_eq!(response.status(), 200);
     let body: serde_json::Value = response.json().await.expect("json");
     assert_eq!(body["status"], "PAID", "{body}");
@@ -1246,12 +1102,7 @@ async fn paid_then_refunded_at_the_provider_is_a_payment(backend: Backend, chann
     );
     fake.state.set(&unpaid, Trade::Closed);
     app.clock.advance(EXPIRE_SECS + 1);
-    assert_eq!(
-        expire_orders(&app.reconciler, app.clock.as_ref())
-            .await
-            .expect("expiry"),
-        1
-    );
+    assert_eq!(app.expire_now().await, 1);
     assert_eq!(app.status_of(&refunded).await, "PAID");
     assert_eq!(app.status_of(&unpaid).await, "CLOSED");
     assert_eq!(app.messages("ORDER_PAID").await, 1);
@@ -1261,12 +1112,12 @@ async fn paid_then_refunded_at_the_provider_is_a_payment(backend: Backend, chann
     assert_eq!(calls(&app, channel, "query", "paid"), 1);
 }
 
-async fn wechat_paid_then_refunded_at_the_provider_is_a_payment(backend: Backend) {
-    paid_then_refunded_at_the_provider_is_a_payment(backend, "wechat").await;
-}
-async fn alipay_paid_then_refunded_at_the_provider_is_a_payment(backend: Backend) {
-    paid_then_refunded_at_the_provider_is_a_payment(backend, "alipay").await;
-}
+channel_tests!(
+    wechat_paid_then_refunded_at_the_provider_is_a_payment =>
+        paid_then_refunded_at_the_provider_is_a_payment("wechat"),
+    alipay_paid_then_refunded_at_the_provider_is_a_payment =>
+        paid_then_refunded_at_the_provider_is_a_payment("alipay"),
+);
 
 /// A paid answer whose payment is handed to a group that does not answer in time (it may
 /// still commit): the admin endpoint says `undecided` instead of failing, and closing the
@@ -1280,25 +1131,12 @@ async fn a_recovered_payment_not_decided_in_time_is_undecided_and_never_closed(b
     })
     .await;
     for no in ["RC-LATE-1", "RC-LATE-2"] {
-        create(&app, no, 19900, "wechat").await;
-        fake.state.set(
-            no,
-            Trade::Paid {
-                transaction_id: transaction_id("wechat", no),
-                total: 19900,
-            },
-        );
+        paid_at_provider(&app, &fake, no, 19900, "wechat").await;
     }
     let hold = std::time::Duration::from_millis(800);
 
     let lock = app.db.hold_write_lock("RC-LATE-1", hold).await;
-    let response = app
-        .client
-        .post(app.url("/admin/orders/RC-LATE-1/reconcile"))
-        .bearer_auth(&app.api_token)
-        .send()
-        .await
-        .expect("reconcile");
+    let response = post(&app, "/admin/orders/RC-LATE-1/reconcile").await;
     assert_eq!(response.status(), 200);
     let body: serde_json::Value = response.json().await.expect("json");
     assert_eq!(body["providers"][0]["answer"], "paid", "{body}");
@@ -1311,13 +1149,7 @@ async fn a_recovered_payment_not_decided_in_time_is_undecided_and_never_closed(b
     assert!(paid, "the group committed once the lock was gone");
 
     let lock = app.db.hold_write_lock("RC-LATE-2", hold).await;
-    let closed = app
-        .client
-        .post(app.url("/orders/RC-LATE-2/close"))
-        .bearer_auth(&app.api_token)
-        .send()
-        .await
-        .expect("close");
+    let closed = post(&app, "/orders/RC-LATE-2/close").await;
     assert_eq!(
         closed.status(),
         503,

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use paynotify::config::Secret;
-use paynotify::jobs::{expire_orders, purge};
+use paynotify::jobs::purge;
 use paynotify::notice::hex;
 use paynotify::notice::{AnomalyReason, Outcome};
 use paynotify::relay::sink::{Event, Published, Sink, SinkError};
@@ -82,6 +82,15 @@ fn relay(app: &TestApp, sink: Arc<dyn Sink>, max_attempts: u32) -> Relay {
     )
 }
 
+/// One tick of a fresh relay on `sink`.
+async fn tick_once(
+    app: &TestApp,
+    sink: Arc<dyn Sink>,
+    max_attempts: u32,
+) -> paynotify::relay::TickReport {
+    relay(app, sink, max_attempts).tick().await.expect("tick")
+}
+
 fn sql_time(t: Timestamp) -> String {
     t.as_datetime().format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
 }
@@ -98,6 +107,33 @@ async fn pending(app: &TestApp, n: usize) {
             rows.join(", ")
         ))
         .await;
+}
+
+/// The due messages `owner` claims now, under a lease of `LEASE_SECS`.
+async fn claim(app: &TestApp, owner: &str) -> Vec<paynotify::store::relay::Claimed> {
+    let now = app.clock.now();
+    app.store
+        .claim_messages(owner, now, now.plus_seconds(LEASE_SECS), 100)
+        .await
+        .expect("claim")
+}
+
+/// A one-worker HTTP server on a local port, serving what `configure` mounts; its port and
+/// handle.
+fn hook_server(
+    configure: impl Fn(&mut actix_web::web::ServiceConfig) + Send + Clone + 'static,
+) -> (u16, actix_web::dev::ServerHandle) {
+    let server =
+        actix_web::HttpServer::new(move || actix_web::App::new().configure(configure.clone()))
+            .workers(1)
+            .disable_signals()
+            .bind("127.0.0.1:0")
+            .expect("bind");
+    let port = server.addrs()[0].port();
+    let server = server.run();
+    let handle = server.handle();
+    tokio::spawn(server);
+    (port, handle)
 }
 
 async fn message(app: &TestApp, biz_key: &str) -> paynotify::store::outbox::StoredMessage {
@@ -127,7 +163,7 @@ async fn publishes_each_pending_message_once(backend: Backend) {
     let app = spawn_app(backend).await;
     pending(&app, 250).await;
     let sink = Arc::new(TestSink::default());
-    let report = relay(&app, sink.clone(), 16).tick().await.expect("tick");
+    let report = tick_once(&app, sink.clone(), 16).await;
     assert_eq!(
         report.published, 250,
         "a backlog drains in one tick, batch after batch"
@@ -141,14 +177,7 @@ async fn publishes_each_pending_message_once(backend: Backend) {
         250
     );
     // Nothing is due any more: the next tick publishes nothing.
-    assert_eq!(
-        relay(&app, sink.clone(), 16)
-            .tick()
-            .await
-            .expect("tick")
-            .published,
-        0
-    );
+    assert_eq!(tick_once(&app, sink.clone(), 16).await.published, 0);
     assert_eq!(sink.ids().len(), 250);
     let e = &sink.delivered.lock().expect("lock")[0];
     assert_eq!(
@@ -213,10 +242,7 @@ async fn max_attempts_park_a_message_dead_with_the_reason(backend: Backend) {
 async fn redrive_makes_a_dead_message_pending_and_it_is_delivered(backend: Backend) {
     let app = spawn_app(backend).await;
     pending(&app, 1).await;
-    relay(&app, Arc::new(TestSink::failing(1)), 1)
-        .tick()
-        .await
-        .expect("tick");
+    tick_once(&app, Arc::new(TestSink::failing(1)), 1).await;
     let dead = message(&app, "k0").await;
     assert_eq!(dead.status, 2);
     let admin = |path: String| {
@@ -260,14 +286,7 @@ async fn redrive_makes_a_dead_message_pending_and_it_is_delivered(backend: Backe
         404
     );
     let sink = Arc::new(TestSink::default());
-    assert_eq!(
-        relay(&app, sink.clone(), 1)
-            .tick()
-            .await
-            .expect("tick")
-            .published,
-        1
-    );
+    assert_eq!(tick_once(&app, sink.clone(), 1).await.published, 1);
     assert_eq!(sink.ids(), [dead.id]);
 }
 
@@ -275,12 +294,7 @@ async fn a_crash_after_publish_before_mark_republishes_after_the_lease_expires(b
     let app = spawn_app(backend).await;
     pending(&app, 3).await;
     // A relay that claimed and published, then died before marking.
-    let now = app.clock.now();
-    let claimed = app
-        .store
-        .claim_messages("crashed-instance", now, now.plus_seconds(LEASE_SECS), 100)
-        .await
-        .expect("claim");
+    let claimed = claim(&app, "crashed-instance").await;
     assert_eq!(claimed.len(), 3);
     let sink = Arc::new(TestSink::default());
     let relay = relay(&app, sink.clone(), 16);
@@ -301,20 +315,11 @@ async fn a_crash_after_publish_before_mark_republishes_after_the_lease_expires(b
 async fn a_late_mark_by_a_relay_whose_lease_expired_changes_nothing(backend: Backend) {
     let app = spawn_app(backend).await;
     pending(&app, 2).await;
-    let now = app.clock.now();
-    let slow = app
-        .store
-        .claim_messages("slow", now, now.plus_seconds(LEASE_SECS), 100)
-        .await
-        .expect("claim");
+    let slow = claim(&app, "slow").await;
     let ids: Vec<i64> = slow.iter().map(|c| c.id).collect();
     app.clock.advance(LEASE_SECS + 1);
     let later = app.clock.now();
-    let next = app
-        .store
-        .claim_messages("next", later, later.plus_seconds(LEASE_SECS), 100)
-        .await
-        .expect("claim");
+    let next = claim(&app, "next").await;
     assert_eq!(next.len(), 2, "the expired lease made the rows claimable");
     // The slow relay finishes its publish and marks: the rows are no longer its own.
     assert_eq!(
@@ -445,27 +450,11 @@ async fn expiry_closes_only_unpaid_orders_past_their_deadline(backend: Backend) 
     create("E-PAID", 60).await;
     create("E-LATER", 3600).await;
     let paid = TestNotification::paid("E-PAID", "T-E", 100).to_notice();
-    assert_eq!(
-        app.store
-            .apply(&paid, app.clock.now())
-            .await
-            .expect("apply"),
-        Outcome::Applied
-    );
+    assert_eq!(app.apply(&paid).await, Outcome::Applied);
     app.clock.advance(59);
-    assert_eq!(
-        expire_orders(&app.reconciler, app.clock.as_ref())
-            .await
-            .expect("expiry"),
-        0
-    );
+    assert_eq!(app.expire_now().await, 0);
     app.clock.advance(2);
-    assert_eq!(
-        expire_orders(&app.reconciler, app.clock.as_ref())
-            .await
-            .expect("expiry"),
-        1
-    );
+    assert_eq!(app.expire_now().await, 1);
     assert_eq!(app.status_of("E-DUE").await, "CLOSED");
     assert_eq!(app.status_of("E-PAID").await, "PAID");
     assert_eq!(app.status_of("E-LATER").await, "WAIT_PAY");
@@ -473,10 +462,7 @@ async fn expiry_closes_only_unpaid_orders_past_their_deadline(backend: Backend) 
     // The payment that arrives after the close is money to act on, not a paid order.
     let late = TestNotification::paid("E-DUE", "T-LATE", 100).to_notice();
     assert_eq!(
-        app.store
-            .apply(&late, app.clock.now())
-            .await
-            .expect("apply"),
+        app.apply(&late).await,
         Outcome::Anomaly(AnomalyReason::PaidAfterClose)
     );
     assert_eq!(app.status_of("E-DUE").await, "CLOSED");
@@ -485,23 +471,15 @@ async fn expiry_closes_only_unpaid_orders_past_their_deadline(backend: Backend) 
 async fn retention_keeps_callbacks_anomalies_pending_dead_and_recent_rows(backend: Backend) {
     let app = spawn_app(backend).await;
     // Old rows: a paid order's callback, a sent, a pending and a dead message, a key.
-    app.create_order("RT-OLD", 100).await;
-    let paid = TestNotification::paid("RT-OLD", "T-OLD", 100).to_notice();
-    app.store
-        .apply(&paid, app.clock.now())
-        .await
-        .expect("apply");
+    app.create_and_apply(&TestNotification::paid("RT-OLD", "T-OLD", 100).to_notice())
+        .await;
     let mut partial = TestNotification::paid("RT-OLD", "T-OLD", 100);
     partial.kind = "refunded".into();
     partial.refund = Some(("R-OLD".into(), "RID-OLD".into(), 10));
-    let refunded = app.store.apply(&partial.to_notice(), app.clock.now()).await;
-    assert_eq!(refunded.expect("apply"), Outcome::Applied);
+    assert_eq!(app.apply(&partial.to_notice()).await, Outcome::Applied);
     app.create_order("RT-UNPAID", 100).await;
-    let short = TestNotification::paid("RT-UNPAID", "T-SHORT", 1).to_notice();
-    app.store
-        .apply(&short, app.clock.now())
-        .await
-        .expect("apply");
+    app.apply(&TestNotification::paid("RT-UNPAID", "T-SHORT", 1).to_notice())
+        .await;
     pending(&app, 3).await;
     let r = relay(&app, Arc::new(TestSink::failing(1)), 1);
     r.tick().await.expect("tick");
@@ -524,16 +502,9 @@ async fn retention_keeps_callbacks_anomalies_pending_dead_and_recent_rows(backen
 
     // Eight days later: new rows inside the window.
     app.clock.advance(8 * 86_400);
-    app.create_order("RT-NEW", 100).await;
-    let fresh = TestNotification::paid("RT-NEW", "T-NEW", 100).to_notice();
-    app.store
-        .apply(&fresh, app.clock.now())
-        .await
-        .expect("apply");
-    relay(&app, Arc::new(TestSink::default()), 16)
-        .tick()
-        .await
-        .expect("tick");
+    app.create_and_apply(&TestNotification::paid("RT-NEW", "T-NEW", 100).to_notice())
+        .await;
+    tick_once(&app, Arc::new(TestSink::default()), 16).await;
 
     let deleted = purge(&app.store, app.clock.as_ref(), 7, 7)
         .await
@@ -674,26 +645,13 @@ async fn the_redis_stream_sink_adds_every_event_with_its_fields() {
     let sink = RedisStreamSink::connect("redis://127.0.0.1:6379", &stream, Duration::from_secs(2))
         .await
         .expect("Redis must run on 127.0.0.1:6379 (bash tests/run.sh starts it)");
-    assert_eq!(
-        relay(&app, Arc::new(sink), 16)
-            .tick()
-            .await
-            .expect("tick")
-            .published,
-        5
-    );
-    let client = redis::Client::open("redis://127.0.0.1:6379").expect("client");
-    let mut conn = client
+    assert_eq!(tick_once(&app, Arc::new(sink), 16).await.published, 5);
+    let entries = crate::support::helpers::stream_entries("redis://127.0.0.1:6379", &stream).await;
+    let mut conn = redis::Client::open("redis://127.0.0.1:6379")
+        .expect("client")
         .get_multiplexed_async_connection()
         .await
         .expect("conn");
-    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(&stream)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await
-        .expect("xrange");
     let _: () = redis::cmd("DEL")
         .arg(&stream)
         .query_async(&mut conn)
@@ -709,7 +667,7 @@ async fn the_redis_stream_sink_adds_every_event_with_its_fields() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_sink_signs_each_event_and_retries_until_accepted() {
-    use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+    use actix_web::{HttpRequest, HttpResponse, web};
 
     struct Receiver {
         refuse_first: AtomicUsize,
@@ -759,19 +717,10 @@ async fn the_http_sink_signs_each_event_and_retries_until_accepted() {
         accepted: Mutex::new(Vec::new()),
     });
     let data = receiver.clone();
-    let server = HttpServer::new(move || {
-        App::new()
-            .app_data(data.clone())
-            .route("/hook", web::post().to(receive))
-    })
-    .workers(1)
-    .disable_signals()
-    .bind("127.0.0.1:0")
-    .expect("bind");
-    let port = server.addrs()[0].port();
-    let server = server.run();
-    let handle = server.handle();
-    tokio::spawn(server);
+    let (port, handle) = hook_server(move |cfg| {
+        cfg.app_data(data.clone())
+            .route("/hook", web::post().to(receive));
+    });
 
     let app = spawn_app_with(Backend::Sqlite, |_| {}).await;
     pending(&app, 1).await;
@@ -799,27 +748,19 @@ async fn the_http_sink_signs_each_event_and_retries_until_accepted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_sink_delivers_over_https_trusting_the_configured_ca() {
-    use actix_web::{App, HttpResponse, HttpServer, web};
+    use actix_web::{HttpResponse, web};
 
     let received = web::Data::new(AtomicUsize::new(0));
     let data = received.clone();
-    let server = HttpServer::new(move || {
-        App::new().app_data(data.clone()).route(
+    let (port, handle) = hook_server(move |cfg| {
+        cfg.app_data(data.clone()).route(
             "/hook",
             web::post().to(|n: web::Data<AtomicUsize>| async move {
                 n.fetch_add(1, Ordering::SeqCst);
                 HttpResponse::NoContent().finish()
             }),
-        )
-    })
-    .workers(1)
-    .disable_signals()
-    .bind("127.0.0.1:0")
-    .expect("bind");
-    let port = server.addrs()[0].port();
-    let server = server.run();
-    let handle = server.handle();
-    tokio::spawn(server);
+        );
+    });
     let front = crate::support::provider::TlsFront::start(port).await;
     let url = format!("https://127.0.0.1:{}/hook", front.port);
 
@@ -833,11 +774,7 @@ async fn the_http_sink_delivers_over_https_trusting_the_configured_ca() {
         &paynotify::providers::client_settings(&settings),
     )
     .expect("sink");
-    let published = relay(&app, Arc::new(untrusting), 16)
-        .tick()
-        .await
-        .expect("tick")
-        .published;
+    let published = tick_once(&app, Arc::new(untrusting), 16).await.published;
     assert_eq!(published, 0);
     assert_eq!(received.load(Ordering::SeqCst), 0);
 
@@ -849,11 +786,7 @@ async fn the_http_sink_delivers_over_https_trusting_the_configured_ca() {
     )
     .expect("sink");
     app.clock.advance(3600);
-    let published = relay(&app, Arc::new(sink), 16)
-        .tick()
-        .await
-        .expect("tick")
-        .published;
+    let published = tick_once(&app, Arc::new(sink), 16).await.published;
     handle.stop(false).await;
     assert_eq!(published, 1);
     assert_eq!(received.load(Ordering::SeqCst), 1);

@@ -12,9 +12,10 @@ use paynotify::store::outbox::StoredMessage;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::helpers::{
-    Backend, TestApp, eventually, spawn_app, spawn_app_with, spawn_app_with_jobs,
+    Backend, TestApp, eventually, free_port, readiness, redis_answers, spawn_app, spawn_app_with,
+    spawn_app_with_jobs,
 };
-use crate::support::test_channel::{TestNotification, deliver};
+use crate::support::test_channel::paid_order;
 
 crate::on_every_backend!(
     a_relay_interval_under_one_second_delivers_every_message,
@@ -46,12 +47,7 @@ impl Noise {
 }
 
 async fn metrics_text(app: &TestApp) -> String {
-    let response = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("GET /metrics");
+    let response = app.get_without_token("/metrics").await;
     assert_eq!(response.status(), 200);
     response.text().await.expect("metrics text")
 }
@@ -131,17 +127,6 @@ async fn made_up_methods_and_paths_do_not_add_metric_series() {
     );
 }
 
-/// Creates `order_no` and pays it through the notify path.
-async fn paid_order(app: &TestApp, order_no: &str) {
-    app.create_order(order_no, 100).await;
-    let (status, body) = deliver(
-        app,
-        &TestNotification::paid(order_no, &format!("T-{order_no}"), 100),
-    )
-    .await;
-    assert_eq!(status, 204, "{order_no}: {body}");
-}
-
 fn wall_clock_seconds() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -156,7 +141,7 @@ async fn a_relay_interval_under_one_second_delivers_every_message(backend: Backe
     tokio::time::sleep(Duration::from_millis(700)).await;
     for wave in 0..2 {
         for i in 0..30 {
-            paid_order(&app, &format!("IV-{wave}-{i}")).await;
+            paid_order(&app, &format!("IV-{wave}-{i}"), 100).await;
         }
         tokio::time::sleep(Duration::from_millis(600)).await;
     }
@@ -188,12 +173,6 @@ async fn a_relay_interval_under_one_second_delivers_every_message(backend: Backe
     );
 }
 
-/// A port on 127.0.0.1 where nothing listens (until the test starts its own Redis there).
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
-}
-
 /// A `redis-server` of the test's own on `port`, stopped when dropped.
 struct OwnRedis(std::process::Child);
 
@@ -206,20 +185,7 @@ impl OwnRedis {
             .spawn()
             .expect("redis-server must be installed (bash tests/run.sh uses it too)");
         let own = Self(child);
-        let url = format!("redis://127.0.0.1:{port}");
-        let up = eventually(Duration::from_secs(10), || async {
-            let Ok(client) = redis::Client::open(url.as_str()) else {
-                return false;
-            };
-            match client.get_multiplexed_async_connection().await {
-                Ok(mut c) => redis::cmd("PING")
-                    .query_async::<String>(&mut c)
-                    .await
-                    .is_ok(),
-                Err(_) => false,
-            }
-        })
-        .await;
+        let up = redis_answers(&format!("redis://127.0.0.1:{port}")).await;
         assert!(up, "own redis-server on port {port} did not answer");
         own
     }
@@ -232,17 +198,6 @@ impl Drop for OwnRedis {
     }
 }
 
-async fn readiness(app: &TestApp) -> (u16, serde_json::Value) {
-    let response = app
-        .client
-        .get(app.url("/readyz"))
-        .send()
-        .await
-        .expect("readyz");
-    let status = response.status().as_u16();
-    (status, response.json().await.expect("readyz JSON"))
-}
-
 async fn paid_message(app: &TestApp, order_no: &str) -> StoredMessage {
     app.outbox("ORDER_PAID")
         .await
@@ -252,7 +207,7 @@ async fn paid_message(app: &TestApp, order_no: &str) -> StoredMessage {
 }
 
 async fn redis_down_at_start_up_keeps_the_outbox_and_delivers_once_it_answers(backend: Backend) {
-    let port = closed_port();
+    let port = free_port();
     let stream = format!("paynotify:test:down:{}:{port}", std::process::id());
     let app = spawn_app_with_jobs(backend, |s| {
         s.redis.url = Secret::new(format!("redis://127.0.0.1:{port}"));
@@ -263,7 +218,7 @@ async fn redis_down_at_start_up_keeps_the_outbox_and_delivers_once_it_answers(ba
     .await;
 
     // The notify endpoints are up and the payment is stored with its message.
-    paid_order(&app, "RD-1").await;
+    paid_order(&app, "RD-1", 100).await;
     assert_eq!(app.status_of("RD-1").await, "PAID");
     let tried = eventually(Duration::from_secs(10), || async {
         paid_message(&app, "RD-1").await.attempts >= 1
@@ -321,8 +276,8 @@ async fn redis_down_at_start_up_keeps_the_outbox_and_delivers_once_it_answers(ba
 /// The gate on one Redis, the event stream on another (`relay.redis_url`): flushing the
 /// gate's Redis, as one may do with a cache, leaves every published event in place.
 async fn the_stream_goes_to_relay_redis_url_and_survives_a_flush_of_the_gate(backend: Backend) {
-    let gate_port = closed_port();
-    let stream_port = closed_port();
+    let gate_port = free_port();
+    let stream_port = free_port();
     let _gate_redis = OwnRedis::start(gate_port).await;
     let _stream_redis = OwnRedis::start(stream_port).await;
     let gate_url = format!("redis://127.0.0.1:{gate_port}");
@@ -337,7 +292,7 @@ async fn the_stream_goes_to_relay_redis_url_and_survives_a_flush_of_the_gate(bac
     })
     .await;
 
-    paid_order(&app, "RS-1").await;
+    paid_order(&app, "RS-1", 100).await;
     let sent = eventually(Duration::from_secs(10), || async {
         paid_message(&app, "RS-1").await.status == 1
     })

@@ -9,9 +9,8 @@ use paynotify::qa::forge::Delivery;
 use paynotify::qa::forge::wechat::{self, Sandbox};
 use paynotify::time::Clock;
 use serde_json::Value;
-use tokio::sync::Barrier;
 
-use crate::support::helpers::{Backend, TestApp, post_delivery, spawn_app_with};
+use crate::support::helpers::{Backend, TestApp, post_delivery, released_together, spawn_app_with};
 use crate::support::keys::{certificate, public_key_path, rsa_key};
 
 const KEY_A: &str = "PUB_KEY_ID_0000000000000000000000000000000A";
@@ -121,6 +120,13 @@ pub(crate) async fn pay(app: &TestApp, d: &Delivery) -> (u16, String) {
     send(app, "/notify/wechat/pay", d).await
 }
 
+/// Creates `order_no` and pays it with merchant A's notification, which is acknowledged.
+pub(crate) async fn paid_order(app: &TestApp, order_no: &str, total: i64) {
+    app.create_order(order_no, total).await;
+    let (status, body) = pay(app, &paid(app, &sandbox('A'), order_no, total)).await;
+    assert_eq!(status, 204, "{order_no}: {body}");
+}
+
 /// A refused notification answers in WeChat's failure shape and writes nothing.
 async fn assert_refused(app: &TestApp, d: &Delivery, status: u16) {
     let (got, body) = pay(app, d).await;
@@ -176,9 +182,8 @@ async fn a_retry_reencrypted_and_resigned_is_a_duplicate(backend: Backend) {
 
 async fn partial_refunds_add_up_to_a_full_refund(backend: Backend) {
     let app = app(backend).await;
-    app.create_order("W-R", 10000).await;
+    paid_order(&app, "W-R", 10000).await;
     let s = sandbox('A');
-    assert_eq!(pay(&app, &paid(&app, &s, "W-R", 10000)).await.0, 204);
     let refund = |no: &str, fen| {
         let plaintext = wechat::refund(&s, "W-R", "42W-R", no, fen, 10000);
         s.notification("REFUND.SUCCESS", &plaintext, now(&app))
@@ -209,9 +214,8 @@ async fn partial_refunds_add_up_to_a_full_refund(backend: Backend) {
 
 async fn abnormal_and_closed_refunds_change_nothing(backend: Backend) {
     let app = app(backend).await;
-    app.create_order("W-AB", 10000).await;
+    paid_order(&app, "W-AB", 10000).await;
     let s = sandbox('A');
-    pay(&app, &paid(&app, &s, "W-AB", 10000)).await;
     for (event, status) in [("REFUND.ABNORMAL", "ABNORMAL"), ("REFUND.CLOSED", "CLOSED")] {
         let mut plaintext = wechat::refund(&s, "W-AB", "42W-AB", "R-X", 10000, 10000);
         plaintext["refund_status"] = status.into();
@@ -240,18 +244,13 @@ async fn twenty_concurrent_identical_deliveries_make_one_transition(backend: Bac
     let app = Arc::new(app(backend).await);
     app.create_order("W-20", 19900).await;
     let d = paid(&app, &sandbox('A'), "W-20", 19900);
-    let barrier = Arc::new(Barrier::new(20));
-    let tasks: Vec<_> = (0..20)
-        .map(|_| {
-            let (app, d, barrier) = (app.clone(), d.clone(), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                pay(&app, &d).await
-            })
-        })
-        .collect();
-    for t in tasks {
-        assert_eq!(t.await.expect("task"), (204, String::new()));
+    let answers = released_together(20, |_| {
+        let (app, d) = (app.clone(), d.clone());
+        async move { pay(&app, &d).await }
+    })
+    .await;
+    for answer in answers {
+        assert_eq!(answer, (204, String::new()));
     }
     assert_eq!(app.messages("ORDER_PAID").await, 1);
     assert_eq!(app.db.count("pay_callback").await, 1);
@@ -335,9 +334,8 @@ async fn a_payment_from_any_appid_of_the_merchant_is_ours(backend: Backend) {
 /// refunds it. The order stays paid by A, and each of B's notices is recorded exactly once.
 async fn a_second_merchants_payment_and_its_refund_leave_the_order_paid(backend: Backend) {
     let app = app(backend).await;
-    app.create_order("W-2M", 10000).await;
+    paid_order(&app, "W-2M", 10000).await;
     let (a, b) = (sandbox('A'), sandbox('B'));
-    assert_eq!(pay(&app, &paid(&app, &a, "W-2M", 10000)).await.0, 204);
 
     let second = |at: i64| {
         let plaintext = wechat::transaction(&b, "W-2M", "43W-2M", 10000);

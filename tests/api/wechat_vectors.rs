@@ -14,7 +14,7 @@ use paynotify::notice::{NoticeKind, RefundAmount};
 use paynotify::time::Timestamp;
 use serde_json::Value;
 
-use crate::support::helpers::read_json;
+use crate::support::helpers::{read_json, vector_files};
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/wechat")
@@ -60,20 +60,7 @@ fn every_wechat_vector_gets_its_expected_answer() {
     let channel =
         WechatPay::from_settings(&vector_settings(), at(1_794_967_525)).expect("keys load");
     let mut seen = 0;
-    let mut files: Vec<_> = std::fs::read_dir(dir())
-        .expect("vectors")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
-    for path in files {
-        let v = read_json(&path);
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("?")
-            .to_owned();
+    for (name, v) in vector_files(&dir()) {
         let mut headers = HeaderMap::new();
         for (k, value) in v["headers"].as_object().expect("headers") {
             headers.append(

@@ -234,45 +234,27 @@ impl TestDb {
         order_no: &str,
         hold: std::time::Duration,
     ) -> tokio::task::JoinHandle<()> {
-        let (taken_tx, taken) = tokio::sync::oneshot::channel();
-        let task = match self {
+        match self {
             TestDb::Postgres { url, .. } => {
-                let mut c = AsyncPgConnection::establish(url).await.expect("connect");
+                let c = AsyncPgConnection::establish(url).await.expect("connect");
                 let lock = format!(
                     "BEGIN; SELECT order_no FROM orders WHERE order_no = '{order_no}' FOR UPDATE"
                 );
-                tokio::spawn(async move {
-                    c.batch_execute(&lock).await.expect("lock");
-                    let _ = taken_tx.send(());
-                    tokio::time::sleep(hold).await;
-                    c.batch_execute("COMMIT").await.expect("commit");
-                })
+                hold_lock(c, lock, "COMMIT", hold).await
             }
             TestDb::Mysql { url, .. } => {
-                let mut c = mysql_conn(url).await;
+                let c = mysql_conn(url).await;
                 let lock = format!(
                     "START TRANSACTION; SELECT order_no FROM orders WHERE order_no = '{order_no}' FOR UPDATE"
                 );
-                tokio::spawn(async move {
-                    c.batch_execute(&lock).await.expect("lock");
-                    let _ = taken_tx.send(());
-                    tokio::time::sleep(hold).await;
-                    c.batch_execute("COMMIT").await.expect("commit");
-                })
+                hold_lock(c, lock, "COMMIT", hold).await
             }
             TestDb::Sqlite { url, .. } => {
                 let path = url.trim_start_matches("sqlite://").to_owned();
-                let mut c = SqliteAsync::establish(&path).await.expect("connect");
-                tokio::spawn(async move {
-                    c.batch_execute("BEGIN IMMEDIATE").await.expect("lock");
-                    let _ = taken_tx.send(());
-                    tokio::time::sleep(hold).await;
-                    c.batch_execute("COMMIT").await.expect("commit");
-                })
+                let c = SqliteAsync::establish(&path).await.expect("connect");
+                hold_lock(c, "BEGIN IMMEDIATE".to_owned(), "COMMIT", hold).await
             }
-        };
-        taken.await.expect("lock taken");
-        task
+        }
     }
 
     /// PostgreSQL and MySQL: holds a lock on `table` that blocks every write to it, for
@@ -282,32 +264,19 @@ impl TestDb {
         table: &str,
         hold: std::time::Duration,
     ) -> tokio::task::JoinHandle<()> {
-        let (taken_tx, taken) = tokio::sync::oneshot::channel();
-        let task = match self {
+        match self {
             TestDb::Postgres { url, .. } => {
-                let mut c = AsyncPgConnection::establish(url).await.expect("connect");
+                let c = AsyncPgConnection::establish(url).await.expect("connect");
                 let lock = format!("BEGIN; LOCK TABLE {table} IN EXCLUSIVE MODE");
-                tokio::spawn(async move {
-                    c.batch_execute(&lock).await.expect("lock");
-                    let _ = taken_tx.send(());
-                    tokio::time::sleep(hold).await;
-                    c.batch_execute("COMMIT").await.expect("commit");
-                })
+                hold_lock(c, lock, "COMMIT", hold).await
             }
             TestDb::Mysql { url, .. } => {
-                let mut c = mysql_conn(url).await;
+                let c = mysql_conn(url).await;
                 let lock = format!("LOCK TABLES {table} WRITE");
-                tokio::spawn(async move {
-                    c.batch_execute(&lock).await.expect("lock");
-                    let _ = taken_tx.send(());
-                    tokio::time::sleep(hold).await;
-                    c.batch_execute("UNLOCK TABLES").await.expect("unlock");
-                })
+                hold_lock(c, lock, "UNLOCK TABLES", hold).await
             }
             TestDb::Sqlite { .. } => panic!("hold_table_lock is for PostgreSQL and MySQL"),
-        };
-        taken.await.expect("lock taken");
-        task
+        }
     }
 
     /// `SELECT COUNT(*) AS n FROM …` on the test database.
@@ -953,4 +922,197 @@ pub async fn named_accounts(store: &Store, order_no: &str) -> Vec<(String, Strin
 /// One `(channel, account)` of [`named_accounts`].
 pub fn named(channel: &str, account: &str) -> (String, String) {
     (channel.to_owned(), account.to_owned())
+}
+
+/// A port on 127.0.0.1 that was free a moment ago (nothing listens there until the caller
+/// starts something on it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `GET /readyz`: its status and JSON body.
+pub async fn readiness(app: &TestApp) -> (u16, serde_json::Value) {
+    let response = app.get_without_token("/readyz").await;
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("readyz JSON"))
+}
+
+/// Waits (up to 10 s) until a Redis server the test started at `url` answers PING.
+pub async fn redis_answers(url: &str) -> bool {
+    eventually(std::time::Duration::from_secs(10), || async {
+        let Ok(client) = redis::Client::open(url) else {
+            return false;
+        };
+        match client.get_multiplexed_async_connection().await {
+            Ok(mut c) => redis::cmd("PING")
+                .query_async::<String>(&mut c)
+                .await
+                .is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await
+}
+
+/// Runs `work(0)` … `work(n - 1)` each on a task of its own, all released at once by one
+/// barrier (as many as possible inside the same moment); their results, in order.
+pub async fn released_together<T, F, Fut>(n: usize, mut work: F) -> Vec<T>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (barrier, job) = (Arc::clone(&barrier), work(i));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                job.await
+            })
+        })
+        .collect();
+    let mut results = Vec::with_capacity(n);
+    for task in tasks {
+        results.push(task.await.expect("task"));
+    }
+    results
+}
+
+/// Eight workers delivering the payments of `orders` round-robin (transaction `T-{order}`,
+/// 100 fen) through the test channel, until stopped or, with a `limit`, until it passes.
+pub struct Storm {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    workers: Vec<tokio::task::JoinHandle<Vec<actix_web::http::StatusCode>>>,
+}
+
+impl Storm {
+    pub fn start(
+        app: &Arc<TestApp>,
+        orders: &[String],
+        limit: Option<std::time::Duration>,
+    ) -> Self {
+        use crate::support::test_channel::{TestNotification, deliver};
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let workers = (0..8)
+            .map(|worker| {
+                let (app, orders, stop) = (Arc::clone(app), orders.to_vec(), Arc::clone(&stop));
+                tokio::spawn(async move {
+                    let mut statuses = Vec::new();
+                    let mut i = worker;
+                    let started = std::time::Instant::now();
+                    // `load` alone would be diesel's (`RunQueryDsl` is in scope here).
+                    while !std::sync::atomic::AtomicBool::load(&stop, Ordering::Relaxed)
+                        && limit.is_none_or(|limit| started.elapsed() < limit)
+                    {
+                        let no = &orders[i % orders.len()];
+                        statuses.push(
+                            deliver(&app, &TestNotification::paid(no, &format!("T-{no}"), 100))
+                                .await
+                                .0,
+                        );
+                        i += 1;
+                    }
+                    statuses
+                })
+            })
+            .collect();
+        Self { stop, workers }
+    }
+
+    /// Stops every worker; every answer they had.
+    pub async fn stop(self) -> Vec<actix_web::http::StatusCode> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut statuses = Vec::new();
+        for worker in self.workers {
+            statuses.extend(worker.await.expect("worker"));
+        }
+        statuses
+    }
+}
+
+/// Takes a lock with `lock` on `c` and holds it for `hold` on a task of its own, then gives
+/// it back with `release`. Resolves once the lock is taken.
+async fn hold_lock<C>(
+    mut c: C,
+    lock: String,
+    release: &'static str,
+    hold: std::time::Duration,
+) -> tokio::task::JoinHandle<()>
+where
+    C: SimpleAsyncConnection + Send + 'static,
+{
+    let (taken_tx, taken) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        c.batch_execute(&lock).await.expect("lock");
+        let _ = taken_tx.send(());
+        tokio::time::sleep(hold).await;
+        c.batch_execute(release).await.expect(release);
+    });
+    taken.await.expect("lock taken");
+    task
+}
+
+impl TestApp {
+    /// Applies `notice` through the ledger at the app's time; a database error fails the test.
+    pub async fn apply(&self, notice: &paynotify::notice::Notice) -> paynotify::notice::Outcome {
+        use paynotify::time::Clock;
+        self.store
+            .apply(notice, self.clock.now())
+            .await
+            .expect("no database error")
+    }
+
+    /// Creates the order of `notice` for its amount, and applies `notice`, its first payment.
+    pub async fn create_and_apply(&self, notice: &paynotify::notice::Notice) {
+        self.create_order(&notice.out_trade_no, notice.amount_fen)
+            .await;
+        assert_eq!(
+            self.apply(notice).await,
+            paynotify::notice::Outcome::Applied,
+            "{}",
+            notice.out_trade_no
+        );
+    }
+
+    /// `GET path` as anyone may send it, without the API token.
+    pub async fn get_without_token(&self, path: &str) -> reqwest::Response {
+        self.client
+            .get(self.url(path))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+    }
+
+    /// One expiry run now (`jobs::expire_orders`): the orders it closed.
+    pub async fn expire_now(&self) -> usize {
+        paynotify::jobs::expire_orders(&self.reconciler, self.clock.as_ref())
+            .await
+            .expect("expiry")
+    }
+}
+
+/// Every known-answer vector file (`*.json`) of `dir`, by file name, in name order.
+pub fn vector_files(dir: &std::path::Path) -> Vec<(String, serde_json::Value)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("vectors")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|path| {
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("?")
+                .to_owned();
+            (name, read_json(&path))
+        })
+        .collect()
 }

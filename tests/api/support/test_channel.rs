@@ -172,3 +172,14 @@ pub async fn send_raw(
     let status = StatusCode::from_u16(response.status().as_u16()).expect("status");
     (status, response.text().await.expect("body"))
 }
+
+/// Creates `order_no` and pays it through the notify path (transaction `T-{order_no}`).
+pub async fn paid_order(app: &crate::support::helpers::TestApp, order_no: &str, amount_fen: i64) {
+    app.create_order(order_no, amount_fen).await;
+    let (status, body) = deliver(
+        app,
+        &TestNotification::paid(order_no, &format!("T-{order_no}"), amount_fen),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{order_no}: {body}");
+}
