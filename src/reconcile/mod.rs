@@ -114,8 +114,8 @@ impl Reconciler {
     }
 
     /// The provider accounts to ask about `order`: those it names, else every one with
-    /// credentials. An order that names any account has an API whose channel it names none
-    /// on not asked at all.
+    /// credentials. Once an order names an account on one channel, a channel it names no
+    /// account on is not asked at all.
     fn accounts_for(&self, order: &OrderAtProvider) -> Vec<(&dyn ProviderApi, String)> {
         let named = !order.accounts.is_empty();
         let mut out = Vec::new();
