@@ -156,6 +156,170 @@ pub trait ProviderApi: Send + Sync + 'static {
     ) -> ApiFuture<'a, RefundAnswer>;
 }
 
+/// Why a call says nothing about the trade itself: the provider has no such trade (or refund),
+/// or there is no usable answer. Every answer has both, so a client's steps can stop at either
+/// with `?`, and [`ProviderApi`] turns it into that answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Miss {
+    NotFound,
+    Failed(Failure),
+}
+
+impl From<Failure> for Miss {
+    fn from(failure: Failure) -> Self {
+        Self::Failed(failure)
+    }
+}
+
+impl From<Miss> for TradeAnswer {
+    fn from(miss: Miss) -> Self {
+        match miss {
+            Miss::NotFound => Self::NotFound,
+            Miss::Failed(f) => Self::Failed(f),
+        }
+    }
+}
+
+impl From<Miss> for CloseAnswer {
+    fn from(miss: Miss) -> Self {
+        match miss {
+            Miss::NotFound => Self::NotFound,
+            Miss::Failed(f) => Self::Failed(f),
+        }
+    }
+}
+
+impl From<Miss> for RefundAnswer {
+    fn from(miss: Miss) -> Self {
+        match miss {
+            Miss::NotFound => Self::NotFound,
+            Miss::Failed(f) => Self::Failed(f),
+        }
+    }
+}
+
+/// One merchant or app with API credentials.
+pub trait Account: Send + Sync + 'static {
+    /// What the calls name it by: a WeChat `mchid`, an Alipay `app_id`.
+    fn id(&self) -> &str;
+    /// What a call for an account without credentials lacks, in its failure's words.
+    const MISSING: &'static str;
+}
+
+/// A provider client's accounts, in configuration order, and the plumbing they share.
+#[derive(Debug)]
+pub struct Accounts<A> {
+    list: Vec<A>,
+    plumbing: Plumbing,
+}
+
+impl<A: Account> Accounts<A> {
+    /// `None` when no account has API credentials: that provider has no client, and its HTTPS
+    /// client is never built.
+    pub fn new(list: Vec<A>, settings: &ClientSettings) -> Result<Option<Self>, ConfigError> {
+        if list.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Self {
+            list,
+            plumbing: Plumbing::new(settings)?,
+        }))
+    }
+
+    pub fn get(&self, id: &str) -> Result<&A, Failure> {
+        self.list
+            .iter()
+            .find(|a| a.id() == id)
+            .ok_or_else(|| Failure::Unexpected(format!("no {} {id}", A::MISSING)))
+    }
+
+    pub fn ids(&self) -> Vec<String> {
+        self.list.iter().map(|a| a.id().to_owned()).collect()
+    }
+
+    pub fn plumbing(&self) -> &Plumbing {
+        &self.plumbing
+    }
+}
+
+/// A provider's API client as each provider writes it: plain async calls about one account
+/// it has credentials for, that may stop at a [`Miss`]. Every such client is a
+/// [`ProviderApi`]: the account is looked up and the call boxed in one place.
+pub trait ProviderClient: Send + Sync + 'static {
+    type Account: Account;
+    const CHANNEL: ChannelId;
+
+    fn accounts(&self) -> &Accounts<Self::Account>;
+
+    fn query(
+        &self,
+        account: &Self::Account,
+        out_trade_no: &str,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<TradeAnswer, Miss>> + Send;
+
+    fn close(
+        &self,
+        account: &Self::Account,
+        out_trade_no: &str,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<CloseAnswer, Miss>> + Send;
+
+    fn refund_query(
+        &self,
+        account: &Self::Account,
+        out_trade_no: &str,
+        out_refund_no: &str,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<RefundAnswer, Miss>> + Send;
+}
+
+/// One [`ProviderApi`] call of a [`ProviderClient`]: the three differ only in their name, the
+/// ids after the account and their answer.
+macro_rules! forward {
+    ($call:ident($($id:ident),+) -> $answer:ty) => {
+        fn $call<'a>(
+            &'a self,
+            account: &'a str,
+            $($id: &'a str,)+
+            now: Timestamp,
+        ) -> ApiFuture<'a, $answer> {
+            Box::pin(settle(self, account, move |a| {
+                ProviderClient::$call(self, a, $($id,)+ now)
+            }))
+        }
+    };
+}
+
+impl<C: ProviderClient> ProviderApi for C {
+    fn channel(&self) -> ChannelId {
+        C::CHANNEL
+    }
+
+    fn accounts(&self) -> Vec<String> {
+        ProviderClient::accounts(self).ids()
+    }
+
+    forward!(query(out_trade_no) -> TradeAnswer);
+    forward!(close(out_trade_no) -> CloseAnswer);
+    forward!(refund_query(out_trade_no, out_refund_no) -> RefundAnswer);
+}
+
+/// Looks the account `id` up and makes `call` with it: the call's answer, or the answer its
+/// miss stands for.
+async fn settle<'a, C, A, F>(client: &'a C, id: &str, call: impl FnOnce(&'a C::Account) -> F) -> A
+where
+    C: ProviderClient,
+    A: From<Miss>,
+    F: Future<Output = Result<A, Miss>>,
+{
+    let answer = match ProviderClient::accounts(client).get(id) {
+        Ok(account) => call(account).await,
+        Err(failure) => Err(failure.into()),
+    };
+    answer.unwrap_or_else(A::from)
+}
+
 /// At most `max_qps` requests a second: each caller takes the next free slot and waits for
 /// it, so a burst is spread out instead of refused.
 #[derive(Debug)]

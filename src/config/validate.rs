@@ -1,170 +1,109 @@
-//! The checks serde cannot express; each mistake is a start-up error naming its key.
+//! The checks serde cannot express, one [`Validate`] per section; each mistake is a start-up
+//! error naming its key.
 
-use super::{ConfigError, DatabaseUrl, RedisNodes, Settings, SinkKind, check_amqp, invalid};
+use super::value::Validate;
+use super::{
+    ConfigError, DatabaseSettings, DatabaseUrl, LogSettings, OrderSettings, ReceiptSettings,
+    ReconcileSettings, RedisNodes, RedisSettings, RelaySettings, RetentionSettings,
+    SandboxSettings, ServerSettings, Settings, SinkKind, check_amqp, invalid,
+};
 
 impl Settings {
-    /// The checks serde cannot express.
+    /// Every section in the order of its fields, then the one check that reads two sections.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let s = &self.server;
-        if !(1024..=16 * 1024 * 1024).contains(&s.max_body_bytes) {
+        let sections: [&dyn Validate; 12] = [
+            &self.server,
+            &self.database,
+            &self.redis,
+            &self.wechat,
+            &self.alipay,
+            &self.orders,
+            &self.relay,
+            &self.retention,
+            &self.receipts,
+            &self.sandbox,
+            &self.reconcile,
+            &self.log,
+        ];
+        for section in sections {
+            section.validate()?;
+        }
+        self.relay.validate_stream_redis(&self.redis)
+    }
+}
+
+/// The first of `checks` whose value is 0 is refused.
+fn positive(checks: &[(&str, u64)]) -> Result<(), ConfigError> {
+    match checks.iter().find(|(_, value)| *value == 0) {
+        Some((key, _)) => Err(invalid(*key, "must be positive")),
+        None => Ok(()),
+    }
+}
+
+impl Validate for ServerSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(1024..=16 * 1024 * 1024).contains(&self.max_body_bytes) {
             return Err(invalid(
                 "server.max_body_bytes",
                 "must be between 1024 and 16777216",
             ));
         }
-        if !(100..=300_000).contains(&s.body_timeout_ms) {
+        if !(100..=300_000).contains(&self.body_timeout_ms) {
             return Err(invalid(
                 "server.body_timeout_ms",
                 "must be between 100 and 300000",
             ));
         }
-        if s.api_token.is_empty() && !s.listen.ip().is_loopback() {
+        if self.api_token.is_empty() && !self.listen.ip().is_loopback() {
             return Err(invalid(
                 "server.api_token",
                 format!(
                     "must be set when server.listen ({}) is not a loopback address",
-                    s.listen
+                    self.listen
                 ),
             ));
         }
-        DatabaseUrl::parse(self.database.url.expose())?;
-        if !(1..=1000).contains(&self.database.pool_size) {
+        Ok(())
+    }
+}
+
+impl Validate for DatabaseSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        DatabaseUrl::parse(self.url.expose())?;
+        if !(1..=1000).contains(&self.pool_size) {
             return Err(invalid("database.pool_size", "must be between 1 and 1000"));
         }
-        if self.database.acquire_timeout_ms == 0 {
-            return Err(invalid("database.acquire_timeout_ms", "must be positive"));
-        }
-        if self.database.statement_timeout_ms == 0 {
-            return Err(invalid("database.statement_timeout_ms", "must be positive"));
-        }
-        if self.database.group_apply_max > 1000 {
+        positive(&[
+            ("database.acquire_timeout_ms", self.acquire_timeout_ms),
+            ("database.statement_timeout_ms", self.statement_timeout_ms),
+        ])?;
+        if self.group_apply_max > 1000 {
             return Err(invalid(
                 "database.group_apply_max",
                 "must be between 0 (off) and 1000",
             ));
         }
-        let r = &self.redis;
-        if !r.url.is_empty() {
-            RedisNodes::parse(r.url.expose())?;
+        Ok(())
+    }
+}
+
+impl Validate for RedisSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !self.url.is_empty() {
+            RedisNodes::parse(self.url.expose())?;
         }
-        for (key, value) in [
-            ("redis.timeout_ms", r.timeout_ms),
-            ("redis.result_ttl_secs", r.result_ttl_secs),
-            ("redis.marker_ttl_ms", r.marker_ttl_ms),
-            ("orders.expire_after_secs", self.orders.expire_after_secs),
-            ("relay.interval_ms", self.relay.interval_ms),
-            ("reconcile.every_secs", self.reconcile.every_secs),
-            (
-                "reconcile.connect_timeout_ms",
-                self.reconcile.connect_timeout_ms,
-            ),
-            ("reconcile.timeout_ms", self.reconcile.timeout_ms),
-        ] {
-            if value == 0 {
-                return Err(invalid(key, "must be positive"));
-            }
-        }
-        self.wechat.validate()?;
-        let relay = &self.relay;
-        if !(1..=10_000).contains(&relay.batch_size) {
-            return Err(invalid("relay.batch_size", "must be between 1 and 10000"));
-        }
-        if relay.max_attempts == 0 {
-            return Err(invalid("relay.max_attempts", "must be at least 1"));
-        }
-        match relay.sink {
-            SinkKind::Log => {}
-            SinkKind::RedisStream if relay.stream_url(r).1.is_empty() => {
-                return Err(invalid(
-                    "relay.redis_url",
-                    "(or redis.url) must be set when relay.sink = \"redis-stream\"",
-                ));
-            }
-            SinkKind::RedisStream
-                if matches!(
-                    RedisNodes::parse(relay.stream_url(r).1.expose()),
-                    Ok(RedisNodes::Cluster(_))
-                ) =>
-            {
-                return Err(invalid(
-                    relay.stream_url(r).0,
-                    "must name one node when relay.sink = \"redis-stream\" (the stream sink does not use Redis Cluster)",
-                ));
-            }
-            SinkKind::RedisStream if relay.redis_stream.is_empty() => {
-                return Err(invalid("relay.redis_stream", "must not be empty"));
-            }
-            SinkKind::RedisStream => {}
-            SinkKind::Http if relay.http_url.is_empty() => {
-                return Err(invalid(
-                    "relay.http_url",
-                    "must be set when relay.sink = \"http\"",
-                ));
-            }
-            SinkKind::Http if relay.http_secret.is_empty() => {
-                return Err(invalid(
-                    "relay.http_secret",
-                    "must be set when relay.sink = \"http\"",
-                ));
-            }
-            SinkKind::Http => {}
-            SinkKind::Amqp if relay.amqp_url.is_empty() => {
-                return Err(invalid(
-                    "relay.amqp_url",
-                    "must be set when relay.sink = \"amqp\"",
-                ));
-            }
-            SinkKind::Amqp => check_amqp(relay.amqp_url.expose(), &relay.amqp_exchange)?,
-        }
-        if !(2..=3650).contains(&self.retention.keep_days) {
-            return Err(invalid(
-                "retention.keep_days",
-                "must be between 2 (providers retry for up to 25 hours) and 3650",
-            ));
-        }
-        if !(1..=3650).contains(&self.receipts.keep_days) {
-            return Err(invalid("receipts.keep_days", "must be between 1 and 3650"));
-        }
-        if !(1..=1_000_000).contains(&self.receipts.queue) {
-            return Err(invalid("receipts.queue", "must be between 1 and 1000000"));
-        }
-        if self.receipts.anonymous_bytes_per_minute > 1 << 30 {
-            return Err(invalid(
-                "receipts.anonymous_bytes_per_minute",
-                "at most 1073741824 (1 GiB)",
-            ));
-        }
-        if self.receipts.anonymous_per_peer_per_minute > 1_000_000 {
-            return Err(invalid(
-                "receipts.anonymous_per_peer_per_minute",
-                "at most 1000000",
-            ));
-        }
-        if self.receipts.junk_prefix_bytes > 4096 {
-            return Err(invalid("receipts.junk_prefix_bytes", "at most 4096"));
-        }
-        let rc = &self.reconcile;
-        if !(1..=10_000).contains(&rc.batch) {
-            return Err(invalid("reconcile.batch", "must be between 1 and 10000"));
-        }
-        if !(1..=10_000).contains(&rc.max_qps) {
-            return Err(invalid("reconcile.max_qps", "must be between 1 and 10000"));
-        }
-        if !(1..=3600).contains(&rc.max_run_secs) {
-            return Err(invalid(
-                "reconcile.max_run_secs",
-                "must be between 1 and 3600",
-            ));
-        }
-        if let Some(path) = &rc.ca_file
-            && !path.is_file()
-        {
-            return Err(invalid(
-                "reconcile.ca_file",
-                format!("{} is not a readable file", path.display()),
-            ));
-        }
-        if self.orders.expire_after_secs > 30 * 24 * 3600 {
+        positive(&[
+            ("redis.timeout_ms", self.timeout_ms),
+            ("redis.result_ttl_secs", self.result_ttl_secs),
+            ("redis.marker_ttl_ms", self.marker_ttl_ms),
+        ])
+    }
+}
+
+impl Validate for OrderSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        positive(&[("orders.expire_after_secs", self.expire_after_secs)])?;
+        if self.expire_after_secs > 30 * 24 * 3600 {
             return Err(invalid(
                 "orders.expire_after_secs",
                 "at most 2592000 (30 days)",
@@ -173,3 +112,144 @@ impl Settings {
         Ok(())
     }
 }
+
+impl Validate for RelaySettings {
+    /// All but the Redis the stream sink writes to, which may be `redis.url`
+    /// ([`RelaySettings::validate_stream_redis`]).
+    fn validate(&self) -> Result<(), ConfigError> {
+        positive(&[("relay.interval_ms", self.interval_ms)])?;
+        if !(1..=10_000).contains(&self.batch_size) {
+            return Err(invalid("relay.batch_size", "must be between 1 and 10000"));
+        }
+        if self.max_attempts == 0 {
+            return Err(invalid("relay.max_attempts", "must be at least 1"));
+        }
+        match self.sink {
+            SinkKind::Log => {}
+            SinkKind::RedisStream if self.redis_stream.is_empty() => {
+                return Err(invalid("relay.redis_stream", "must not be empty"));
+            }
+            SinkKind::RedisStream => {}
+            SinkKind::Http if self.http_url.is_empty() => {
+                return Err(invalid(
+                    "relay.http_url",
+                    "must be set when relay.sink = \"http\"",
+                ));
+            }
+            SinkKind::Http if self.http_secret.is_empty() => {
+                return Err(invalid(
+                    "relay.http_secret",
+                    "must be set when relay.sink = \"http\"",
+                ));
+            }
+            SinkKind::Http => {}
+            SinkKind::Amqp if self.amqp_url.is_empty() => {
+                return Err(invalid(
+                    "relay.amqp_url",
+                    "must be set when relay.sink = \"amqp\"",
+                ));
+            }
+            SinkKind::Amqp => check_amqp(self.amqp_url.expose(), &self.amqp_exchange)?,
+        }
+        Ok(())
+    }
+}
+
+impl RelaySettings {
+    /// The stream sink's Redis (`relay.redis_url`, else `redis.url`): set, and one node.
+    fn validate_stream_redis(&self, redis: &RedisSettings) -> Result<(), ConfigError> {
+        if self.sink != SinkKind::RedisStream {
+            return Ok(());
+        }
+        let (key, url) = self.stream_url(redis);
+        if url.is_empty() {
+            return Err(invalid(
+                "relay.redis_url",
+                "(or redis.url) must be set when relay.sink = \"redis-stream\"",
+            ));
+        }
+        if matches!(RedisNodes::parse(url.expose()), Ok(RedisNodes::Cluster(_))) {
+            return Err(invalid(
+                key,
+                "must name one node when relay.sink = \"redis-stream\" (the stream sink does not use Redis Cluster)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Validate for RetentionSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(2..=3650).contains(&self.keep_days) {
+            return Err(invalid(
+                "retention.keep_days",
+                "must be between 2 (providers retry for up to 25 hours) and 3650",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Validate for ReceiptSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=3650).contains(&self.keep_days) {
+            return Err(invalid("receipts.keep_days", "must be between 1 and 3650"));
+        }
+        if !(1..=1_000_000).contains(&self.queue) {
+            return Err(invalid("receipts.queue", "must be between 1 and 1000000"));
+        }
+        if self.anonymous_bytes_per_minute > 1 << 30 {
+            return Err(invalid(
+                "receipts.anonymous_bytes_per_minute",
+                "at most 1073741824 (1 GiB)",
+            ));
+        }
+        if self.anonymous_per_peer_per_minute > 1_000_000 {
+            return Err(invalid(
+                "receipts.anonymous_per_peer_per_minute",
+                "at most 1000000",
+            ));
+        }
+        if self.junk_prefix_bytes > 4096 {
+            return Err(invalid("receipts.junk_prefix_bytes", "at most 4096"));
+        }
+        Ok(())
+    }
+}
+
+/// Its key files are read only when `paynotify replay` uses them.
+impl Validate for SandboxSettings {}
+
+impl Validate for ReconcileSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        positive(&[
+            ("reconcile.every_secs", self.every_secs),
+            ("reconcile.connect_timeout_ms", self.connect_timeout_ms),
+            ("reconcile.timeout_ms", self.timeout_ms),
+        ])?;
+        if !(1..=10_000).contains(&self.batch) {
+            return Err(invalid("reconcile.batch", "must be between 1 and 10000"));
+        }
+        if !(1..=10_000).contains(&self.max_qps) {
+            return Err(invalid("reconcile.max_qps", "must be between 1 and 10000"));
+        }
+        if !(1..=3600).contains(&self.max_run_secs) {
+            return Err(invalid(
+                "reconcile.max_run_secs",
+                "must be between 1 and 3600",
+            ));
+        }
+        if let Some(path) = &self.ca_file
+            && !path.is_file()
+        {
+            return Err(invalid(
+                "reconcile.ca_file",
+                format!("{} is not a readable file", path.display()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `log.format` is an enum serde has checked.
+impl Validate for LogSettings {}

@@ -1,6 +1,7 @@
-//! The two things every part of the configuration uses: the error that names its key, and
-//! the `Secret` that never prints. Kept apart from `Settings` so the sections defined by the
-//! providers (`channel::*`) can use them without depending on the whole configuration.
+//! The three things every part of the configuration uses: the error that names its key, the
+//! `Secret` that never prints, and a section's [`Validate`] checks. Kept apart from `Settings`
+//! so the sections defined by the providers (`channel::*`) can use them without depending on
+//! the whole configuration.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -19,6 +20,15 @@ pub fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigErro
     ConfigError::Invalid {
         key: key.into(),
         message: message.into(),
+    }
+}
+
+/// A configuration section's own checks, those serde cannot express; every section has one
+/// (`Settings::validate` runs them all), so a provider's section is checked like the others.
+pub trait Validate {
+    /// The first mistake, naming its key. By default none: serde checks all there is.
+    fn validate(&self) -> Result<(), ConfigError> {
+        Ok(())
     }
 }
 

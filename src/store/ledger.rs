@@ -63,10 +63,13 @@ macro_rules! load_order {
 pub(crate) trait PaymentFastPath {
     async fn pay_fast(
         &mut self,
-        n: &Notice,
-        digest: &Digest,
-        now: Timestamp,
-    ) -> QueryResult<Option<Outcome>>;
+        _: &Notice,
+        _: &Digest,
+        _: Timestamp,
+    ) -> QueryResult<Option<Outcome>> {
+        // A backend without such a statement: the transaction decides every payment.
+        Ok(None)
+    }
 }
 
 impl PaymentFastPath for diesel_async::AsyncPgConnection {
@@ -118,28 +121,10 @@ impl PaymentFastPath for diesel_async::AsyncPgConnection {
 }
 
 /// MySQL has no statement that inserts, updates and inserts again at once: the transaction.
-impl PaymentFastPath for diesel_async::AsyncMysqlConnection {
-    async fn pay_fast(
-        &mut self,
-        _: &Notice,
-        _: &Digest,
-        _: Timestamp,
-    ) -> QueryResult<Option<Outcome>> {
-        Ok(None)
-    }
-}
+impl PaymentFastPath for diesel_async::AsyncMysqlConnection {}
 
 /// SQLite: one writer, no network; the transaction costs no round trips.
-impl PaymentFastPath for super::SqliteAsync {
-    async fn pay_fast(
-        &mut self,
-        _: &Notice,
-        _: &Digest,
-        _: Timestamp,
-    ) -> QueryResult<Option<Outcome>> {
-        Ok(None)
-    }
-}
+impl PaymentFastPath for super::SqliteAsync {}
 
 /// Writes a `PAYMENT_ANOMALY` message once: `Outcome::Anomaly` when it is new; when the
 /// message exists already, the notice is a repeat of a recorded anomaly, and the

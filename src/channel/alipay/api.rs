@@ -1,16 +1,39 @@
 //! The OpenAPI client: trade query, close and refund query, each answer verified.
 
-#[allow(unused_imports)]
-use super::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use chrono::{FixedOffset, NaiveDateTime, TimeZone};
+use serde::Deserialize;
+
+use super::{Alipay, AlipaySettings, App};
+use crate::channel::api::{
+    Account, Accounts, CloseAnswer, Failure, Miss, ProviderClient, RefundAnswer, TradeAnswer,
+};
+use crate::channel::keys::{self, RsaVerifier};
+use crate::config::value::{ConfigError, invalid};
+use crate::https::ClientSettings;
+use crate::money::yuan_to_fen;
+use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind};
+use crate::time::Timestamp;
 
 /// Alipay's production OpenAPI gateway.
 pub const GATEWAY: &str = "https://openapi.alipay.com/gateway.do";
 
 /// One app's API credentials.
-pub(super) struct ApiApp {
+pub struct ApiApp {
     pub(super) app: Arc<App>,
     pub(super) key: keys::RsaSigner,
     pub(super) gateway: String,
+}
+
+impl Account for ApiApp {
+    fn id(&self) -> &str {
+        &self.app.app_id
+    }
+    const MISSING: &'static str = "app private key for app";
 }
 
 /// The Alipay OpenAPI client (`alipay.trade.query`, `alipay.trade.close`,
@@ -18,8 +41,7 @@ pub(super) struct ApiApp {
 /// signed RSA2 with it; answers are verified over the exact bytes of their `…_response` value
 /// with the app's Alipay public key, the one notifications are verified with.
 pub struct AlipayApi {
-    pub(super) apps: Vec<ApiApp>,
-    pub(super) plumbing: Plumbing,
+    pub(super) apps: Accounts<ApiApp>,
 }
 
 /// The fields of a `…_response` value this client reads.
@@ -63,6 +85,17 @@ impl ApiResponse {
     /// `20000` (service unavailable) and `ACQ.SYSTEM_ERROR`: Alipay says "try later".
     pub(super) fn retry_later(&self) -> bool {
         self.code == "20000" || self.sub_code.as_deref() == Some("ACQ.SYSTEM_ERROR")
+    }
+
+    /// A `10000` answer; `ACQ.TRADE_NOT_EXIST` is [`Miss::NotFound`], any other its failure.
+    pub(super) fn found(self) -> Result<Self, Miss> {
+        if self.code == "10000" {
+            Ok(self)
+        } else if self.sub_code.as_deref() == Some("ACQ.TRADE_NOT_EXIST") {
+            Err(Miss::NotFound)
+        } else {
+            Err(self.failure().into())
+        }
     }
 
     pub(super) fn failure(&self) -> Failure {
@@ -119,20 +152,7 @@ impl AlipayApi {
                 gateway,
             });
         }
-        if apps.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(Self {
-            apps,
-            plumbing: Plumbing::new(client)?,
-        }))
-    }
-
-    pub(super) fn app(&self, app_id: &str) -> Result<&ApiApp, Failure> {
-        self.apps
-            .iter()
-            .find(|a| a.app.app_id == app_id)
-            .ok_or_else(|| Failure::Unexpected(format!("no app private key for app {app_id}")))
+        Ok(Accounts::new(apps, client)?.map(|apps| Self { apps }))
     }
 
     /// Calls `method` and returns its verified `…_response` value. Alipay: sign every
@@ -173,8 +193,8 @@ impl AlipayApi {
             form.append_pair("sign", &sign);
             form.finish()
         };
-        let request = self
-            .plumbing
+        let plumbing = self.apps.plumbing();
+        let request = plumbing
             .client()
             .post(&a.gateway)
             .header(
@@ -182,7 +202,7 @@ impl AlipayApi {
                 "application/x-www-form-urlencoded;charset=utf-8",
             )
             .body(body);
-        let r = self.plumbing.send(request).await?;
+        let r = plumbing.send(request).await?;
         if r.status == 429 || r.status >= 500 {
             return Err(Failure::Unreachable(format!("HTTP {}", r.status)));
         }
@@ -193,125 +213,106 @@ impl AlipayApi {
         let value = signed_response(&a.app.key, &r.body, &response_key)?;
         serde_json::from_str(value).map_err(|e| Failure::Unexpected(format!("{response_key}: {e}")))
     }
+}
 
-    pub(super) async fn do_query(
+impl ProviderClient for AlipayApi {
+    type Account = ApiApp;
+    const CHANNEL: ChannelId = ChannelId::Alipay;
+
+    fn accounts(&self) -> &Accounts<ApiApp> {
+        &self.apps
+    }
+
+    async fn query(
         &self,
-        app_id: &str,
+        a: &ApiApp,
         out_trade_no: &str,
         now: Timestamp,
-    ) -> TradeAnswer {
-        let a = match self.app(app_id) {
-            Ok(a) => a,
-            Err(f) => return TradeAnswer::Failed(f),
-        };
+    ) -> Result<TradeAnswer, Miss> {
         let biz = serde_json::json!({ "out_trade_no": out_trade_no });
-        let r = match self.call(a, "alipay.trade.query", &biz, now).await {
-            Ok(r) => r,
-            Err(f) => return TradeAnswer::Failed(f),
-        };
-        if r.code != "10000" {
-            return if r.sub_code.as_deref() == Some("ACQ.TRADE_NOT_EXIST") {
-                TradeAnswer::NotFound
-            } else {
-                TradeAnswer::Failed(r.failure())
-            };
-        }
+        let r = self
+            .call(a, "alipay.trade.query", &biz, now)
+            .await?
+            .found()?;
         if r.out_trade_no.as_deref() != Some(out_trade_no) {
-            return TradeAnswer::Failed(Failure::Unexpected(format!(
+            return Err(Failure::Unexpected(format!(
                 "asked about {out_trade_no}, answered about {:?}",
                 r.out_trade_no
-            )));
+            ))
+            .into());
         }
         let status = r.trade_status.clone().unwrap_or_default();
         match status.as_str() {
             // TRADE_CLOSED is also "paid, then refunded in full" (未付款交易超时关闭，或支付完成
             // 后全额退款): the payment happened, as WeChat's REFUND, and the answer shows it.
-            "TRADE_SUCCESS" | "TRADE_FINISHED" => match paid_notice(&a.app, r) {
-                Ok(notice) => TradeAnswer::Paid(Box::new(notice)),
-                Err(f) => TradeAnswer::Failed(f),
-            },
-            "TRADE_CLOSED" if r.carries_a_payment() => match paid_notice(&a.app, r) {
-                Ok(notice) => TradeAnswer::Paid(Box::new(notice)),
-                Err(f) => TradeAnswer::Failed(f),
-            },
-            "TRADE_CLOSED" => TradeAnswer::Closed,
-            _ => TradeAnswer::Unpaid(status),
+            "TRADE_SUCCESS" | "TRADE_FINISHED" => paid(&a.app, r),
+            "TRADE_CLOSED" if r.carries_a_payment() => paid(&a.app, r),
+            "TRADE_CLOSED" => Ok(TradeAnswer::Closed),
+            _ => Ok(TradeAnswer::Unpaid(status)),
         }
     }
 
-    pub(super) async fn do_close(
+    async fn close(
         &self,
-        app_id: &str,
+        a: &ApiApp,
         out_trade_no: &str,
         now: Timestamp,
-    ) -> CloseAnswer {
-        let a = match self.app(app_id) {
-            Ok(a) => a,
-            Err(f) => return CloseAnswer::Failed(f),
-        };
+    ) -> Result<CloseAnswer, Miss> {
         let biz = serde_json::json!({ "out_trade_no": out_trade_no });
-        let r = match self.call(a, "alipay.trade.close", &biz, now).await {
-            Ok(r) => r,
-            Err(f) => return CloseAnswer::Failed(f),
-        };
+        let r = self.call(a, "alipay.trade.close", &biz, now).await?;
         match (r.code.as_str(), r.sub_code.as_deref()) {
             // A success carries no time: another order's, replayed, must not count for this one.
-            ("10000", _) if r.out_trade_no.as_deref() == Some(out_trade_no) => CloseAnswer::Closed,
-            ("10000", _) => CloseAnswer::Failed(Failure::Unexpected(format!(
+            ("10000", _) if r.out_trade_no.as_deref() == Some(out_trade_no) => {
+                Ok(CloseAnswer::Closed)
+            }
+            ("10000", _) => Err(Failure::Unexpected(format!(
                 "asked to close {out_trade_no}, answered about {:?}",
                 r.out_trade_no
-            ))),
-            (_, Some("ACQ.TRADE_NOT_EXIST")) => CloseAnswer::NotFound,
+            ))
+            .into()),
+            (_, Some("ACQ.TRADE_NOT_EXIST")) => Err(Miss::NotFound),
             // Paid, or closed already: a query tells which.
-            (_, Some("ACQ.TRADE_STATUS_ERROR")) => CloseAnswer::NotClosable,
-            _ => CloseAnswer::Failed(r.failure()),
+            (_, Some("ACQ.TRADE_STATUS_ERROR")) => Ok(CloseAnswer::NotClosable),
+            _ => Err(r.failure().into()),
         }
     }
 
-    pub(super) async fn do_refund_query(
+    async fn refund_query(
         &self,
-        app_id: &str,
+        a: &ApiApp,
         out_trade_no: &str,
         out_refund_no: &str,
         now: Timestamp,
-    ) -> RefundAnswer {
-        let a = match self.app(app_id) {
-            Ok(a) => a,
-            Err(f) => return RefundAnswer::Failed(f),
-        };
+    ) -> Result<RefundAnswer, Miss> {
         let biz =
             serde_json::json!({ "out_trade_no": out_trade_no, "out_request_no": out_refund_no });
-        let r = match self
+        let r = self
             .call(a, "alipay.trade.fastpay.refund.query", &biz, now)
-            .await
-        {
-            Ok(r) => r,
-            Err(f) => return RefundAnswer::Failed(f),
-        };
-        if r.code != "10000" {
-            return if r.sub_code.as_deref() == Some("ACQ.TRADE_NOT_EXIST") {
-                RefundAnswer::NotFound
-            } else {
-                RefundAnswer::Failed(r.failure())
-            };
-        }
+            .await?
+            .found()?;
         if r.out_request_no
             .as_deref()
             .is_some_and(|no| no != out_refund_no)
         {
-            return RefundAnswer::Failed(Failure::Unexpected(format!(
+            return Err(Failure::Unexpected(format!(
                 "asked about refund {out_refund_no}, answered about {:?}",
                 r.out_request_no
-            )));
+            ))
+            .into());
         }
         // `10000` alone is not a refund: only REFUND_SUCCESS is (an empty answer means
         // Alipay has no such refund request).
         match r.refund_status.as_deref() {
-            Some("REFUND_SUCCESS") => RefundAnswer::Refunded(None),
-            Some(other) => RefundAnswer::NotRefunded(other.to_owned()),
-            None => RefundAnswer::NotFound,
+            Some("REFUND_SUCCESS") => Ok(RefundAnswer::Refunded(None)),
+            Some(other) => Ok(RefundAnswer::NotRefunded(other.to_owned())),
+            None => Err(Miss::NotFound),
         }
     }
+}
+
+/// A paid answer's payment, or why the answer does not show one.
+fn paid(app: &App, r: ApiResponse) -> Result<TradeAnswer, Miss> {
+    Ok(TradeAnswer::Paid(Box::new(paid_notice(app, r)?)))
 }
 
 /// The exact bytes of `response_key`'s value in `body`, once `sign` verifies over them with
@@ -401,42 +402,4 @@ pub(super) fn paid_notice(app: &App, r: ApiResponse) -> Result<Notice, Failure> 
         occurred_at,
     };
     notice.checked().map_err(bad)
-}
-
-impl ProviderApi for AlipayApi {
-    fn channel(&self) -> ChannelId {
-        ChannelId::Alipay
-    }
-
-    fn accounts(&self) -> Vec<String> {
-        self.apps.iter().map(|a| a.app.app_id.clone()).collect()
-    }
-
-    fn query<'a>(
-        &'a self,
-        account: &'a str,
-        out_trade_no: &'a str,
-        now: Timestamp,
-    ) -> ApiFuture<'a, TradeAnswer> {
-        Box::pin(self.do_query(account, out_trade_no, now))
-    }
-
-    fn close<'a>(
-        &'a self,
-        account: &'a str,
-        out_trade_no: &'a str,
-        now: Timestamp,
-    ) -> ApiFuture<'a, CloseAnswer> {
-        Box::pin(self.do_close(account, out_trade_no, now))
-    }
-
-    fn refund_query<'a>(
-        &'a self,
-        account: &'a str,
-        out_trade_no: &'a str,
-        out_refund_no: &'a str,
-        now: Timestamp,
-    ) -> ApiFuture<'a, RefundAnswer> {
-        Box::pin(self.do_refund_query(account, out_trade_no, out_refund_no, now))
-    }
 }

@@ -14,12 +14,9 @@ use actix_web::web;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use chrono::{FixedOffset, NaiveDateTime, TimeZone};
-use serde::Deserialize;
 use utoipa::OpenApi;
 
-use super::api::{
-    ApiFuture, CloseAnswer, Failure, Plumbing, ProviderApi, RefundAnswer, TradeAnswer,
-};
+use super::api::ProviderApi;
 use super::keys::{self, RsaVerifier};
 use super::{
     Answer, Channel, Explanation, Inbound, Mounted, Provider, Rejection, Reply, Standing, Verdict,
@@ -166,6 +163,7 @@ pub fn mount(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::channel::api::Failure;
     use chrono::TimeZone;
     use rsa::pkcs8::{EncodePublicKey, LineEnding};
     use rsa::{Generate, PrivateKey};

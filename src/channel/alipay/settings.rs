@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use crate::config::value::Validate;
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AlipaySettings {
@@ -25,3 +27,7 @@ pub struct AlipayApp {
     #[serde(default)]
     pub gateway: Option<String>,
 }
+
+/// Every check of an app needs its key files: they are made as the channel loads them
+/// (`Alipay::from_settings`, `AlipayApi::from_settings`).
+impl Validate for AlipaySettings {}

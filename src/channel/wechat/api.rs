@@ -1,17 +1,42 @@
 //! The API v3 client: query, close and refund query, each answer verified.
 
-#[allow(unused_imports)]
-use super::*;
+use std::sync::Arc;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::Deserialize;
+
+use super::verify::string_to_sign;
+use super::wire::{
+    Transaction, TransactionAmount, WechatRefundAmount, parse_time, transaction_notice,
+};
+use super::{Merchant, SIGNATURE_TYPE, TIMESTAMP_WINDOW_SECS, WechatPay, WechatSettings};
+use crate::channel::api::{
+    Account, Accounts, CloseAnswer, Failure, Miss, ProviderClient, Received, RefundAnswer,
+    TradeAnswer,
+};
+use crate::channel::keys;
+use crate::config::value::{ConfigError, invalid};
+use crate::https::ClientSettings;
+use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
+use crate::time::Timestamp;
 
 /// WeChat Pay API v3's production base URL.
 pub const API_BASE: &str = "https://api.mch.weixin.qq.com";
 
 /// One merchant's API credentials: its API private key and that key's certificate serial.
-pub(super) struct ApiMerchant {
+pub struct ApiMerchant {
     pub(super) merchant: Arc<Merchant>,
     pub(super) serial: String,
     pub(super) key: keys::RsaSigner,
     pub(super) base: String,
+}
+
+impl Account for ApiMerchant {
+    fn id(&self) -> &str {
+        &self.merchant.mchid
+    }
+    const MISSING: &'static str = "API credentials for mchid";
 }
 
 /// The WeChat Pay API v3 client: query by `out_trade_no`, close, refund query, for every
@@ -19,8 +44,7 @@ pub(super) struct ApiMerchant {
 /// answers are verified with that merchant's platform keys, as notifications are.
 pub struct WechatApi {
     pub(super) channel: Arc<WechatPay>,
-    pub(super) merchants: Vec<ApiMerchant>,
-    pub(super) plumbing: Plumbing,
+    pub(super) merchants: Accounts<ApiMerchant>,
 }
 
 /// A transaction as the query answers it: `transaction_id` and `amount` only once paid.
@@ -116,21 +140,7 @@ impl WechatApi {
                 base,
             });
         }
-        if merchants.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(Self {
-            channel,
-            merchants,
-            plumbing: Plumbing::new(reconcile)?,
-        }))
-    }
-
-    pub(super) fn merchant(&self, mchid: &str) -> Result<&ApiMerchant, Failure> {
-        self.merchants
-            .iter()
-            .find(|m| m.merchant.mchid == mchid)
-            .ok_or_else(|| Failure::Unexpected(format!("no API credentials for mchid {mchid}")))
+        Ok(Accounts::new(merchants, reconcile)?.map(|merchants| Self { channel, merchants }))
     }
 
     /// Sends one signed request. WeChat Pay v3: the string to sign is
@@ -158,7 +168,7 @@ impl WechatApi {
             m.merchant.mchid, m.serial
         );
         let url = format!("{}{path}", m.base);
-        let client = self.plumbing.client();
+        let client = self.merchants.plumbing().client();
         let request = if post {
             client
                 .post(url)
@@ -170,7 +180,7 @@ impl WechatApi {
         let request = request
             .header("Accept", "application/json")
             .header("Authorization", authorization);
-        self.plumbing.send(request).await
+        self.merchants.plumbing().send(request).await
     }
 
     /// Checks a 2xx answer's signature, as a notification's: `Wechatpay-*` headers over
@@ -258,52 +268,69 @@ impl WechatApi {
         Failure::Unexpected(format!("HTTP {} {message}", r.status))
     }
 
-    pub(super) async fn do_query(
+    /// GETs `path` and reads its verified 2xx answer (`what` names it in a parse error); an
+    /// error answer with one of the `not_found` codes is [`Miss::NotFound`].
+    async fn get_verified<T: serde::de::DeserializeOwned>(
         &self,
-        mchid: &str,
+        m: &ApiMerchant,
+        path: &str,
+        not_found: [&str; 2],
+        what: &str,
+        now: Timestamp,
+    ) -> Result<T, Miss> {
+        let r = self.call(m, false, path, "", now).await?;
+        if !(200..300).contains(&r.status) {
+            let code = Self::error_code(&r)?;
+            return Err(if not_found.contains(&code.as_str()) {
+                Miss::NotFound
+            } else {
+                Miss::Failed(Self::unexpected(&r))
+            });
+        }
+        self.verify(m, &r, now)?;
+        Ok(serde_json::from_slice(&r.body)
+            .map_err(|e| Failure::Unexpected(format!("{what}: {e}")))?)
+    }
+}
+
+impl ProviderClient for WechatApi {
+    type Account = ApiMerchant;
+    const CHANNEL: ChannelId = ChannelId::Wechat;
+
+    fn accounts(&self) -> &Accounts<ApiMerchant> {
+        &self.merchants
+    }
+
+    async fn query(
+        &self,
+        m: &ApiMerchant,
         out_trade_no: &str,
         now: Timestamp,
-    ) -> TradeAnswer {
-        let m = match self.merchant(mchid) {
-            Ok(m) => m,
-            Err(f) => return TradeAnswer::Failed(f),
-        };
+    ) -> Result<TradeAnswer, Miss> {
         let path = format!(
             "/v3/pay/transactions/out-trade-no/{}?mchid={}",
             percent_encoding::utf8_percent_encode(out_trade_no, SEGMENT),
             percent_encoding::utf8_percent_encode(&m.merchant.mchid, SEGMENT)
         );
-        let r = match self.call(m, false, &path, "", now).await {
-            Ok(r) => r,
-            Err(f) => return TradeAnswer::Failed(f),
-        };
-        if !(200..300).contains(&r.status) {
-            return match Self::error_code(&r) {
-                Ok(code) if code == "ORDER_NOT_EXIST" || code == "ORDERNOTEXIST" => {
-                    TradeAnswer::NotFound
-                }
-                Ok(_) => TradeAnswer::Failed(Self::unexpected(&r)),
-                Err(f) => TradeAnswer::Failed(f),
-            };
-        }
-        if let Err(f) = self.verify(m, &r, now) {
-            return TradeAnswer::Failed(f);
-        }
-        let t: QueriedTransaction = match serde_json::from_slice(&r.body) {
-            Ok(t) => t,
-            Err(e) => {
-                return TradeAnswer::Failed(Failure::Unexpected(format!("query answer: {e}")));
-            }
-        };
+        let t: QueriedTransaction = self
+            .get_verified(
+                m,
+                &path,
+                ["ORDER_NOT_EXIST", "ORDERNOTEXIST"],
+                "query answer",
+                now,
+            )
+            .await?;
         // Every id the answer carries is checked: a signed answer about another order or
         // merchant (replayed from elsewhere) says nothing about this one.
         if t.out_trade_no != out_trade_no || t.mchid != m.merchant.mchid {
-            return TradeAnswer::Failed(Failure::Unexpected(format!(
+            return Err(Failure::Unexpected(format!(
                 "asked about {out_trade_no} of merchant {}, answered about {} of merchant {}",
                 m.merchant.mchid, t.out_trade_no, t.mchid
-            )));
+            ))
+            .into());
         }
-        match t.trade_state.as_str() {
+        Ok(match t.trade_state.as_str() {
             // REFUND: paid, then refunded; the payment happened all the same.
             "SUCCESS" | "REFUND" => {
                 let (
@@ -314,14 +341,13 @@ impl WechatApi {
                     }),
                 ) = (t.transaction_id, t.amount)
                 else {
-                    return TradeAnswer::Failed(Failure::Unexpected(
+                    return Err(Failure::Unexpected(
                         "a paid answer without transaction_id or amount".into(),
-                    ));
+                    )
+                    .into());
                 };
                 if total <= 0 {
-                    return TradeAnswer::Failed(Failure::Unexpected(
-                        "amount.total must be positive".into(),
-                    ));
+                    return Err(Failure::Unexpected("amount.total must be positive".into()).into());
                 }
                 let paid = Transaction {
                     appid: t.appid,
@@ -333,104 +359,75 @@ impl WechatApi {
                     success_time: t.success_time,
                 };
                 let notice = transaction_notice(&m.merchant, paid, NoticeKind::Paid);
-                match notice.checked() {
-                    Ok(notice) => TradeAnswer::Paid(Box::new(notice)),
-                    Err(e) => TradeAnswer::Failed(Failure::Unexpected(e)),
-                }
+                let notice = notice.checked().map_err(Failure::Unexpected)?;
+                TradeAnswer::Paid(Box::new(notice))
             }
             "CLOSED" | "REVOKED" => TradeAnswer::Closed,
             _ => TradeAnswer::Unpaid(t.trade_state),
-        }
+        })
     }
 
-    pub(super) async fn do_close(
+    async fn close(
         &self,
-        mchid: &str,
+        m: &ApiMerchant,
         out_trade_no: &str,
         now: Timestamp,
-    ) -> CloseAnswer {
-        let m = match self.merchant(mchid) {
-            Ok(m) => m,
-            Err(f) => return CloseAnswer::Failed(f),
-        };
+    ) -> Result<CloseAnswer, Miss> {
         let path = format!(
             "/v3/pay/transactions/out-trade-no/{}/close",
             percent_encoding::utf8_percent_encode(out_trade_no, SEGMENT)
         );
         let body = serde_json::json!({ "mchid": m.merchant.mchid }).to_string();
-        let r = match self.call(m, true, &path, &body, now).await {
-            Ok(r) => r,
-            Err(f) => return CloseAnswer::Failed(f),
-        };
+        let r = self.call(m, true, &path, &body, now).await?;
         if (200..300).contains(&r.status) {
             // An empty 204 names no order: valid for any close of this merchant within 300 s.
             // The caller confirms with a query (WeChat answers 204 also for a trade it never
             // saw).
-            return match self.verify(m, &r, now) {
-                Ok(()) => CloseAnswer::Closed,
-                Err(f) => CloseAnswer::Failed(f),
-            };
+            self.verify(m, &r, now)?;
+            return Ok(CloseAnswer::Closed);
         }
-        match Self::error_code(&r) {
-            Ok(code) if code == "ORDERPAID" => CloseAnswer::NotClosable,
-            Ok(code) if code == "ORDER_NOT_EXIST" || code == "ORDERNOTEXIST" => {
-                CloseAnswer::NotFound
-            }
-            Ok(_) => CloseAnswer::Failed(Self::unexpected(&r)),
-            Err(f) => CloseAnswer::Failed(f),
+        match Self::error_code(&r)?.as_str() {
+            "ORDERPAID" => Ok(CloseAnswer::NotClosable),
+            "ORDER_NOT_EXIST" | "ORDERNOTEXIST" => Err(Miss::NotFound),
+            _ => Err(Self::unexpected(&r).into()),
         }
     }
 
-    pub(super) async fn do_refund_query(
+    async fn refund_query(
         &self,
-        mchid: &str,
+        m: &ApiMerchant,
         out_trade_no: &str,
         out_refund_no: &str,
         now: Timestamp,
-    ) -> RefundAnswer {
-        let m = match self.merchant(mchid) {
-            Ok(m) => m,
-            Err(f) => return RefundAnswer::Failed(f),
-        };
+    ) -> Result<RefundAnswer, Miss> {
         let path = format!(
             "/v3/refund/domestic/refunds/{}",
             percent_encoding::utf8_percent_encode(out_refund_no, SEGMENT)
         );
-        let r = match self.call(m, false, &path, "", now).await {
-            Ok(r) => r,
-            Err(f) => return RefundAnswer::Failed(f),
-        };
-        if !(200..300).contains(&r.status) {
-            return match Self::error_code(&r) {
-                Ok(code) if code == "RESOURCE_NOT_EXISTS" || code == "ORDER_NOT_EXIST" => {
-                    RefundAnswer::NotFound
-                }
-                Ok(_) => RefundAnswer::Failed(Self::unexpected(&r)),
-                Err(f) => RefundAnswer::Failed(f),
-            };
-        }
-        if let Err(f) = self.verify(m, &r, now) {
-            return RefundAnswer::Failed(f);
-        }
-        let q: QueriedRefund = match serde_json::from_slice(&r.body) {
-            Ok(q) => q,
-            Err(e) => {
-                return RefundAnswer::Failed(Failure::Unexpected(format!("refund answer: {e}")));
-            }
-        };
+        let q: QueriedRefund = self
+            .get_verified(
+                m,
+                &path,
+                ["RESOURCE_NOT_EXISTS", "ORDER_NOT_EXIST"],
+                "refund answer",
+                now,
+            )
+            .await?;
         if q.out_trade_no != out_trade_no || q.out_refund_no != out_refund_no {
-            return RefundAnswer::Failed(Failure::Unexpected(format!(
+            return Err(Failure::Unexpected(format!(
                 "asked about refund {out_refund_no} of {out_trade_no}, answered about {} of {}",
                 q.out_refund_no, q.out_trade_no
-            )));
+            ))
+            .into());
         }
         if q.status != "SUCCESS" {
-            return RefundAnswer::NotRefunded(q.status);
+            return Ok(RefundAnswer::NotRefunded(q.status));
         }
         if q.amount.refund <= 0 || q.amount.total <= 0 {
-            return RefundAnswer::Failed(Failure::Unexpected(
+            return Err(Failure::Unexpected(
                 "amount.refund and amount.total must be positive".into(),
-            ));
+            )
+            .into());
         }
         // The same fields as REFUND.SUCCESS decodes to, so the same digest.
         let notice = Notice {
@@ -451,50 +448,7 @@ impl WechatApi {
             currency: "CNY".to_owned(),
             occurred_at: parse_time(q.success_time.as_deref()),
         };
-        match notice.checked() {
-            Ok(notice) => RefundAnswer::Refunded(Some(Box::new(notice))),
-            Err(e) => RefundAnswer::Failed(Failure::Unexpected(e)),
-        }
-    }
-}
-
-impl ProviderApi for WechatApi {
-    fn channel(&self) -> ChannelId {
-        ChannelId::Wechat
-    }
-
-    fn accounts(&self) -> Vec<String> {
-        self.merchants
-            .iter()
-            .map(|m| m.merchant.mchid.clone())
-            .collect()
-    }
-
-    fn query<'a>(
-        &'a self,
-        account: &'a str,
-        out_trade_no: &'a str,
-        now: Timestamp,
-    ) -> ApiFuture<'a, TradeAnswer> {
-        Box::pin(self.do_query(account, out_trade_no, now))
-    }
-
-    fn close<'a>(
-        &'a self,
-        account: &'a str,
-        out_trade_no: &'a str,
-        now: Timestamp,
-    ) -> ApiFuture<'a, CloseAnswer> {
-        Box::pin(self.do_close(account, out_trade_no, now))
-    }
-
-    fn refund_query<'a>(
-        &'a self,
-        account: &'a str,
-        out_trade_no: &'a str,
-        out_refund_no: &'a str,
-        now: Timestamp,
-    ) -> ApiFuture<'a, RefundAnswer> {
-        Box::pin(self.do_refund_query(account, out_trade_no, out_refund_no, now))
+        let notice = notice.checked().map_err(Failure::Unexpected)?;
+        Ok(RefundAnswer::Refunded(Some(Box::new(notice))))
     }
 }

@@ -18,9 +18,7 @@ use serde::Deserialize;
 
 use utoipa::OpenApi;
 
-use super::api::{
-    ApiFuture, CloseAnswer, Failure, Plumbing, ProviderApi, Received, RefundAnswer, TradeAnswer,
-};
+use super::api::ProviderApi;
 use super::keys::{self, RsaVerifier};
 use super::{
     Answer, Channel, Explanation, Inbound, Mounted, Provider, Rejection, Reply, Standing, Verdict,

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use crate::config::value::{ConfigError, Secret, invalid};
+use crate::config::value::{ConfigError, Secret, Validate, invalid};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -59,9 +59,10 @@ pub struct PlatformKey {
     pub certificate_file: Option<PathBuf>,
 }
 
-impl WechatSettings {
-    /// What can be checked without reading key files (`Settings::validate`).
-    pub fn validate(&self) -> Result<(), ConfigError> {
+/// What can be checked without reading key files; the keys are checked as the channel loads
+/// them (`WechatPay::from_settings`).
+impl Validate for WechatSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
         for (i, m) in self.merchants.iter().enumerate() {
             if m.apiv3_key.expose().len() != 32 {
                 return Err(invalid(
