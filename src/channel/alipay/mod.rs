@@ -21,13 +21,13 @@ use super::api::{
     ApiFuture, CloseAnswer, Failure, Plumbing, ProviderApi, RefundAnswer, TradeAnswer,
 };
 use super::keys::{self, RsaVerifier};
-use super::{
-    Answer, Channel, Explanation, Inbound, Mounted, Provider, Rejection, Reply, Standing, Verdict,
-};
+#[cfg(feature = "fuzzing")]
+use super::{Channel, Rejection};
+use super::{Mounted, Provider};
 use crate::config::value::{ConfigError, invalid};
 use crate::https::ClientSettings;
 use crate::money::yuan_to_fen;
-use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
+use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind};
 use crate::time::Timestamp;
 
 mod api;
