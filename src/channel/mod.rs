@@ -2,8 +2,9 @@
 //! [`Notice`], and answer in the provider's own shape. The core never sees provider details.
 //!
 //! A provider is a folder here of one shape: `settings.rs` (its `[section]`), `wire.rs` (its
-//! request on the wire), `verify.rs` (its [`Channel`] impl), `explain.rs` (its [`Provider`]
-//! impl), `api.rs` (its query/close client) and `mod.rs` (key loading, notify routes with their
+//! request on the wire), `verify.rs` (the walk of its checks, over a [`Trail`], and its
+//! [`Channel`] impl), `explain.rs` (its [`Provider`] impl, the same walk recorded), `api.rs`
+//! (its query/close client) and `mod.rs` (key loading, notify routes with their
 //! OpenAPI description, and a `mount`). `crate::providers` lists them all; `docs/design.md`
 //! has the checklist for adding one.
 
@@ -189,6 +190,9 @@ pub struct Check {
     pub verdict: Verdict,
     /// What was found, in plain words.
     pub detail: String,
+    /// For a failed check that refuses the request: what [`admit`] answers for it (a merchant
+    /// mismatch or a missing order fails a check without refusing the request).
+    pub rejection: Option<Rejection>,
 }
 
 impl Check {
@@ -197,6 +201,7 @@ impl Check {
             name: name.into(),
             verdict,
             detail: detail.into(),
+            rejection: None,
         }
     }
 }
@@ -216,6 +221,96 @@ impl Explanation {
     /// The first check that failed.
     pub fn first_failure(&self) -> Option<&Check> {
         self.checks.iter().find(|c| c.verdict == Verdict::Fail)
+    }
+}
+
+/// Where a channel's walk of its checks reports each outcome. The walk is written once per
+/// provider, in the order [`Channel::verify`] makes the checks; the trail decides what is
+/// kept. `verify` walks with [`Halt`], which keeps nothing and ends the walk at the first
+/// failure; [`Provider::explain`] walks with an [`Explanation`], which records every check
+/// in words and goes on where a later check does not need the failed one. So the two cannot
+/// disagree on which check refuses a request, or with which [`Rejection`]. The closures are
+/// called only by a trail that records: the hot path formats nothing.
+pub trait Trail {
+    /// `check` passed; `detail` says what was found.
+    fn pass(&mut self, check: &'static str, detail: impl FnOnce() -> String);
+
+    /// `check` failed and `why` is the refusal. `Err(why)` ends the walk; `Ok(why)` hands
+    /// it back to a walk that goes on, and that ends with it once a check needs this one.
+    fn fail(
+        &mut self,
+        check: &'static str,
+        why: Rejection,
+        hint: impl FnOnce(&Rejection) -> String,
+    ) -> Result<Rejection, Rejection>;
+
+    /// `check` was not made: one it needs failed.
+    fn skip(&mut self, check: &'static str, why: impl FnOnce() -> String);
+
+    /// Facts for the reader (the string to sign), neither pass nor fail.
+    fn info(&mut self, check: &'static str, detail: impl FnOnce() -> String);
+
+    /// `check` failed and every later check needs it: the walk ends with `why` whatever
+    /// the trail.
+    fn stop(
+        &mut self,
+        check: &'static str,
+        why: Rejection,
+        hint: impl FnOnce(&Rejection) -> String,
+    ) -> Rejection {
+        match self.fail(check, why, hint) {
+            Ok(why) | Err(why) => why,
+        }
+    }
+}
+
+/// The trail of [`Channel::verify`]: keeps nothing, ends the walk at the first failure.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Halt;
+
+impl Trail for Halt {
+    fn pass(&mut self, _: &'static str, _: impl FnOnce() -> String) {}
+
+    fn fail(
+        &mut self,
+        _: &'static str,
+        why: Rejection,
+        _: impl FnOnce(&Rejection) -> String,
+    ) -> Result<Rejection, Rejection> {
+        Err(why)
+    }
+
+    fn skip(&mut self, _: &'static str, _: impl FnOnce() -> String) {}
+
+    fn info(&mut self, _: &'static str, _: impl FnOnce() -> String) {}
+}
+
+impl Trail for Explanation {
+    fn pass(&mut self, check: &'static str, detail: impl FnOnce() -> String) {
+        self.push(check, Verdict::Pass, detail());
+    }
+
+    fn fail(
+        &mut self,
+        check: &'static str,
+        why: Rejection,
+        hint: impl FnOnce(&Rejection) -> String,
+    ) -> Result<Rejection, Rejection> {
+        self.checks.push(Check {
+            name: check.to_owned(),
+            verdict: Verdict::Fail,
+            detail: hint(&why),
+            rejection: Some(why.clone()),
+        });
+        Ok(why)
+    }
+
+    fn skip(&mut self, check: &'static str, why: impl FnOnce() -> String) {
+        self.push(check, Verdict::Skipped, why());
+    }
+
+    fn info(&mut self, check: &'static str, detail: impl FnOnce() -> String) {
+        self.push(check, Verdict::Info, detail());
     }
 }
 

@@ -14,6 +14,7 @@ use paynotify::notice::{NoticeKind, RefundAmount};
 use paynotify::time::Timestamp;
 use serde_json::Value;
 
+use crate::support::agree::{assert_refused_as, assert_vector_agrees, header_map};
 use crate::support::helpers::{read_json, vector_files};
 
 fn dir() -> PathBuf {
@@ -169,4 +170,498 @@ fn a_bad_key_file_is_a_start_up_error_naming_it() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("missing.pem"), "{err}");
+}
+
+/// A request as it arrived, to take apart one way at a time.
+#[derive(Clone)]
+struct Request {
+    headers: Vec<(String, Vec<u8>)>,
+    body: Vec<u8>,
+    now: i64,
+}
+
+impl Request {
+    fn of_vector(name: &str) -> Self {
+        let v = read_json(&dir().join(name));
+        Self {
+            headers: v["headers"]
+                .as_object()
+                .expect("headers")
+                .iter()
+                .map(|(k, value)| {
+                    (
+                        k.clone(),
+                        value.as_str().expect("value").as_bytes().to_vec(),
+                    )
+                })
+                .collect(),
+            body: v["body"].as_str().expect("body").as_bytes().to_vec(),
+            now: v["now"].as_i64().expect("now"),
+        }
+    }
+
+    fn of_delivery(d: &paynotify::qa::forge::Delivery, now: i64) -> Self {
+        Self {
+            headers: d
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_bytes().to_vec()))
+                .collect(),
+            body: d.body.clone(),
+            now,
+        }
+    }
+
+    fn without(mut self, name: &str) -> Self {
+        self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        self
+    }
+
+    fn with(self, name: &str, value: &[u8]) -> Self {
+        let mut this = self.without(name);
+        this.headers.push((name.to_owned(), value.to_vec()));
+        this
+    }
+
+    /// `name` sent twice, its own value and `value`.
+    fn twice(mut self, name: &str, value: &[u8]) -> Self {
+        self.headers.push((name.to_owned(), value.to_vec()));
+        self
+    }
+
+    fn header(&self, name: &str) -> Vec<u8> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+            .expect("header")
+    }
+
+    fn at(mut self, now: i64) -> Self {
+        self.now = now;
+        self
+    }
+
+    fn assert_refused_as(&self, channel: &WechatPay, name: &str, expected: Option<&str>) {
+        let headers = header_map(&self.headers);
+        let inbound = Inbound {
+            headers: &headers,
+            body: &self.body,
+            now: at(self.now),
+        };
+        assert_refused_as(channel, &inbound, name, expected);
+    }
+}
+
+#[test]
+fn verify_and_explain_agree_on_every_wechat_vector() {
+    let channel =
+        WechatPay::from_settings(&vector_settings(), at(1_794_967_525)).expect("keys load");
+    let vectors = vector_files(&dir());
+    assert_eq!(vectors.len(), 19, "every vector file is checked");
+    for (name, _) in &vectors {
+        let r = Request::of_vector(name);
+        let headers = header_map(&r.headers);
+        let inbound = Inbound {
+            headers: &headers,
+            body: &r.body,
+            now: at(r.now),
+        };
+        assert_vector_agrees(&channel, &inbound, name);
+    }
+}
+
+/// Every way `verify` (and decoding) refuses a WeChat notification, alone and two at a time
+/// where the order of the checks decides which refusal is answered.
+#[test]
+fn verify_and_explain_agree_on_every_way_a_wechat_notification_is_refused() {
+    let channel =
+        WechatPay::from_settings(&vector_settings(), at(1_794_967_525)).expect("keys load");
+    let valid = Request::of_vector("valid_pay.json");
+    let check = |r: &Request, name: &str, expected: Option<&str>| {
+        r.assert_refused_as(&channel, name, expected)
+    };
+    check(&valid, "as sent", None);
+    let unsupported = "bad request: unsupported Wechatpay-Signature-Type";
+    let non_ascii: &[u8] = b"caf\xc3\xa9";
+    let mut cases = vec![
+        (
+            "signature type RSA4096",
+            valid
+                .clone()
+                .with("Wechatpay-Signature-Type", b"WECHATPAY2-SHA256-RSA4096"),
+            Some(unsupported),
+        ),
+        (
+            "signature type absent",
+            valid.clone().without("Wechatpay-Signature-Type"),
+            None,
+        ),
+        (
+            "signature type twice",
+            valid
+                .clone()
+                .twice("Wechatpay-Signature-Type", b"WECHATPAY2-SHA256-RSA2048"),
+            Some("bad request: header Wechatpay-Signature-Type appears more than once"),
+        ),
+        (
+            "signature type not ASCII",
+            valid.clone().with("Wechatpay-Signature-Type", non_ascii),
+            Some("bad request: header Wechatpay-Signature-Type is not visible ASCII"),
+        ),
+    ];
+    for header in [
+        "Wechatpay-Timestamp",
+        "Wechatpay-Nonce",
+        "Wechatpay-Signature",
+        "Wechatpay-Serial",
+    ] {
+        let missing = if header == "Wechatpay-Signature" {
+            "bad signature: missing Wechatpay-Signature".to_owned()
+        } else {
+            format!("bad request: missing header {header}")
+        };
+        let twice = format!("bad request: header {header} appears more than once");
+        let not_ascii = format!("bad request: header {header} is not visible ASCII");
+        let own = valid.header(header);
+        for (how, r, want) in [
+            ("missing", valid.clone().without(header), missing),
+            ("twice", valid.clone().twice(header, &own), twice),
+            (
+                "not ASCII",
+                valid.clone().with(header, non_ascii),
+                not_ascii,
+            ),
+        ] {
+            r.assert_refused_as(&channel, &format!("{header} {how}"), Some(&want));
+        }
+        // The signature type is checked before any of the four.
+        valid
+            .clone()
+            .without(header)
+            .with("Wechatpay-Signature-Type", b"RSA")
+            .assert_refused_as(
+                &channel,
+                &format!("{header} missing, bad type"),
+                Some(unsupported),
+            );
+    }
+    let now = valid.now;
+    let serial = valid.header("Wechatpay-Serial");
+    cases.extend([
+        (
+            "timestamp not a number",
+            valid.clone().with("Wechatpay-Timestamp", b"1794967525.0"),
+            Some("bad request: Wechatpay-Timestamp is not unix seconds"),
+        ),
+        (
+            "stale",
+            valid.clone().at(now + 400),
+            Some("stale: timestamp is "),
+        ),
+        (
+            "from the future",
+            valid.clone().at(now - 400),
+            Some("stale: timestamp is -"),
+        ),
+        (
+            "serial in lower case",
+            valid
+                .clone()
+                .with("Wechatpay-Serial", serial.to_ascii_lowercase().as_slice()),
+            None,
+        ),
+        (
+            "unknown serial",
+            valid
+                .clone()
+                .with("Wechatpay-Serial", b"PUB_KEY_ID_UNKNOWN"),
+            Some("bad signature: unknown Wechatpay-Serial PUB_KEY_ID_UNKNOWN"),
+        ),
+        (
+            "probe",
+            valid
+                .clone()
+                .with("Wechatpay-Signature", b"WECHATPAY/SIGNTEST/AAAA"),
+            Some("bad signature: WECHATPAY/SIGNTEST probe"),
+        ),
+        (
+            "signature not base64",
+            valid.clone().with("Wechatpay-Signature", b"not base64!"),
+            Some("bad signature: Wechatpay-Signature is not base64"),
+        ),
+        (
+            "signature of something else",
+            valid.clone().with("Wechatpay-Signature", b"AAAA"),
+            Some("bad signature: signature does not verify"),
+        ),
+        (
+            "a body byte changed",
+            Request {
+                body: {
+                    let mut body = valid.body.clone();
+                    body[10] ^= 1;
+                    body
+                },
+                ..valid.clone()
+            },
+            Some("bad signature: signature does not verify"),
+        ),
+        // Two faults: the one verify checks first is the one answered.
+        (
+            "timestamp not a number, nonce missing",
+            valid
+                .clone()
+                .with("Wechatpay-Timestamp", b"x")
+                .without("Wechatpay-Nonce"),
+            Some("bad request: missing header Wechatpay-Nonce"),
+        ),
+        (
+            "nonce and signature missing",
+            valid
+                .clone()
+                .without("Wechatpay-Signature")
+                .without("Wechatpay-Nonce"),
+            Some("bad request: missing header Wechatpay-Nonce"),
+        ),
+        (
+            "stale, unknown serial",
+            valid
+                .clone()
+                .at(now + 400)
+                .with("Wechatpay-Serial", b"PUB_KEY_ID_UNKNOWN"),
+            Some("stale: "),
+        ),
+        (
+            "timestamp not a number, unknown serial",
+            valid
+                .clone()
+                .with("Wechatpay-Timestamp", b"x")
+                .with("Wechatpay-Serial", b"PUB_KEY_ID_UNKNOWN"),
+            Some("bad request: Wechatpay-Timestamp is not unix seconds"),
+        ),
+        (
+            "unknown serial, probe",
+            valid
+                .clone()
+                .with("Wechatpay-Serial", b"PUB_KEY_ID_UNKNOWN")
+                .with("Wechatpay-Signature", b"WECHATPAY/SIGNTEST/AAAA"),
+            Some("bad signature: unknown Wechatpay-Serial"),
+        ),
+        (
+            "unknown serial, signature not base64",
+            valid
+                .clone()
+                .with("Wechatpay-Serial", b"PUB_KEY_ID_UNKNOWN")
+                .with("Wechatpay-Signature", b"!"),
+            Some("bad signature: unknown Wechatpay-Serial"),
+        ),
+        (
+            "stale, probe",
+            valid
+                .clone()
+                .at(now + 400)
+                .with("Wechatpay-Signature", b"WECHATPAY/SIGNTEST/AAAA"),
+            Some("stale: "),
+        ),
+        (
+            "bad type, stale, bad signature",
+            valid
+                .clone()
+                .at(now + 400)
+                .with("Wechatpay-Signature-Type", b"RSA")
+                .with("Wechatpay-Signature", b"AAAA"),
+            Some(unsupported),
+        ),
+    ]);
+    for (name, r, want) in &cases {
+        check(r, name, *want);
+    }
+}
+
+/// The refusals of a body that is signed: reading the envelope, decrypting and decoding it.
+#[test]
+fn verify_and_explain_agree_on_every_way_a_signed_wechat_body_is_refused() {
+    use paynotify::qa::forge::wechat::{encrypt, envelope, transaction};
+
+    let now = 1_794_967_525;
+    let channel = WechatPay::from_settings(&crate::wechat::settings(), at(now)).expect("keys load");
+    let a = crate::wechat::sandbox('A');
+    let b = crate::wechat::sandbox('B');
+    let paid = transaction(&a, "PN-AGREE-1", "4200000000000000000001", 100);
+    let nonce = "0123456789ab";
+    // A body with `resource` as WeChat builds it, changed by `change`, signed with `s`'s key.
+    let body = |key: &str, plaintext: &Value, change: &dyn Fn(&mut Value)| -> Vec<u8> {
+        let ciphertext = encrypt(
+            key.as_bytes(),
+            nonce,
+            "transaction",
+            plaintext.to_string().as_bytes(),
+        )
+        .expect("encrypt");
+        let mut value: Value = serde_json::from_str(&envelope(
+            "TRANSACTION.SUCCESS",
+            "transaction",
+            &ciphertext,
+            "transaction",
+            nonce,
+        ))
+        .expect("envelope");
+        change(&mut value);
+        value.to_string().into_bytes()
+    };
+    let signed = |s: &paynotify::qa::forge::wechat::Sandbox, body: Vec<u8>| {
+        Request::of_delivery(&s.sign(now, body).expect("sign"), now)
+    };
+    let same = |_: &mut Value| {};
+    let valid = signed(&a, body(&a.apiv3_key, &paid, &same));
+    let mut other_merchant = paid.clone();
+    other_merchant["mchid"] = "1900000002".into();
+    let mut free = paid.clone();
+    free["amount"]["total"] = 0.into();
+    let mut long = paid.clone();
+    long["out_trade_no"] = "N".repeat(200).into();
+    let refund = |change: &dyn Fn(&mut Value)| {
+        let mut plain = paynotify::qa::forge::wechat::refund(
+            &a,
+            "PN-AGREE-1",
+            "4200000000000000000001",
+            "RF-1",
+            100,
+            100,
+        );
+        change(&mut plain);
+        let ciphertext = encrypt(
+            a.apiv3_key.as_bytes(),
+            nonce,
+            "refund",
+            plain.to_string().as_bytes(),
+        )
+        .expect("encrypt");
+        signed(
+            &a,
+            envelope("REFUND.SUCCESS", "refund", &ciphertext, "refund", nonce).into_bytes(),
+        )
+    };
+    let cases = [
+        ("as sent", valid.clone(), None),
+        (
+            "another merchant's transaction",
+            signed(&a, body(&a.apiv3_key, &other_merchant, &same)),
+            None,
+        ),
+        (
+            "an event this service does not act on",
+            signed(
+                &a,
+                body(&a.apiv3_key, &paid, &|v| {
+                    v["event_type"] = "TRANSACTION.CLOSED".into()
+                }),
+            ),
+            None,
+        ),
+        ("a refund", refund(&|_| {}), None),
+        (
+            "not JSON",
+            signed(&a, b"{\"event_type\": ".to_vec()),
+            Some("bad request: envelope: "),
+        ),
+        (
+            "resource_type not encrypt-resource",
+            signed(
+                &a,
+                body(&a.apiv3_key, &paid, &|v| {
+                    v["resource_type"] = "plain".into()
+                }),
+            ),
+            Some("bad request: resource_type is not encrypt-resource"),
+        ),
+        (
+            "another algorithm",
+            signed(
+                &a,
+                body(&a.apiv3_key, &paid, &|v| {
+                    v["resource"]["algorithm"] = "AEAD_AES_128_GCM".into()
+                }),
+            ),
+            Some("bad request: unsupported algorithm AEAD_AES_128_GCM"),
+        ),
+        (
+            "nonce not 12 bytes",
+            signed(
+                &a,
+                body(&a.apiv3_key, &paid, &|v| {
+                    v["resource"]["nonce"] = "short".into()
+                }),
+            ),
+            Some("bad request: resource.nonce is not 12 bytes"),
+        ),
+        (
+            "ciphertext not base64",
+            signed(
+                &a,
+                body(&a.apiv3_key, &paid, &|v| {
+                    v["resource"]["ciphertext"] = "!!".into()
+                }),
+            ),
+            Some("bad request: resource.ciphertext is not base64"),
+        ),
+        (
+            "encrypted with another merchant's key",
+            signed(&a, body(&b.apiv3_key, &paid, &same)),
+            Some(
+                "cannot decrypt: resource does not decrypt with the apiv3_key of merchant 1900000001",
+            ),
+        ),
+        (
+            "other associated data",
+            signed(
+                &a,
+                body(&a.apiv3_key, &paid, &|v| {
+                    v["resource"]["associated_data"] = "refund".into()
+                }),
+            ),
+            Some("cannot decrypt: "),
+        ),
+        (
+            "transaction not JSON",
+            signed(&a, body(&a.apiv3_key, &Value::from("not an object"), &same)),
+            Some("bad request: transaction: "),
+        ),
+        (
+            "amount zero",
+            signed(&a, body(&a.apiv3_key, &free, &same)),
+            Some("bad request: amount.total must be positive"),
+        ),
+        (
+            "out_trade_no too long",
+            signed(&a, body(&a.apiv3_key, &long, &same)),
+            Some("bad request: out_trade_no is 200 characters"),
+        ),
+        (
+            "refund not JSON",
+            refund(&|v| *v = Value::from(1)),
+            Some("bad request: refund: "),
+        ),
+        (
+            "refund of nothing",
+            refund(&|v| v["amount"]["refund"] = 0.into()),
+            Some("bad request: amount.refund and amount.total must be positive"),
+        ),
+        // Two faults: the signature is checked before the body is opened.
+        (
+            "signed by another key, not decryptable",
+            signed(&b, body(&b.apiv3_key, &paid, &same))
+                .with("Wechatpay-Serial", a.serial.as_bytes()),
+            Some("bad signature: signature does not verify"),
+        ),
+        (
+            "stale, not JSON",
+            signed(&a, b"not JSON".to_vec()).at(now + 400),
+            Some("stale: "),
+        ),
+    ];
+    for (name, r, want) in &cases {
+        r.assert_refused_as(&channel, name, *want);
+    }
 }

@@ -1,7 +1,10 @@
-//! Explaining a stored request: every check in order and why one failed.
+//! Explaining a stored request: the walk of `verify.rs` recorded, then decoding, and why a
+//! check failed.
 
-#[allow(unused_imports)]
-use super::*;
+use super::wire::{Form, transcode};
+use super::{Alipay, App};
+use crate::channel::{Channel, Explanation, Inbound, Provider, Rejection, Trail, Verdict};
+use crate::notice::{ChannelId, Notice};
 
 impl Alipay {
     /// Why a `sign` that does not verify over the fields received would have verified.
@@ -80,100 +83,24 @@ impl Provider for Alipay {
 
     fn explain(&self, request: &Inbound<'_>) -> Explanation {
         let mut e = Explanation::default();
-        let form = match Form::parse(request.body) {
-            Ok(form) => {
-                e.push(
-                    "form",
-                    Verdict::Pass,
-                    format!("{} fields, each once", form.0.len()),
-                );
-                form
-            }
-            Err(rejection) => {
-                e.push("form", Verdict::Fail, rejection.to_string());
-                return e;
-            }
-        };
-        let content_type = request
-            .headers
-            .get("content-type")
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-            .unwrap_or_default();
-        let declared = form
-            .get("charset")
-            .map(|c| String::from_utf8_lossy(c).to_ascii_lowercase());
-        let utf8 = form.0.iter().all(|(_, v)| std::str::from_utf8(v).is_ok());
-        e.push(
-            "charset",
-            Verdict::Info,
-            format!(
-                "charset field {}, Content-Type {content_type:?}; the decoded values {} valid UTF-8",
-                declared.as_deref().unwrap_or("absent (utf-8)"),
-                if utf8 { "are" } else { "are not" }
-            ),
-        );
-        let Some(app_id) = form.get("app_id") else {
-            e.push("app_id", Verdict::Fail, "missing parameter app_id");
+        let Ok(verified) = self.walk(request, &mut e) else {
             return e;
         };
-        let app_id = String::from_utf8_lossy(app_id).into_owned();
-        let Some(app) = self.apps.get(&app_id) else {
-            let mut known: Vec<&String> = self.apps.keys().collect();
-            known.sort();
+        if e.first_failure().is_some() {
+            // The walk went on past an unsupported sign_type: admit refuses the request, so
+            // there is no notice to decode.
             e.push(
-                "app_id",
-                Verdict::Fail,
-                format!("{app_id} is not a configured app (configured: {known:?}): add it to alipay.apps"),
+                "decoded fields",
+                Verdict::Skipped,
+                "an earlier check refuses the request",
             );
             return e;
-        };
-        e.push("app_id", Verdict::Pass, format!("{app_id} is configured"));
-        match form.get("sign_type") {
-            None | Some(b"RSA2") => e.push("sign_type", Verdict::Pass, "RSA2"),
-            Some(other) => e.push(
-                "sign_type",
-                Verdict::Fail,
-                format!("unsupported sign_type {}", String::from_utf8_lossy(other)),
-            ),
         }
-        let content = form.sign_content(false);
-        e.push(
-            "string to sign",
-            Verdict::Info,
-            format!(
-                "{} bytes, SHA-256 {}: \"{}\"",
-                content.len(),
-                crate::channel::sha256_hex(&content),
-                crate::channel::shown(&content)
-            ),
-        );
-        let signature = match form.get("sign").filter(|s| !s.is_empty()) {
-            None => {
-                e.push("signature", Verdict::Fail, "missing sign");
-                return e;
-            }
-            Some(sign) => match BASE64.decode(sign) {
-                Ok(signature) => signature,
-                Err(_) => {
-                    e.push("signature", Verdict::Fail, "sign is not base64");
-                    return e;
-                }
-            },
-        };
-        let verified = app.key.verify(&content, &signature)
-            || (form.0.iter().any(|(_, v)| v.is_empty())
-                && app.key.verify(&form.sign_content(true), &signature));
-        if !verified {
-            let why = self.why_unsigned(app, &form, &signature);
-            e.push("signature", Verdict::Fail, why);
-            return e;
-        }
-        e.push(
-            "signature",
-            Verdict::Pass,
-            format!("verifies with the Alipay public key of app {app_id}"),
-        );
-        match crate::channel::admit(self, request) {
+        let app_id = verified.app.app_id.clone();
+        match self
+            .decode(verified)
+            .and_then(|n| n.checked().map_err(Rejection::BadRequest))
+        {
             Ok(notice) => {
                 e.push(
                     "decoded fields",
@@ -201,7 +128,9 @@ impl Provider for Alipay {
                 }
                 e.notice = Some(notice);
             }
-            Err(rejection) => e.push("decoded fields", Verdict::Fail, rejection.to_string()),
+            Err(rejection) => {
+                e.stop("decoded fields", rejection, Rejection::to_string);
+            }
         }
         e
     }

@@ -11,20 +11,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix_web::web;
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
-use chrono::{FixedOffset, NaiveDateTime, TimeZone};
 use utoipa::OpenApi;
 
 use super::api::ProviderApi;
 use super::keys::{self, RsaVerifier};
-use super::{
-    Answer, Channel, Explanation, Inbound, Mounted, Provider, Rejection, Reply, Standing, Verdict,
-};
+#[cfg(feature = "fuzzing")]
+use super::{Channel, Rejection};
+use super::{Mounted, Provider};
 use crate::config::value::{ConfigError, invalid};
 use crate::https::ClientSettings;
-use crate::money::yuan_to_fen;
-use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
+#[cfg(feature = "fuzzing")]
+use crate::notice::Notice;
 use crate::time::Timestamp;
 
 mod api;

@@ -1,7 +1,107 @@
-//! Verifying and decoding a notification: the `Channel` side of Alipay.
+//! Verifying and decoding a notification: the `Channel` side of Alipay, and the walk of
+//! its checks that verification and `explain` share.
 
-#[allow(unused_imports)]
-use super::*;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+
+use super::Alipay;
+use super::wire::{Form, Verified, read_fields};
+use crate::channel::{Answer, Channel, Halt, Inbound, Rejection, Reply, Standing, Trail};
+use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
+
+impl Alipay {
+    /// Every check of a notification, in the order Alipay's rules need them, each reported
+    /// to `trail` (see [`Trail`]): `verify` and `explain` both walk this list. Ends with the
+    /// fields read as text; a trail that goes on past a failure may get them even though a
+    /// check failed.
+    pub(super) fn walk(
+        &self,
+        request: &Inbound<'_>,
+        trail: &mut impl Trail,
+    ) -> Result<Verified, Rejection> {
+        let form = match Form::parse(request.body) {
+            Ok(form) => {
+                trail.pass("form", || format!("{} fields, each once", form.0.len()));
+                form
+            }
+            Err(why) => return Err(trail.stop("form", why, Rejection::to_string)),
+        };
+        trail.info("charset", || {
+            let content_type = request
+                .headers
+                .get("content-type")
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_default();
+            let declared = form
+                .get("charset")
+                .map(|c| String::from_utf8_lossy(c).to_ascii_lowercase());
+            let utf8 = form.0.iter().all(|(_, v)| std::str::from_utf8(v).is_ok());
+            format!(
+                "charset field {}, Content-Type {content_type:?}; the decoded values {} valid UTF-8",
+                declared.as_deref().unwrap_or("absent (utf-8)"),
+                if utf8 { "are" } else { "are not" }
+            )
+        });
+        let Some(app_id) = form.get("app_id") else {
+            let why = Rejection::BadRequest("missing parameter app_id".into());
+            return Err(trail.stop("app_id", why, |_| "missing parameter app_id".to_owned()));
+        };
+        let Some(app) = std::str::from_utf8(app_id)
+            .ok()
+            .and_then(|id| self.apps.get(id))
+        else {
+            let app_id = String::from_utf8_lossy(app_id);
+            let why = Rejection::BadSignature(format!("unknown app_id {app_id}"));
+            return Err(trail.stop("app_id", why, |_| {
+                let mut known: Vec<&String> = self.apps.keys().collect();
+                known.sort();
+                format!("{app_id} is not a configured app (configured: {known:?}): add it to alipay.apps")
+            }));
+        };
+        trail.pass("app_id", || format!("{} is configured", app.app_id));
+        match form.get("sign_type") {
+            None | Some(b"RSA2") => trail.pass("sign_type", || "RSA2".to_owned()),
+            Some(other) => {
+                let other = String::from_utf8_lossy(other);
+                let why = Rejection::BadRequest(format!("unsupported sign_type {other}"));
+                trail.fail("sign_type", why, |_| {
+                    format!("unsupported sign_type {other}")
+                })?;
+            }
+        }
+        trail.info("string to sign", || {
+            let content = form.sign_content(false);
+            format!(
+                "{} bytes, SHA-256 {}: \"{}\"",
+                content.len(),
+                crate::channel::sha256_hex(&content),
+                crate::channel::shown(&content)
+            )
+        });
+        let Some(sign) = form.get("sign").filter(|s| !s.is_empty()) else {
+            let why = Rejection::BadSignature("missing sign".into());
+            return Err(trail.stop("signature", why, |_| "missing sign".to_owned()));
+        };
+        let Ok(signature) = BASE64.decode(sign) else {
+            let why = Rejection::BadSignature("sign is not base64".into());
+            return Err(trail.stop("signature", why, |_| "sign is not base64".to_owned()));
+        };
+        let verified = app.key.verify(&form.sign_content(false), &signature)
+            || (form.0.iter().any(|(_, v)| v.is_empty())
+                && app.key.verify(&form.sign_content(true), &signature));
+        if !verified {
+            let why = Rejection::BadSignature("signature does not verify".into());
+            return Err(trail.stop("signature", why, |_| {
+                self.why_unsigned(app, &form, &signature)
+            }));
+        }
+        trail.pass("signature", || {
+            format!("verifies with the Alipay public key of app {}", app.app_id)
+        });
+        read_fields(app, form)
+            .map_err(|why| trail.stop("decoded fields", why, Rejection::to_string))
+    }
+}
 
 impl Channel for Alipay {
     type Verified = Verified;
@@ -11,43 +111,7 @@ impl Channel for Alipay {
     }
 
     fn verify(&self, request: &Inbound<'_>) -> Result<Verified, Rejection> {
-        let form = Form::parse(request.body)?;
-        let app_id = form
-            .get("app_id")
-            .ok_or_else(|| Rejection::BadRequest("missing parameter app_id".into()))?;
-        let app = std::str::from_utf8(app_id)
-            .ok()
-            .and_then(|id| self.apps.get(id))
-            .ok_or_else(|| {
-                Rejection::BadSignature(format!(
-                    "unknown app_id {}",
-                    String::from_utf8_lossy(app_id)
-                ))
-            })?;
-        match form.get("sign_type") {
-            None | Some(b"RSA2") => {}
-            Some(other) => {
-                return Err(Rejection::BadRequest(format!(
-                    "unsupported sign_type {}",
-                    String::from_utf8_lossy(other)
-                )));
-            }
-        }
-        let sign = form
-            .get("sign")
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| Rejection::BadSignature("missing sign".into()))?;
-        let signature = BASE64
-            .decode(sign)
-            .map_err(|_| Rejection::BadSignature("sign is not base64".into()))?;
-        let verified = app.key.verify(&form.sign_content(false), &signature)
-            || (form.0.iter().any(|(_, v)| v.is_empty())
-                && app.key.verify(&form.sign_content(true), &signature));
-        if !verified {
-            return Err(Rejection::BadSignature("signature does not verify".into()));
-        }
-
-        read_fields(app, form)
+        self.walk(request, &mut Halt)
     }
 
     fn decode(&self, v: Verified) -> Result<Notice, Rejection> {

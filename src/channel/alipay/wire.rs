@@ -1,7 +1,14 @@
 //! The notification on the wire: the form, its charset and the string Alipay signs.
 
-#[allow(unused_imports)]
-use super::*;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use chrono::{FixedOffset, NaiveDateTime, TimeZone};
+
+use super::App;
+use crate::channel::Rejection;
+use crate::money::yuan_to_fen;
+use crate::time::Timestamp;
 
 /// The form fields, decoded once, as bytes in the body's charset, in arrival order.
 pub(super) struct Form(pub(super) Vec<(Vec<u8>, Vec<u8>)>);

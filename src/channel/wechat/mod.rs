@@ -9,23 +9,20 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use actix_web::http::header::HeaderMap;
 use actix_web::web;
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
-use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
-use serde::Deserialize;
+use ring::aead::{AES_256_GCM, LessSafeKey, UnboundKey};
 
 use utoipa::OpenApi;
 
 use super::api::ProviderApi;
 use super::keys::{self, RsaVerifier};
-use super::{
-    Answer, Channel, Explanation, Inbound, Mounted, Provider, Rejection, Reply, Standing, Verdict,
-};
+#[cfg(feature = "fuzzing")]
+use super::{Channel, Rejection};
+use super::{Mounted, Provider};
 use crate::config::value::{ConfigError, invalid};
 use crate::https::ClientSettings;
-use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
+#[cfg(feature = "fuzzing")]
+use crate::notice::Notice;
 use crate::time::Timestamp;
 
 mod api;
@@ -185,7 +182,7 @@ impl WechatPay {
             .keys
             .get(&serial.to_ascii_uppercase())
             .ok_or_else(|| Rejection::BadSignature(format!("unknown Wechatpay-Serial {serial}")))?;
-        open(&platform.merchant, body)
+        self.open(&platform.merchant, serial, body, &mut super::Halt)
             .and_then(|v| self.decode(v))
             .and_then(|n| n.checked().map_err(Rejection::BadRequest))
     }

@@ -1,7 +1,184 @@
-//! Verifying and decoding a notification: the `Channel` side of WeChat Pay.
+//! Verifying and decoding a notification: the `Channel` side of WeChat Pay, and the walk of
+//! its checks that verification and `explain` share.
 
-#[allow(unused_imports)]
-use super::*;
+use actix_web::http::header::HeaderMap;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+
+use super::wire::{
+    Envelope, RefundResource, Transaction, bad_json, parse_time, single_header, transaction_notice,
+};
+use super::{PROBE_PREFIX, SIGNATURE_TYPE, TIMESTAMP_WINDOW_SECS, Verified, WechatPay};
+use crate::channel::{Answer, Channel, Halt, Inbound, Rejection, Reply, Standing, Trail};
+use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
+
+const SIGNATURE_TYPE_CHECK: &str = "header Wechatpay-Signature-Type";
+
+impl WechatPay {
+    /// Every check of a notification, in the order WeChat's rules need them, each reported
+    /// to `trail` (see [`Trail`]): `verify` and `explain` both walk this list. Ends with the
+    /// decrypted resource once it is read; a trail that goes on past a failure may get it
+    /// even though a check failed.
+    pub(super) fn walk(
+        &self,
+        request: &Inbound<'_>,
+        trail: &mut impl Trail,
+    ) -> Result<Verified, Rejection> {
+        let h = request.headers;
+        match single_header(h, "Wechatpay-Signature-Type") {
+            Ok(None) => trail.pass(SIGNATURE_TYPE_CHECK, || {
+                format!("absent (means {SIGNATURE_TYPE})")
+            }),
+            Ok(Some(SIGNATURE_TYPE)) => {
+                trail.pass(SIGNATURE_TYPE_CHECK, || SIGNATURE_TYPE.to_owned());
+            }
+            Ok(Some(other)) => {
+                let why =
+                    Rejection::BadRequest(format!("unsupported Wechatpay-Signature-Type {other}"));
+                trail.fail(SIGNATURE_TYPE_CHECK, why, |_| {
+                    format!("{other} is not supported (only {SIGNATURE_TYPE})")
+                })?;
+            }
+            Err(why) => {
+                trail.fail(SIGNATURE_TYPE_CHECK, why, Rejection::to_string)?;
+            }
+        }
+        let timestamp = signature_header(trail, h, "header Wechatpay-Timestamp")?;
+        let nonce = signature_header(trail, h, "header Wechatpay-Nonce")?;
+        let signature = signature_header(trail, h, "header Wechatpay-Signature")?;
+        let serial = signature_header(trail, h, "header Wechatpay-Serial")?;
+        let (timestamp, nonce, signature, serial) = match (timestamp, nonce, signature, serial) {
+            (Ok(timestamp), Ok(nonce), Ok(signature), Ok(serial)) => {
+                (timestamp, nonce, signature, serial)
+            }
+            (Err(why), ..) | (_, Err(why), ..) | (_, _, Err(why), _) | (.., Err(why)) => {
+                trail.skip("signature", || "a signature header is missing".to_owned());
+                return Err(why);
+            }
+        };
+
+        match timestamp.parse::<i64>() {
+            Ok(seconds) => {
+                let skew = request.now.unix_seconds().saturating_sub(seconds);
+                if skew.abs() <= TIMESTAMP_WINDOW_SECS {
+                    trail.pass("timestamp skew", || format!("{skew} s between Wechatpay-Timestamp and arrival (window ±{TIMESTAMP_WINDOW_SECS} s)"));
+                } else {
+                    let why = Rejection::Stale(format!("timestamp is {skew} s from now"));
+                    trail.fail("timestamp skew", why, |_| format!("{skew} s between Wechatpay-Timestamp and arrival, outside WeChat's ±{TIMESTAMP_WINDOW_SECS} s: a replay, a request held back, or a clock that is off"))?;
+                }
+            }
+            Err(_) => {
+                let why = Rejection::BadRequest("Wechatpay-Timestamp is not unix seconds".into());
+                trail.fail("timestamp skew", why, |_| {
+                    format!("Wechatpay-Timestamp {timestamp:?} is not unix seconds")
+                })?;
+            }
+        }
+
+        let platform = match self.keys.get(&serial.to_ascii_uppercase()) {
+            Some(p) => {
+                trail.pass("serial", || {
+                    format!(
+                        "{serial} is a configured platform key of merchant {}",
+                        p.merchant.mchid
+                    )
+                });
+                Ok(p)
+            }
+            None => {
+                let why = Rejection::BadSignature(format!("unknown Wechatpay-Serial {serial}"));
+                Err(trail.fail("serial", why, |_| {
+                    let mut known: Vec<&String> = self.keys.keys().collect();
+                    known.sort();
+                    format!(
+                        "{serial} is not a configured platform key (configured: {known:?}): WeChat signs with the key it names; add its public key or certificate to wechat.merchants[].platform_keys (a rotation, or a new merchant)"
+                    )
+                })?)
+            }
+        };
+
+        trail.info("string to sign", || {
+            let message = string_to_sign(timestamp, nonce, request.body);
+            format!(
+                "{} bytes, SHA-256 {}: \"{}\"",
+                message.len(),
+                crate::channel::sha256_hex(&message),
+                crate::channel::shown(&message)
+            )
+        });
+
+        if signature.starts_with(PROBE_PREFIX) {
+            let why = Rejection::BadSignature("WECHATPAY/SIGNTEST probe".into());
+            trail.fail("signature", why, |_| "a WECHATPAY/SIGNTEST/ probe: WeChat checks that merchants refuse it; refusing it is correct".to_owned())?;
+        } else {
+            match (&platform, BASE64.decode(signature)) {
+                (_, Err(_)) => {
+                    let why = Rejection::BadSignature("Wechatpay-Signature is not base64".into());
+                    trail.fail("signature", why, |_| {
+                        "Wechatpay-Signature is not base64".to_owned()
+                    })?;
+                }
+                (Err(_), Ok(_)) => {
+                    trail.skip("signature", || "no key for this serial".to_owned());
+                }
+                (Ok(p), Ok(sig)) => {
+                    if p.key
+                        .verify(&string_to_sign(timestamp, nonce, request.body), &sig)
+                    {
+                        trail.pass("signature", || {
+                            "verifies with the platform key of this serial".to_owned()
+                        });
+                    } else {
+                        let why = Rejection::BadSignature("signature does not verify".into());
+                        trail.fail("signature", why, |_| {
+                            self.why_unsigned(serial, timestamp, nonce, request.body, &sig)
+                        })?;
+                    }
+                }
+            }
+        }
+
+        let platform = match platform {
+            Ok(platform) => platform,
+            Err(why) => {
+                trail.skip("decryption", || "no merchant for this serial".to_owned());
+                return Err(why);
+            }
+        };
+        // Verified (for a trail that ends at the first failure): from here on the body is
+        // WeChat's.
+        self.open(&platform.merchant, serial, request.body, trail)
+    }
+}
+
+/// The header `check` names (`header Wechatpay-…`), present once. The inner error is the
+/// refusal a trail that goes on keeps until a check needs the header.
+fn signature_header<'a>(
+    trail: &mut impl Trail,
+    headers: &'a HeaderMap,
+    check: &'static str,
+) -> Result<Result<&'a str, Rejection>, Rejection> {
+    let name = check.trim_start_matches("header ");
+    let why = match single_header(headers, name) {
+        Ok(Some(value)) => {
+            trail.pass(check, || format!("present once: {value}"));
+            return Ok(Ok(value));
+        }
+        // No signature at all is a bad signature (401), like a wrong one.
+        Ok(None) if name == "Wechatpay-Signature" => {
+            Rejection::BadSignature("missing Wechatpay-Signature".into())
+        }
+        Ok(None) => Rejection::BadRequest(format!("missing header {name}")),
+        Err(why) => {
+            return trail.fail(check, why, Rejection::to_string).map(Err);
+        }
+    };
+    trail
+        .fail(check, why, |_| {
+            format!("missing: WeChat always sends {name}; something on the way dropped it, or WeChat did not send this request")
+        })
+        .map(Err)
+}
 
 impl Channel for WechatPay {
     type Verified = Verified;
@@ -11,49 +188,7 @@ impl Channel for WechatPay {
     }
 
     fn verify(&self, request: &Inbound<'_>) -> Result<Verified, Rejection> {
-        let h = request.headers;
-        if let Some(kind) = single_header(h, "Wechatpay-Signature-Type")?
-            && kind != SIGNATURE_TYPE
-        {
-            return Err(Rejection::BadRequest(format!(
-                "unsupported Wechatpay-Signature-Type {kind}"
-            )));
-        }
-        let timestamp = required_header(h, "Wechatpay-Timestamp")?;
-        let nonce = required_header(h, "Wechatpay-Nonce")?;
-        // No signature at all is a bad signature (401), like a wrong one.
-        let signature = single_header(h, "Wechatpay-Signature")?
-            .ok_or_else(|| Rejection::BadSignature("missing Wechatpay-Signature".into()))?;
-        let serial = required_header(h, "Wechatpay-Serial")?;
-
-        let seconds: i64 = timestamp
-            .parse()
-            .map_err(|_| Rejection::BadRequest("Wechatpay-Timestamp is not unix seconds".into()))?;
-        let skew = request.now.unix_seconds().saturating_sub(seconds);
-        if skew.abs() > TIMESTAMP_WINDOW_SECS {
-            return Err(Rejection::Stale(format!("timestamp is {skew} s from now")));
-        }
-        let platform = self
-            .keys
-            .get(&serial.to_ascii_uppercase())
-            .ok_or_else(|| Rejection::BadSignature(format!("unknown Wechatpay-Serial {serial}")))?;
-        if signature.starts_with(PROBE_PREFIX) {
-            return Err(Rejection::BadSignature("WECHATPAY/SIGNTEST probe".into()));
-        }
-        let signature = BASE64
-            .decode(signature)
-            .map_err(|_| Rejection::BadSignature("Wechatpay-Signature is not base64".into()))?;
-        let mut message =
-            Vec::with_capacity(timestamp.len() + nonce.len() + request.body.len() + 3);
-        for part in [timestamp.as_bytes(), nonce.as_bytes(), request.body] {
-            message.extend_from_slice(part);
-            message.push(b'\n');
-        }
-        if !platform.key.verify(&message, &signature) {
-            return Err(Rejection::BadSignature("signature does not verify".into()));
-        }
-        // Verified: from here on the body is WeChat's.
-        open(&platform.merchant, request.body)
+        self.walk(request, &mut Halt)
     }
 
     fn decode(&self, v: Verified) -> Result<Notice, Rejection> {

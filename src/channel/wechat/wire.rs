@@ -1,7 +1,17 @@
 //! The notification on the wire: its headers, its JSON and the decryption of its `resource`.
 
-#[allow(unused_imports)]
-use super::*;
+use std::sync::Arc;
+
+use actix_web::http::header::HeaderMap;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use ring::aead::{Aad, Nonce};
+use serde::Deserialize;
+
+use super::{Merchant, Verified, WechatPay};
+use crate::channel::{Rejection, Trail};
+use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind};
+use crate::time::Timestamp;
 
 /// The one value of a header that must appear exactly once.
 pub(super) fn single_header<'a>(
@@ -21,14 +31,6 @@ pub(super) fn single_header<'a>(
         .to_str()
         .map(Some)
         .map_err(|_| Rejection::BadRequest(format!("header {name} is not visible ASCII")))
-}
-
-pub(super) fn required_header<'a>(
-    headers: &'a HeaderMap,
-    name: &str,
-) -> Result<&'a str, Rejection> {
-    single_header(headers, name)?
-        .ok_or_else(|| Rejection::BadRequest(format!("missing header {name}")))
 }
 
 #[derive(Deserialize)]
@@ -111,44 +113,74 @@ pub(super) fn bad_json(what: &str) -> impl Fn(serde_json::Error) -> Rejection + 
     move |e| Rejection::BadRequest(format!("{what}: {e}"))
 }
 
-/// A signed body opened: the envelope read and `resource` decrypted with `merchant`'s APIv3
-/// key. Only ever called on a body whose signature verified.
-pub(super) fn open(merchant: &Arc<Merchant>, body: &[u8]) -> Result<Verified, Rejection> {
-    let envelope: Envelope = serde_json::from_slice(body).map_err(bad_json("envelope"))?;
-    if envelope
-        .resource_type
-        .as_deref()
-        .is_some_and(|t| t != "encrypt-resource")
-    {
-        return Err(Rejection::BadRequest(
-            "resource_type is not encrypt-resource".into(),
-        ));
-    }
-    let r = envelope.resource;
-    if r.algorithm != "AEAD_AES_256_GCM" {
-        return Err(Rejection::BadRequest(format!(
-            "unsupported algorithm {}",
-            r.algorithm
-        )));
-    }
-    let nonce = Nonce::try_assume_unique_for_key(r.nonce.as_bytes())
-        .map_err(|_| Rejection::BadRequest("resource.nonce is not 12 bytes".into()))?;
-    let mut sealed = BASE64
-        .decode(&r.ciphertext)
-        .map_err(|_| Rejection::BadRequest("resource.ciphertext is not base64".into()))?;
-    let plaintext = merchant
-        .apiv3_key
-        .open_in_place(nonce, Aad::from(r.associated_data.as_bytes()), &mut sealed)
-        .map_err(|_| {
-            Rejection::Undecryptable(format!(
+impl WechatPay {
+    /// The checks of a signed body, the last of [`WechatPay::walk`]: the envelope read and
+    /// `resource` decrypted with `merchant`'s APIv3 key (the key of the platform key `serial`
+    /// names). For a trail that ends at the first failure, only ever reached by a body whose
+    /// signature verified.
+    pub(super) fn open(
+        &self,
+        merchant: &Arc<Merchant>,
+        serial: &str,
+        body: &[u8],
+        trail: &mut impl Trail,
+    ) -> Result<Verified, Rejection> {
+        const CHECK: &str = "decryption";
+        let envelope: Envelope = match serde_json::from_slice(body) {
+            Ok(envelope) => envelope,
+            Err(err) => {
+                let why = Rejection::BadRequest(format!("envelope: {err}"));
+                return Err(trail.stop(CHECK, why, |_| {
+                    format!("the body is not WeChat's notification JSON: {err}")
+                }));
+            }
+        };
+        if envelope
+            .resource_type
+            .as_deref()
+            .is_some_and(|t| t != "encrypt-resource")
+        {
+            let why = Rejection::BadRequest("resource_type is not encrypt-resource".into());
+            return Err(trail.stop(CHECK, why, Rejection::to_string));
+        }
+        let r = envelope.resource;
+        if r.algorithm != "AEAD_AES_256_GCM" {
+            let why = Rejection::BadRequest(format!("unsupported algorithm {}", r.algorithm));
+            return Err(trail.stop(CHECK, why, |_| {
+                format!("unsupported algorithm {}", r.algorithm)
+            }));
+        }
+        let Ok(nonce) = Nonce::try_assume_unique_for_key(r.nonce.as_bytes()) else {
+            let why = Rejection::BadRequest("resource.nonce is not 12 bytes".into());
+            return Err(trail.stop(CHECK, why, Rejection::to_string));
+        };
+        let Ok(mut sealed) = BASE64.decode(&r.ciphertext) else {
+            let why = Rejection::BadRequest("resource.ciphertext is not base64".into());
+            return Err(trail.stop(CHECK, why, Rejection::to_string));
+        };
+        let Ok(plaintext) = merchant.apiv3_key.open_in_place(
+            nonce,
+            Aad::from(r.associated_data.as_bytes()),
+            &mut sealed,
+        ) else {
+            let why = Rejection::Undecryptable(format!(
                 "resource does not decrypt with the apiv3_key of merchant {}",
                 merchant.mchid
-            ))
-        })?
-        .to_vec();
-    Ok(Verified {
-        merchant: Arc::clone(merchant),
-        event_type: envelope.event_type,
-        plaintext,
-    })
+            ));
+            return Err(trail.stop(CHECK, why, |_| self.why_undecryptable(merchant, serial, &r)));
+        };
+        let plaintext = plaintext.to_vec();
+        trail.pass(CHECK, || {
+            format!(
+                "decrypts with the apiv3_key of merchant {} ({} bytes)",
+                merchant.mchid,
+                plaintext.len()
+            )
+        });
+        Ok(Verified {
+            merchant: Arc::clone(merchant),
+            event_type: envelope.event_type,
+            plaintext,
+        })
+    }
 }

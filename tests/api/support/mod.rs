@@ -1,7 +1,8 @@
 //! What the tests stand on, not tests themselves: the service on a test database of its own
 //! (`helpers`), the providers' stand-ins (`provider`), a test channel with its own signature
-//! (`test_channel`) and throw-away keys (`keys`).
+//! (`test_channel`), throw-away keys (`keys`) and the agreement of verify and explain (`agree`).
 
+pub mod agree;
 pub mod helpers;
 pub mod keys;
 pub mod provider;
