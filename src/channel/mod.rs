@@ -131,6 +131,13 @@ pub trait Channel: Send + Sync + 'static {
     /// What a request this channel did not accept shows of where it came from, for its
     /// receipt (`crate::receipts`). Asked only when a receipt is wanted.
     fn standing(&self, request: &Inbound<'_>) -> Standing;
+
+    /// The prefix (lower-case) of the request headers this provider signs with, which a
+    /// receipt keeps beside the few that show what a proxy did; `None` for a provider that
+    /// signs in the body.
+    fn signature_headers(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// Whether a request looks like its provider's: what decides how much of it a receipt

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use super::Settings;
 use super::value::ConfigError;
 
 /// Environment variables with this prefix (then `SECTION__KEY`) override the file.
@@ -76,27 +77,13 @@ const OTHER_PAYNOTIFY_VARS: [&str; 3] = [
     "PAYNOTIFY_WRITE_OPENAPI",
 ];
 
-/// The sections of the configuration, for suggesting the spelling of a mistyped variable.
-const SECTIONS: [&str; 12] = [
-    "server",
-    "database",
-    "redis",
-    "wechat",
-    "alipay",
-    "orders",
-    "relay",
-    "retention",
-    "receipts",
-    "sandbox",
-    "reconcile",
-    "log",
-];
-
 /// One warning per `PAYNOTIFY…` variable in `vars` that configures nothing: not
 /// `PAYNOTIFY__SECTION__KEY` (one underscore, say, as in `PAYNOTIFY_SERVER_LISTEN`) and not
 /// a variable paynotify reads otherwise. Unknown keys under the right spelling
 /// (`PAYNOTIFY__SERVER__LISEN`) already stop start-up with the key named.
 pub fn unused_env_vars(vars: impl IntoIterator<Item = (String, String)>) -> Vec<String> {
+    let defaults = Settings::default();
+    let sections = defaults.sections();
     let mut warnings: Vec<String> = vars
         .into_iter()
         .map(|(name, _)| name)
@@ -112,9 +99,9 @@ pub fn unused_env_vars(vars: impl IntoIterator<Item = (String, String)>) -> Vec<
                 .trim_start_matches(ENV_PREFIX)
                 .trim_start_matches('_')
                 .to_ascii_lowercase();
-            let hint = SECTIONS
+            let hint = sections
                 .iter()
-                .find_map(|section| {
+                .find_map(|(section, _)| {
                     let key = rest
                         .strip_prefix(section)?
                         .strip_prefix('_')?

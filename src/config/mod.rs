@@ -44,6 +44,28 @@ pub struct Settings {
     pub log: LogSettings,
 }
 
+impl Settings {
+    /// Every section with its name, in the order of the fields: what [`Settings::validate`]
+    /// checks and what a mistyped environment variable is matched against. A new section
+    /// (a provider's, say) is its field above and one line here.
+    pub(crate) fn sections(&self) -> [(&'static str, &dyn value::Validate); 12] {
+        [
+            ("server", &self.server),
+            ("database", &self.database),
+            ("redis", &self.redis),
+            ("wechat", &self.wechat),
+            ("alipay", &self.alipay),
+            ("orders", &self.orders),
+            ("relay", &self.relay),
+            ("retention", &self.retention),
+            ("receipts", &self.receipts),
+            ("sandbox", &self.sandbox),
+            ("reconcile", &self.reconcile),
+            ("log", &self.log),
+        ]
+    }
+}
+
 /// How log lines are written to stderr.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -11,21 +11,7 @@ use super::{
 impl Settings {
     /// Every section in the order of its fields, then the one check that reads two sections.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let sections: [&dyn Validate; 12] = [
-            &self.server,
-            &self.database,
-            &self.redis,
-            &self.wechat,
-            &self.alipay,
-            &self.orders,
-            &self.relay,
-            &self.retention,
-            &self.receipts,
-            &self.sandbox,
-            &self.reconcile,
-            &self.log,
-        ];
-        for section in sections {
+        for (_, section) in self.sections() {
             section.validate()?;
         }
         self.relay.validate_stream_redis(&self.redis)

@@ -41,11 +41,12 @@ use store::NewReceipt;
 /// Receipts per insert statement.
 const WRITE_BATCH: usize = 200;
 
-/// The request headers a receipt keeps: the provider's signature headers and the few that
-/// show what a proxy or framework did to the request.
-pub fn kept_header(name: &str) -> bool {
+/// The request headers a receipt keeps: the provider's signature headers (those starting
+/// with `signature_headers`, its [`crate::channel::Channel::signature_headers`]) and the few
+/// that show what a proxy or framework did to the request.
+pub fn kept_header(name: &str, signature_headers: Option<&str>) -> bool {
     let name = name.to_ascii_lowercase();
-    name.starts_with("wechatpay-")
+    signature_headers.is_some_and(|prefix| name.starts_with(prefix))
         || matches!(
             name.as_str(),
             "content-type" | "content-length" | "user-agent"
@@ -53,10 +54,10 @@ pub fn kept_header(name: &str) -> bool {
 }
 
 /// The kept headers as `{"name": ["value", …]}` (names lower-case, values in arrival order).
-pub fn headers_json(headers: &HeaderMap) -> serde_json::Value {
+pub fn headers_json(headers: &HeaderMap, signature_headers: Option<&str>) -> serde_json::Value {
     let mut out = serde_json::Map::new();
     for (name, value) in headers {
-        if !kept_header(name.as_str()) {
+        if !kept_header(name.as_str(), signature_headers) {
             continue;
         }
         let text = storable(&String::from_utf8_lossy(value.as_bytes())).into_owned();
@@ -115,6 +116,8 @@ pub struct Arrival<'a> {
     pub peer: Option<SocketAddr>,
     pub request_id: Option<String>,
     pub headers: &'a HeaderMap,
+    /// The channel's [`crate::channel::Channel::signature_headers`].
+    pub signature_headers: Option<&'static str>,
     pub body: &'a [u8],
     pub status: u16,
     pub outcome: &'static str,
@@ -193,7 +196,7 @@ impl Receipts {
             received_at: arrival.received_at,
             peer: arrival.peer.map(|a| a.to_string()),
             request_id: arrival.request_id.map(|id| storable(&id).into_owned()),
-            headers: headers_payload(arrival.headers),
+            headers: headers_payload(arrival.headers, arrival.signature_headers),
             body_b64: encode_body(body),
             body_bytes: i32::try_from(arrival.body.len()).unwrap_or(i32::MAX),
             status: i16::try_from(arrival.status).unwrap_or(i16::MAX),
@@ -340,6 +343,24 @@ async fn write_one_by_one(batch: &[NewReceipt], store: &Store, metrics: &Metrics
 }
 
 /// A receipt's headers column.
-pub fn headers_payload(headers: &HeaderMap) -> Payload {
-    Payload(headers_json(headers))
+pub fn headers_payload(headers: &HeaderMap, signature_headers: Option<&str>) -> Payload {
+    Payload(headers_json(headers, signature_headers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kept_header;
+
+    #[test]
+    fn a_receipt_keeps_its_own_providers_signature_headers_and_no_others() {
+        assert!(kept_header("Wechatpay-Serial", Some("wechatpay-")));
+        assert!(!kept_header("Wechatpay-Serial", None));
+        assert!(!kept_header("Wechatpay-Serial", Some("stripe-")));
+        for generic in ["Content-Type", "content-length", "User-Agent"] {
+            assert!(kept_header(generic, None), "{generic}");
+        }
+        for private in ["Authorization", "Cookie", "X-Forwarded-For"] {
+            assert!(!kept_header(private, Some("wechatpay-")), "{private}");
+        }
+    }
 }

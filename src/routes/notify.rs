@@ -185,6 +185,7 @@ pub async fn notify<C: Channel>(
                 .get::<tracing_actix_web::RequestId>()
                 .map(ToString::to_string),
             headers: request.headers(),
+            signature_headers: channel.signature_headers(),
             body: bytes,
             status: response.status().as_u16(),
             outcome: verdict.outcome,

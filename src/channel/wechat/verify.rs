@@ -288,6 +288,11 @@ impl Channel for WechatPay {
             shaped: serde_json::from_slice::<Envelope>(request.body).is_ok(),
         }
     }
+
+    /// `Wechatpay-Timestamp`, `-Nonce`, `-Signature`, `-Serial` and `-Signature-Type`.
+    fn signature_headers(&self) -> Option<&'static str> {
+        Some("wechatpay-")
+    }
 }
 
 /// `body` with the whitespace outside JSON strings removed: WeChat's own compact form of a
