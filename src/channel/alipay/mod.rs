@@ -23,6 +23,8 @@ use crate::https::ClientSettings;
 #[cfg(feature = "fuzzing")]
 use crate::notice::Notice;
 use crate::time::Timestamp;
+#[cfg(feature = "fuzzing")]
+use wire::{Form, read_fields};
 
 mod api;
 mod explain;
@@ -33,8 +35,6 @@ mod wire;
 pub use api::{AlipayApi, GATEWAY};
 pub use settings::{AlipayApp, AlipaySettings};
 pub use wire::string_to_sign;
-#[allow(unused_imports)]
-use {api::*, explain::*, verify::*, wire::*};
 
 /// A configured Alipay app.
 pub struct App {
@@ -159,6 +159,7 @@ pub fn mount(
 
 #[cfg(test)]
 mod tests {
+    use super::api::{beijing, signed_response};
     use super::*;
     use crate::channel::api::Failure;
     use chrono::TimeZone;

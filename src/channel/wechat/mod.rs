@@ -33,8 +33,6 @@ mod wire;
 
 pub use api::{API_BASE, WechatApi};
 pub use settings::{PlatformKey, WechatMerchant, WechatSettings};
-#[allow(unused_imports)]
-use {explain::*, verify::*, wire::*};
 
 /// WeChat Pay's freshness rule: more than five minutes either way is refused.
 pub const TIMESTAMP_WINDOW_SECS: i64 = 300;
