@@ -284,7 +284,7 @@ macro_rules! forward {
             $($id: &'a str,)+
             now: Timestamp,
         ) -> ApiFuture<'a, $answer> {
-            Box::pin(settle(self, account, move |a| {
+            Box::pin(with_account(self, account, move |a| {
                 ProviderClient::$call(self, a, $($id,)+ now)
             }))
         }
@@ -307,7 +307,7 @@ impl<C: ProviderClient> ProviderApi for C {
 
 /// Looks the account `id` up and makes `call` with it: the call's answer, or the answer its
 /// miss stands for.
-async fn settle<'a, C, A, F>(client: &'a C, id: &str, call: impl FnOnce(&'a C::Account) -> F) -> A
+async fn with_account<'a, C, A, F>(client: &'a C, id: &str, call: impl FnOnce(&'a C::Account) -> F) -> A
 where
     C: ProviderClient,
     A: From<Miss>,

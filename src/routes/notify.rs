@@ -110,7 +110,7 @@ fn unreadable(e: &actix_web::Error) -> (Refusal, u16, &'static str) {
 }
 
 /// What a notify request came to, for its receipt.
-struct Verdict {
+struct Disposition {
     /// A ledger outcome, a gate or database result, or a refusal (the metrics' labels).
     outcome: &'static str,
     detail: Option<String>,
@@ -119,7 +119,7 @@ struct Verdict {
     verified: bool,
 }
 
-impl Verdict {
+impl Disposition {
     fn refused(why: Refusal, detail: String) -> Self {
         Self {
             outcome: why.label(),
@@ -154,7 +154,7 @@ pub async fn notify<C: Channel>(
         tracing::warn!(channel = %channel.id(), error = %e, "notification rejected: {message}");
         (why, status, message, e.to_string())
     });
-    let (response, verdict) = match &body {
+    let (response, disposition) = match &body {
         Ok(bytes) => handle(&channel, &state, &request, bytes, received_at).await,
         Err((why, status, message, error)) => {
             state.metrics.refused(channel.id(), *why);
@@ -162,12 +162,12 @@ pub async fn notify<C: Channel>(
                 status: *status,
                 message,
             }));
-            (response, Verdict::refused(*why, error.clone()))
+            (response, Disposition::refused(*why, error.clone()))
         }
     };
     if state.receipts.wants(response.status().is_success()) {
         let bytes: &[u8] = body.as_ref().map_or(&[], |b| b.as_ref());
-        let standing = if verdict.verified {
+        let standing = if disposition.verified {
             Standing::VERIFIED
         } else {
             channel.standing(&Inbound {
@@ -188,9 +188,9 @@ pub async fn notify<C: Channel>(
             signature_headers: channel.signature_headers(),
             body: bytes,
             status: response.status().as_u16(),
-            outcome: verdict.outcome,
-            detail: verdict.detail,
-            out_trade_no: verdict.out_trade_no,
+            outcome: disposition.outcome,
+            detail: disposition.detail,
+            out_trade_no: disposition.out_trade_no,
             standing,
         });
     }
@@ -204,7 +204,7 @@ async fn handle<C: Channel>(
     request: &HttpRequest,
     body: &[u8],
     now: Timestamp,
-) -> (HttpResponse, Verdict) {
+) -> (HttpResponse, Disposition) {
     let id = channel.id();
     let answer = |reply: Reply<'_>| respond(channel.render(reply));
     let started = std::time::Instant::now();
@@ -229,15 +229,15 @@ async fn handle<C: Channel>(
                 status: rejection.status(),
                 message: &message,
             });
-            return (response, Verdict::refused(why, message));
+            return (response, Disposition::refused(why, message));
         }
     };
     let (counted, reply) = settle_notice(state, &notice, now, started).await;
-    let mut verdict = Verdict::of_notice(counted.label(), &notice);
+    let mut disposition = Disposition::of_notice(counted.label(), &notice);
     if let Reply::Failure { message, .. } = reply {
-        verdict.detail = Some(message.to_owned());
+        disposition.detail = Some(message.to_owned());
     }
-    (answer(reply), verdict)
+    (answer(reply), disposition)
 }
 
 /// Gate and ledger for a verified notice, run to its end even if the provider hangs up;

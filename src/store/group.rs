@@ -50,7 +50,7 @@ pub(crate) struct Payment {
 
 /// What the group made of one payment.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Answer {
+pub(crate) enum GroupResult {
     /// Applied or a duplicate, committed.
     Decided(Outcome),
     /// Not a common case; nothing was written: the full transaction decides.
@@ -95,7 +95,7 @@ impl From<&GroupStats> for GroupCounts {
 impl Store {
     /// The group applier (`group.rs`), started by the first payment that needs it; `None`
     /// when group apply is off or the store was built outside a runtime.
-    pub(super) fn group(&self) -> Option<&Batcher<Payment, Answer>> {
+    pub(super) fn group(&self) -> Option<&Batcher<Payment, GroupResult>> {
         if self.group_max == 0 {
             return None;
         }
@@ -133,9 +133,9 @@ impl Store {
 
     /// One group: one notice per order goes in (sorted by order, so groups lock orders in
     /// the same order), its twins go alone.
-    async fn pay_together(&self, payments: Vec<Payment>, stats: &GroupStats) -> Vec<Answer> {
+    async fn pay_together(&self, payments: Vec<Payment>, stats: &GroupStats) -> Vec<GroupResult> {
         use std::sync::atomic::Ordering::Relaxed;
-        let mut answers = vec![Answer::Alone; payments.len()];
+        let mut answers = vec![GroupResult::Alone; payments.len()];
         let mut orders = std::collections::HashSet::with_capacity(payments.len());
         let mut chosen: Vec<usize> = (0..payments.len())
             .filter(|&i| orders.insert(payments[i].notice.out_trade_no.as_str()))
@@ -154,7 +154,7 @@ impl Store {
                 let decided = outcomes.iter().flatten().count();
                 stats.decided.fetch_add(decided as u64, Relaxed);
                 for (&i, outcome) in chosen.iter().zip(outcomes) {
-                    answers[i] = outcome.map_or(Answer::Undecided, Answer::Decided);
+                    answers[i] = outcome.map_or(GroupResult::Undecided, GroupResult::Decided);
                 }
             }
             // A deadlock, or a statement that cannot be written (a row of one of the payments):
@@ -173,7 +173,7 @@ impl Store {
             Err(e) => {
                 let why: std::sync::Arc<str> = e.to_string().into();
                 for &i in &chosen {
-                    answers[i] = Answer::Unavailable(why.clone());
+                    answers[i] = GroupResult::Unavailable(why.clone());
                 }
             }
         }

@@ -10,7 +10,7 @@
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::group::{Answer, Payment};
+use super::group::{GroupResult, Payment};
 use super::schema::{orders, pay_callback, refund_callback};
 use super::statements::{
     InsertMessage, InsertPayCallback, InsertRefundCallback, InsertStatusCallback, MESSAGE_KEY,
@@ -36,7 +36,7 @@ impl From<diesel::result::Error> for Abort {
     }
 }
 
-pub(crate) fn settle(result: Result<Outcome, Abort>) -> Result<Outcome, StoreError> {
+pub(crate) fn outcome_of(result: Result<Outcome, Abort>) -> Result<Outcome, StoreError> {
     match result {
         Ok(outcome) | Err(Abort::With(outcome)) => Ok(outcome),
         Err(Abort::Db(e)) => Err(StoreError::Query(e)),
@@ -273,12 +273,12 @@ impl Store {
             // As long as the ordinary path could take: a connection, then one statement.
             let deadline = self.acquire_timeout + self.statement_timeout;
             match group.submit(payment, deadline).await {
-                Ok(Some(Answer::Decided(outcome))) => return Ok(outcome),
-                Ok(Some(Answer::Undecided)) => fast = false,
-                Ok(Some(Answer::Unavailable(why))) => {
+                Ok(Some(GroupResult::Decided(outcome))) => return Ok(outcome),
+                Ok(Some(GroupResult::Undecided)) => fast = false,
+                Ok(Some(GroupResult::Unavailable(why))) => {
                     return Err(StoreError::Unavailable(why.to_string()));
                 }
-                Ok(Some(Answer::Alone) | None) => {}
+                Ok(Some(GroupResult::Alone) | None) => {}
                 // Still queued or running, so it may yet commit: 503 without saying what
                 // happened, and the provider's retry finds what it did.
                 Err(()) => {
@@ -338,7 +338,7 @@ impl Store {
             })
             .await
         });
-        settle(result)
+        outcome_of(result)
     }
 
     async fn apply_refund(
@@ -454,7 +454,7 @@ impl Store {
             })
             .await
         });
-        settle(result)
+        outcome_of(result)
     }
 
     /// Records a notice that changes nothing but must be seen (Alipay `TRADE_CLOSED` without

@@ -166,8 +166,9 @@ pub struct Store {
     /// `database.group_apply_max`; 0: every payment on its own.
     group_max: usize,
     /// The group applier, started by the first payment (see `group.rs`).
-    group:
-        std::sync::Arc<std::sync::OnceLock<crate::batch::Batcher<group::Payment, group::Answer>>>,
+    group: std::sync::Arc<
+        std::sync::OnceLock<crate::batch::Batcher<group::Payment, group::GroupResult>>,
+    >,
 }
 
 /// Opens every pooled connection on `runtime` (the one the store was built on), whichever
