@@ -307,7 +307,11 @@ impl<C: ProviderClient> ProviderApi for C {
 
 /// Looks the account `id` up and makes `call` with it: the call's answer, or the answer its
 /// miss stands for.
-async fn with_account<'a, C, A, F>(client: &'a C, id: &str, call: impl FnOnce(&'a C::Account) -> F) -> A
+async fn with_account<'a, C, A, F>(
+    client: &'a C,
+    id: &str,
+    call: impl FnOnce(&'a C::Account) -> F,
+) -> A
 where
     C: ProviderClient,
     A: From<Miss>,
