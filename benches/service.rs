@@ -87,6 +87,7 @@ async fn main() {
             private_key_file: None,
             merchant_serial: None,
             api_base: None,
+            certificates: None,
             mchid: sandbox.mchid.clone(),
             appid: Some(sandbox.appid.clone()),
             appids: Vec::new(),

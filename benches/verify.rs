@@ -35,6 +35,7 @@ fn wechat(c: &mut Criterion) {
             private_key_file: None,
             merchant_serial: None,
             api_base: None,
+            certificates: None,
             mchid: "1900000001".into(),
             appid: Some("wx0000000000000001".into()),
             appids: Vec::new(),

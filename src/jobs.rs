@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_cron_scheduler::{Job, JobScheduler, JobSchedulerError};
 
+use crate::certificates::Certificates;
 use crate::reconcile::Reconciler;
 use crate::relay::Relay;
 use crate::store::Store;
@@ -93,6 +94,21 @@ fn unless_busy(
     })
 }
 
+/// The certificate refresh job: every downloading merchant's platform certificates fetched
+/// again (each failure is logged and counted where it happens), then the expiry gauges and
+/// warnings brought up to date.
+pub async fn refresh_certificates(certificates: &Arc<Certificates>) {
+    let results = certificates.refresh_all().await;
+    let failed = results.iter().filter(|(_, _, r)| r.is_err()).count();
+    if failed > 0 {
+        tracing::warn!(
+            failed,
+            merchants = results.len(),
+            "certificate refresh: some merchants not refreshed; the next run retries"
+        );
+    }
+}
+
 /// How often the watchdog looks at the relay's last successful tick.
 const WATCHDOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -111,6 +127,14 @@ pub fn schedule(relay_every: Duration) -> String {
 /// How long without a successful relay tick counts as a stall: five intervals, at least 30 s.
 pub fn relay_stall_after(relay_every: Duration) -> Duration {
     (relay_every * 5).max(Duration::from_secs(30))
+}
+
+/// How long the retention job keeps what it purges (`retention.keep_days`,
+/// `receipts.keep_days`).
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    pub keep_days: u32,
+    pub receipts_keep_days: u32,
 }
 
 /// The running jobs: the relay loop on its own tokio interval (any period, to the
@@ -155,11 +179,15 @@ impl Jobs {
         store: Store,
         clock: Arc<dyn Clock>,
         reconciler: Arc<Reconciler>,
+        certificates: Arc<Certificates>,
         relay: Arc<Relay>,
         relay_every: Duration,
-        keep_days: u32,
-        receipts_keep_days: u32,
+        retention: Retention,
     ) -> Result<Self, JobSchedulerError> {
+        let Retention {
+            keep_days,
+            receipts_keep_days,
+        } = retention;
         let scheduler = JobScheduler::new().await?;
         let (r, c, busy) = (
             Arc::clone(&reconciler),
@@ -195,6 +223,24 @@ impl Jobs {
                         }
                     })
                 })?)
+                .await?;
+        }
+        if certificates.downloads() {
+            // Once now (a merchant that never downloaded has only its configured keys), then
+            // every certificates.refresh_secs.
+            let first = Arc::clone(&certificates);
+            tokio::spawn(async move { refresh_certificates(&first).await });
+            let busy = Arc::new(Mutex::new(()));
+            scheduler
+                .add(Job::new_repeated_async(
+                    certificates.refresh_every(),
+                    move |_, _| {
+                        let certificates = Arc::clone(&certificates);
+                        unless_busy(&busy, async move {
+                            refresh_certificates(&certificates).await;
+                        })
+                    },
+                )?)
                 .await?;
         }
         let (s, c, busy) = (store, clock, Arc::new(Mutex::new(())));

@@ -3,6 +3,7 @@
 
 pub(crate) mod batch;
 pub mod body_deadline;
+pub mod certificates;
 pub mod channel;
 pub mod config;
 pub mod gate;

@@ -250,11 +250,25 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
             .map(|t| paynotify::time::Timestamp::new(t.with_timezone(&chrono::Utc)))
             .with_context(|| format!("--at {text:?} is not RFC 3339"))?,
     };
-    let providers: Vec<Arc<dyn Provider>> = paynotify::providers::mount_all(&settings, now)?
-        .into_iter()
-        .map(|m| m.provider)
-        .collect();
+    let mut providers: Vec<Arc<dyn Provider>> = Vec::new();
+    let mut key_sources = Vec::new();
+    for mounted in paynotify::providers::mount_all(&settings, now)? {
+        providers.push(mounted.provider);
+        key_sources.extend(mounted.keys);
+    }
     let store = Store::connect(&settings.database)?;
+    // The certificates the service downloaded verify here too; without the database, only
+    // the configured keys do.
+    let stored = tokio::time::timeout(
+        Duration::from_secs(3),
+        paynotify::certificates::load_stored(&key_sources, &store, now),
+    )
+    .await;
+    if !matches!(stored, Ok(Ok(_))) && !key_sources.is_empty() {
+        eprintln!(
+            "note: downloaded platform certificates not read (database.url not reachable): only the configured keys verify"
+        );
+    }
     let request = match (args.receipt, &args.file) {
         (Some(id), _) => {
             let receipt = match store.receipt(id).await {

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use actix_web::dev::ServiceRequest;
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
 
 use crate::notice::{ChannelId, Outcome};
@@ -49,6 +49,8 @@ impl Counted {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     BadSignature,
+    /// The key named is not known (a rotation not yet downloaded, or not configured).
+    UnknownSerial,
     Stale,
     BadRequest,
     Undecryptable,
@@ -61,6 +63,7 @@ impl Refusal {
     pub fn label(self) -> &'static str {
         match self {
             Self::BadSignature => "bad_signature",
+            Self::UnknownSerial => "unknown_serial",
             Self::Stale => "stale",
             Self::BadRequest => "bad_request",
             Self::Undecryptable => "undecryptable",
@@ -175,6 +178,40 @@ pub struct Metrics {
     pub ledger_group_payments: IntCounter,
     /// Groups that failed as a whole; their payments were applied one by one.
     pub ledger_group_failures: IntCounter,
+    /// Each platform key's expiry (unix seconds) by channel, merchant and serial: `+Inf` for a
+    /// public key, which does not expire. Its serials are those of verified certificates.
+    pub certificate_expiry: GaugeVec,
+    /// Platform-certificate downloads by channel and [`RefreshResult`].
+    pub certificate_refresh: IntCounterVec,
+}
+
+/// What one download of a merchant's platform certificates came to (`result` label), or
+/// one certificate it carried that was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefreshResult {
+    /// The answer verified; its good certificates are in use.
+    Ok,
+    /// No answer (connection refused, timeout, 5xx).
+    Unreachable,
+    /// The answer did not verify, or named a key neither known nor carried.
+    BadSignature,
+    /// A verified answer this client cannot use, or an error answer.
+    Unexpected,
+    /// One certificate of a verified answer failed a check (another APIv3 key, tampered,
+    /// its serial not the one listed, expired, not RSA): not used.
+    RefusedCertificate,
+}
+
+impl RefreshResult {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Unreachable => "unreachable",
+            Self::BadSignature => "bad_signature",
+            Self::Unexpected => "unexpected",
+            Self::RefusedCertificate => "refused_certificate",
+        }
+    }
 }
 
 /// Which provider API call (`call` label).
@@ -316,6 +353,22 @@ impl Metrics {
             "paynotify_relay_last_success_timestamp_seconds",
             "Unix time of the relay's last tick that completed without error",
         );
+        let certificate_expiry = register(
+            &registry,
+            GaugeVec::new(
+                Opts::new(
+                    "paynotify_certificate_expiry_timestamp_seconds",
+                    "When each platform key stops being used (unix seconds; +Inf: a public key)",
+                ),
+                &["channel", "mchid", "serial"],
+            )
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+        );
+        let certificate_refresh = counter(
+            "paynotify_certificate_refresh_total",
+            "Platform-certificate downloads, and certificates refused, by channel and result",
+            &["channel", "result"],
+        );
         let request_seconds = register(
             &registry,
             HistogramVec::new(
@@ -398,6 +451,8 @@ impl Metrics {
             ledger_group_payments,
             ledger_group_failures,
             receipts,
+            certificate_expiry,
+            certificate_refresh,
             provider_calls,
             payments_recovered,
             expiry,
@@ -442,6 +497,13 @@ impl Metrics {
     pub fn provider_call(&self, channel: ChannelId, call: ProviderCall, result: &'static str) {
         self.provider_calls
             .with_label_values(&[channel.as_str(), call.label(), result])
+            .inc();
+    }
+
+    /// Counts one download of platform certificates, or one certificate refused.
+    pub fn certificate_refreshed(&self, channel: ChannelId, result: RefreshResult) {
+        self.certificate_refresh
+            .with_label_values(&[channel.as_str(), result.label()])
             .inc();
     }
 

@@ -9,10 +9,11 @@ use actix_web::dev::{Server, ServerHandle};
 use actix_web::{App, HttpServer, web};
 
 use crate::body_deadline;
+use crate::certificates::Certificates;
 use crate::channel;
 use crate::config::{ConfigError, Settings};
 use crate::gate::Gate;
-use crate::jobs::Jobs;
+use crate::jobs::{Jobs, Retention};
 use crate::metrics::Metrics;
 use crate::providers;
 use crate::receipts::Receipts;
@@ -81,6 +82,7 @@ pub struct Application {
     metrics: Arc<Metrics>,
     sink: Arc<dyn Sink>,
     reconciler: Arc<Reconciler>,
+    certificates: Arc<Certificates>,
 }
 
 impl Application {
@@ -93,10 +95,12 @@ impl Application {
         let mut providers = Vec::new();
         let mut operated: Vec<Arc<dyn channel::Provider>> = Vec::new();
         let mut apis = Vec::new();
+        let mut key_sources = Vec::new();
         for mounted in providers::mount_all(settings, now)? {
             providers.push(mounted.mount);
             operated.push(mounted.provider);
             apis.extend(mounted.api);
+            key_sources.extend(mounted.keys);
         }
         let providers: Arc<[channel::Mount]> = providers.into();
         let store = Store::connect(&settings.database)?;
@@ -132,6 +136,24 @@ impl Application {
         )?);
 
         let metrics = Arc::new(Metrics::new());
+        // Every certificate a previous run (or another instance) downloaded: a restart
+        // needs no network.
+        let certificates = Certificates::new(
+            key_sources,
+            store.clone(),
+            Arc::clone(&metrics),
+            Arc::clone(&options.clock),
+            &settings.certificates,
+        );
+        match certificates.load().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(certificates = n, "stored platform certificates loaded"),
+            Err(e) => return Err(explain(&store, e).await),
+        }
+        let apis = apis
+            .into_iter()
+            .map(|api| certificates.guard(api))
+            .collect();
         let gate = if settings.redis.url.is_empty() {
             None
         } else {
@@ -169,6 +191,7 @@ impl Application {
             sink: Arc::clone(&sink),
             receipts: Receipts::start(&settings.receipts, store.clone(), Arc::clone(&metrics)),
             providers: operated,
+            certificates: Arc::clone(&certificates),
         });
         let limits = routes::Limits {
             max_body: settings.server.max_body_bytes,
@@ -215,6 +238,7 @@ impl Application {
             metrics,
             sink,
             reconciler,
+            certificates,
         })
     }
 
@@ -228,6 +252,11 @@ impl Application {
 
     pub fn metrics(&self) -> Arc<Metrics> {
         Arc::clone(&self.metrics)
+    }
+
+    /// The platform certificates kept fresh (`[certificates]`).
+    pub fn certificates(&self) -> Arc<Certificates> {
+        Arc::clone(&self.certificates)
     }
 
     /// The provider queries and closes the reconcile and expiry jobs run.
@@ -254,10 +283,13 @@ impl Application {
             self.store.clone(),
             clock,
             Arc::clone(&self.reconciler),
+            Arc::clone(&self.certificates),
             relay,
             Duration::from_millis(settings.relay.interval_ms),
-            settings.retention.keep_days,
-            settings.receipts.keep_days,
+            Retention {
+                keep_days: settings.retention.keep_days,
+                receipts_keep_days: settings.receipts.keep_days,
+            },
         )
         .await
         .map_err(StartupError::from)

@@ -26,6 +26,9 @@ pub enum Failure {
     /// An answer that does not verify with the provider's key (or carries no signature):
     /// ignored and counted.
     BadSignature(String),
+    /// A signed answer naming a key this client does not know (WeChat `Wechatpay-Serial`):
+    /// counted as `bad_signature`; the keys are refreshed and the call made again once.
+    UnknownKey(String),
     /// A verified answer that says something this client does not act on.
     Unexpected(String),
 }
@@ -35,14 +38,17 @@ impl Failure {
     pub fn label(&self) -> &'static str {
         match self {
             Self::Unreachable(_) => "unreachable",
-            Self::BadSignature(_) => "bad_signature",
+            Self::BadSignature(_) | Self::UnknownKey(_) => "bad_signature",
             Self::Unexpected(_) => "unexpected",
         }
     }
 
     pub fn detail(&self) -> &str {
         match self {
-            Self::Unreachable(d) | Self::BadSignature(d) | Self::Unexpected(d) => d,
+            Self::Unreachable(d)
+            | Self::BadSignature(d)
+            | Self::UnknownKey(d)
+            | Self::Unexpected(d) => d,
         }
     }
 }
@@ -231,6 +237,11 @@ impl<A: Account> Accounts<A> {
             .iter()
             .find(|a| a.id() == id)
             .ok_or_else(|| Failure::Unexpected(format!("no {} {id}", A::MISSING)))
+    }
+
+    /// Every account, in configuration order.
+    pub fn list(&self) -> &[A] {
+        &self.list
     }
 
     pub fn ids(&self) -> Vec<String> {

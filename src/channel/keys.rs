@@ -80,27 +80,56 @@ pub fn certificate_file(
     path: &Path,
     now: Timestamp,
 ) -> Result<(String, RsaVerifier), ConfigError> {
-    use x509_cert::Certificate;
-    use x509_cert::der::{DecodePem, Encode};
+    read_certificate(key, path, now).map(|c| (c.serial, c.key))
+}
 
+/// A certificate file, read as [`parse_certificate`] reads it; an expired certificate is
+/// refused.
+pub fn read_certificate(
+    key: &str,
+    path: &Path,
+    now: Timestamp,
+) -> Result<ParsedCertificate, ConfigError> {
     let pem = read(key, path)?;
-    let cert = Certificate::from_pem(pem.as_bytes()).map_err(|e| {
-        invalid(
-            key,
-            format!("{}: not a PEM certificate: {e}", path.display()),
-        )
-    })?;
-    let tbs = cert.tbs_certificate();
-    let not_after = tbs.validity().not_after.to_unix_duration().as_secs();
-    if i64::try_from(not_after).unwrap_or(i64::MAX) < now.unix_seconds() {
+    let cert =
+        parse_certificate(&pem).map_err(|e| invalid(key, format!("{}: {e}", path.display())))?;
+    if cert.not_after.unix_seconds() < now.unix_seconds() {
         return Err(invalid(
             key,
             format!(
-                "{}: certificate expired at unix time {not_after}; install the current one",
-                path.display()
+                "{}: certificate expired at unix time {}; install the current one",
+                path.display(),
+                cert.not_after.unix_seconds()
             ),
         ));
     }
+    Ok(cert)
+}
+
+/// What a certificate says that verification needs.
+pub struct ParsedCertificate {
+    /// Upper-case hex, no leading zero byte: as `Wechatpay-Serial` names it.
+    pub serial: String,
+    pub key: RsaVerifier,
+    pub not_before: Timestamp,
+    pub not_after: Timestamp,
+}
+
+/// A PEM certificate with an RSA key. Says why not, in words, for a caller to put in its
+/// error: not PEM, not a certificate, not an RSA key.
+pub fn parse_certificate(pem: &str) -> Result<ParsedCertificate, String> {
+    use x509_cert::Certificate;
+    use x509_cert::der::{DecodePem, Encode};
+
+    let cert =
+        Certificate::from_pem(pem.as_bytes()).map_err(|e| format!("not a PEM certificate: {e}"))?;
+    let tbs = cert.tbs_certificate();
+    let time = |t: &x509_cert::time::Time| {
+        let seconds = i64::try_from(t.to_unix_duration().as_secs()).unwrap_or(i64::MAX / 4);
+        chrono::DateTime::from_timestamp(seconds, 0)
+            .map(Timestamp::new)
+            .ok_or_else(|| format!("validity time {seconds} out of range"))
+    };
     let serial: String = tbs
         .serial_number()
         .as_bytes()
@@ -111,8 +140,21 @@ pub fn certificate_file(
     let spki = tbs
         .subject_public_key_info()
         .to_der()
-        .map_err(|e| invalid(key, format!("{}: bad public key: {e}", path.display())))?;
-    Ok((serial, RsaVerifier::from_spki(key, path, &spki)?))
+        .map_err(|e| format!("bad public key: {e}"))?;
+    let public = rsa::PublicKey::from_public_key_der(&spki)
+        .map_err(|e| format!("not an RSA public key: {e}"))?;
+    let der = public
+        .to_pkcs1_der()
+        .map_err(|e| format!("cannot encode the key: {e}"))?;
+    Ok(ParsedCertificate {
+        serial,
+        key: RsaVerifier(UnparsedPublicKey::new(
+            &RSA_PKCS1_2048_8192_SHA256,
+            der.as_bytes().to_vec(),
+        )),
+        not_before: time(&tbs.validity().not_before)?,
+        not_after: time(&tbs.validity().not_after)?,
+    })
 }
 
 /// An RSA private key that makes RSASSA-PKCS1-v1_5 / SHA-256 signatures: the merchant's

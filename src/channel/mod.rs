@@ -17,6 +17,7 @@ use crate::time::Timestamp;
 pub mod alipay;
 pub mod api;
 pub mod keys;
+pub mod platform;
 pub mod wechat;
 
 /// One notification exactly as it arrived: nothing in it is trusted yet.
@@ -31,9 +32,13 @@ pub struct Inbound<'a> {
 /// Why a notification was refused before it reached the ledger.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {
-    /// Bad or missing signature, unknown key serial or app, a signature probe: 401.
+    /// Bad or missing signature, unknown app, a signature probe: 401.
     #[error("bad signature: {0}")]
     BadSignature(String),
+    /// The key the request names (WeChat `Wechatpay-Serial`) is not among those known, or no
+    /// longer usable: 401, once the channel has asked the provider for its current keys.
+    #[error("unknown serial: {0}")]
+    UnknownSerial(String),
     /// Timestamp outside the provider's window: 401.
     #[error("stale: {0}")]
     Stale(String),
@@ -50,7 +55,7 @@ impl Rejection {
     /// The HTTP status the provider is answered with.
     pub fn status(&self) -> u16 {
         match self {
-            Self::BadSignature(_) | Self::Stale(_) => 401,
+            Self::BadSignature(_) | Self::UnknownSerial(_) | Self::Stale(_) => 401,
             Self::BadRequest(_) => 400,
             Self::Undecryptable(_) => 500,
         }
@@ -60,6 +65,7 @@ impl Rejection {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::BadSignature(_) => "bad_signature",
+            Self::UnknownSerial(_) => "unknown_serial",
             Self::Stale(_) => "stale",
             Self::BadRequest(_) => "bad_request",
             Self::Undecryptable(_) => "undecryptable",
@@ -373,6 +379,8 @@ pub struct Mounted {
     pub provider: std::sync::Arc<dyn Provider>,
     /// The provider's API client, when some merchant/app has API credentials.
     pub api: Option<std::sync::Arc<dyn api::ProviderApi>>,
+    /// The provider's platform keys, when it hands them out itself (WeChat's certificates).
+    pub keys: Option<std::sync::Arc<dyn platform::KeySource>>,
 }
 
 /// The `reason` label a rejection is counted under.
@@ -380,6 +388,7 @@ impl From<&Rejection> for crate::metrics::Refusal {
     fn from(rejection: &Rejection) -> Self {
         match rejection {
             Rejection::BadSignature(_) => Self::BadSignature,
+            Rejection::UnknownSerial(_) => Self::UnknownSerial,
             Rejection::Stale(_) => Self::Stale,
             Rejection::BadRequest(_) => Self::BadRequest,
             Rejection::Undecryptable(_) => Self::Undecryptable,

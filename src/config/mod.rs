@@ -41,6 +41,8 @@ pub struct Settings {
     /// `[reconcile]`: asking the providers about unpaid orders, closing at the provider
     /// before closing here, and the HTTPS client that does it (src/reconcile.rs).
     pub reconcile: ReconcileSettings,
+    /// `[certificates]`: downloaded platform certificates kept fresh (src/certificates).
+    pub certificates: crate::certificates::settings::CertificateSettings,
     pub log: LogSettings,
 }
 
@@ -48,7 +50,7 @@ impl Settings {
     /// Every section with its name, in the order of the fields: what [`Settings::validate`]
     /// checks and what a mistyped environment variable is matched against. A new section
     /// (a provider's, say) is its field above and one line here.
-    pub(crate) fn sections(&self) -> [(&'static str, &dyn value::Validate); 12] {
+    pub(crate) fn sections(&self) -> [(&'static str, &dyn value::Validate); 13] {
         [
             ("server", &self.server),
             ("database", &self.database),
@@ -61,6 +63,7 @@ impl Settings {
             ("receipts", &self.receipts),
             ("sandbox", &self.sandbox),
             ("reconcile", &self.reconcile),
+            ("certificates", &self.certificates),
             ("log", &self.log),
         ]
     }

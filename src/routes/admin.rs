@@ -9,6 +9,7 @@ use serde_json::json;
 use super::AppState;
 use super::notify::settle_notice;
 use super::{ApiError, Authorized, ErrorBody, detach};
+use crate::channel::platform::KnownKey;
 use crate::channel::{Inbound, Reply};
 use crate::metrics::Refusal;
 use crate::outbox::status;
@@ -379,4 +380,51 @@ pub async fn reconcile(
         Some(reconciled) => Ok(HttpResponse::Ok().json(reconciled)),
         None => Err(ApiError::NotFound("no such order".to_owned())),
     }
+}
+
+#[utoipa::path(get, path = "/admin/certificates", tag = "operations",
+    description = "Every platform key the channels verify with: configured (platform_keys) and downloaded (GET /v3/certificates), by merchant and serial.",
+    responses(
+        (status = 200, description = "The keys", body = Vec<KnownKey>),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn certificates(_: Authorized, state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(state.certificates.keys())
+}
+
+#[utoipa::path(post, path = "/admin/certificates/refresh", tag = "operations",
+    description = "Downloads the platform certificates of every merchant set to download them, now, and lists the keys as GET /admin/certificates does.",
+    responses(
+        (status = 200, description = "Every downloading merchant was asked; the keys now", body = Vec<KnownKey>),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 503, description = "A provider could not be asked, or its answer did not verify: the keys known keep working", body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn refresh_certificates(
+    _: Authorized,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    // Run to its end even if the caller hangs up: a download that is stored half way is
+    // harmless, but one request's work should not be cut short by another's.
+    let certificates = std::sync::Arc::clone(&state.certificates);
+    let results = state
+        .runtime
+        .spawn(async move { certificates.refresh_all().await })
+        .await
+        .map_err(|e| ApiError::Database(crate::store::StoreError::Task(e)))?;
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|(channel, account, result)| {
+            result
+                .as_ref()
+                .err()
+                .map(|f| format!("{channel} {account}: {} ({})", f.label(), f.detail()))
+        })
+        .collect();
+    if !failed.is_empty() {
+        return Err(ApiError::Unavailable(format!(
+            "not refreshed: {}",
+            failed.join("; ")
+        )));
+    }
+    Ok(HttpResponse::Ok().json(state.certificates.keys()))
 }

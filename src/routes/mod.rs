@@ -43,6 +43,8 @@ pub struct AppState {
     pub providers: Vec<Arc<dyn crate::channel::Provider>>,
     /// Asks the providers about an order and closes it there (`[reconcile]`).
     pub reconciler: Arc<crate::reconcile::Reconciler>,
+    /// The platform keys the providers hand out, kept fresh (`[certificates]`).
+    pub certificates: Arc<crate::certificates::Certificates>,
 }
 
 /// Extra routes mounted beside the built-in ones (tests mount a double channel this way).
@@ -92,6 +94,11 @@ pub fn configure(
         .route(
             "/admin/orders/{order_no}/reconcile",
             web::post().to(admin::reconcile),
+        )
+        .route("/admin/certificates", web::get().to(admin::certificates))
+        .route(
+            "/admin/certificates/refresh",
+            web::post().to(admin::refresh_certificates),
         )
         .route("/admin/receipts", web::get().to(admin::receipts))
         .route(

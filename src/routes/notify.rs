@@ -6,6 +6,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 
 use super::AppState;
+use crate::certificates::Learned;
 use crate::channel::{Answer, Channel, Inbound, Rejection, Reply, Standing, admit};
 use crate::gate::Decision;
 use crate::metrics::{Counted, Refusal};
@@ -213,7 +214,28 @@ async fn handle<C: Channel>(
         body,
         now,
     };
-    let notice = match admit(channel.as_ref(), &inbound) {
+    let mut admitted = admit(channel.as_ref(), &inbound);
+    if let Err(Rejection::UnknownSerial(_)) = &admitted {
+        // A key rotated, or one not downloaded yet: the merchant's certificates are fetched
+        // (once, however many requests wait for it), then the request is verified again.
+        match state.certificates.unknown_serial(channel.id(), None).await {
+            Learned::Asked => admitted = admit(channel.as_ref(), &inbound),
+            Learned::Nobody => {}
+            Learned::TimedOut => {
+                let message = "platform certificates are being fetched; retry";
+                tracing::warn!(channel = %id, "notification names an unknown serial and its merchant's certificates did not arrive in time; answered 503 so the provider retries");
+                let response = answer(Reply::Failure {
+                    status: 503,
+                    message,
+                });
+                return (
+                    response,
+                    Disposition::refused(Refusal::UnknownSerial, message.to_owned()),
+                );
+            }
+        }
+    }
+    let notice = match admitted {
         Ok(notice) => notice,
         Err(rejection) => {
             if let Rejection::Undecryptable(_) = rejection {

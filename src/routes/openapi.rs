@@ -35,12 +35,14 @@ impl Modify for BearerToken {
         admin::reapply,
         admin::reapply_many,
         admin::reconcile,
+        admin::certificates,
+        admin::refresh_certificates,
         health::healthz,
         health::readyz,
         health::metrics,
         document,
     ),
-    components(schemas(ErrorBody, health::Readiness, admin::Reconciled, crate::reconcile::Said)),
+    components(schemas(ErrorBody, health::Readiness, admin::Reconciled, crate::reconcile::Said, crate::channel::platform::KnownKey, crate::channel::platform::KeyOrigin)),
     modifiers(&BearerToken)
 )]
 pub struct ApiDoc;

@@ -133,8 +133,25 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::store::types::UtcTs;
+
+    /// Platform certificates downloaded from a provider (`crate::certificates`).
+    platform_certificate (channel, mchid, serial) {
+        channel -> Text,
+        mchid -> Text,
+        serial -> Text,
+        certificate -> Text,
+        effective_at -> UtcTs,
+        expire_at -> UtcTs,
+        fetched_at -> UtcTs,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(
     notify_receipt,
+    platform_certificate,
     orders,
     order_account,
     pay_callback,

@@ -47,6 +47,8 @@ async fn every_endpoint_is_documented_and_the_document_is_served() {
         paths,
         [
             "/admin/callbacks",
+            "/admin/certificates",
+            "/admin/certificates/refresh",
             "/admin/messages",
             "/admin/messages/{id}/redrive",
             "/admin/orders/{order_no}/reconcile",

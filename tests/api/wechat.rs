@@ -29,6 +29,7 @@ pub(crate) fn settings() -> WechatSettings {
                 private_key_file: None,
                 merchant_serial: None,
                 api_base: None,
+                certificates: None,
                 mchid: "1900000001".into(),
                 // A mini-program and an official account bound to one mchid.
                 appid: Some("wx0000000000000001".into()),
@@ -51,6 +52,7 @@ pub(crate) fn settings() -> WechatSettings {
                 private_key_file: None,
                 merchant_serial: None,
                 api_base: None,
+                certificates: None,
                 mchid: "1900000002".into(),
                 appid: None,
                 appids: vec!["wx0000000000000002".into()],

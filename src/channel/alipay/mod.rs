@@ -154,6 +154,7 @@ pub fn mount(
         mount,
         provider,
         api,
+        keys: None,
     })
 }
 

@@ -30,6 +30,8 @@ pub struct ApiMerchant {
     pub(super) serial: String,
     pub(super) key: keys::RsaSigner,
     pub(super) base: String,
+    /// `certificates = "download"`: its platform certificates are fetched and kept fresh.
+    pub(super) downloads: bool,
 }
 
 impl Account for ApiMerchant {
@@ -122,15 +124,10 @@ impl WechatApi {
             let base = m.api_base.clone().unwrap_or_else(|| API_BASE.to_owned());
             let base = base.trim_end_matches('/').to_owned();
             crate::https::provider_url(&format!("{prefix}.api_base"), &base)?;
-            let Some(merchant) = channel
-                .keys
-                .values()
-                .find(|p| p.merchant.mchid == m.mchid)
-                .map(|p| Arc::clone(&p.merchant))
-            else {
+            let Some(merchant) = channel.merchant(&m.mchid).map(Arc::clone) else {
                 return Err(invalid(
-                    format!("{prefix}.platform_keys"),
-                    "at least one key is needed",
+                    format!("{prefix}.mchid"),
+                    "not a configured merchant",
                 ));
             };
             merchants.push(ApiMerchant {
@@ -138,6 +135,7 @@ impl WechatApi {
                 serial: serial.clone(),
                 key,
                 base,
+                downloads: m.downloads(),
             });
         }
         Ok(Accounts::new(merchants, reconcile)?.map(|merchants| Self { channel, merchants }))
@@ -184,12 +182,36 @@ impl WechatApi {
     }
 
     /// Checks a 2xx answer's signature, as a notification's: `Wechatpay-*` headers over
-    /// `timestamp\nnonce\nbody\n`, a platform key of the merchant that asked, fresh.
+    /// `timestamp\nnonce\nbody\n`, a usable platform key of the merchant that asked, fresh.
+    /// A key it names that is not known is [`Failure::UnknownKey`].
     pub(super) fn verify(
         &self,
         m: &ApiMerchant,
         r: &Received,
         now: Timestamp,
+    ) -> Result<(), Failure> {
+        let serial = r
+            .header("Wechatpay-Serial")
+            .ok_or_else(|| Failure::BadSignature("answer without Wechatpay-Serial".into()))?;
+        let platform = self
+            .channel
+            .key(serial)
+            .filter(|p| p.merchant.mchid == m.merchant.mchid && p.usable_at(now))
+            .ok_or_else(|| {
+                Failure::UnknownKey(format!(
+                    "Wechatpay-Serial {serial} is not a usable platform key of merchant {}",
+                    m.merchant.mchid
+                ))
+            })?;
+        self.verify_with(r, now, &platform.key)
+    }
+
+    /// Checks a 2xx answer's `Wechatpay-*` headers and its signature with `key`.
+    pub(super) fn verify_with(
+        &self,
+        r: &Received,
+        now: Timestamp,
+        key: &keys::RsaVerifier,
     ) -> Result<(), Failure> {
         let unsigned = |what: &str| Failure::BadSignature(format!("answer without {what}"));
         if let Some(kind) = r.header("Wechatpay-Signature-Type")
@@ -208,9 +230,6 @@ impl WechatApi {
         let signature = r
             .header("Wechatpay-Signature")
             .ok_or_else(|| unsigned("Wechatpay-Signature"))?;
-        let serial = r
-            .header("Wechatpay-Serial")
-            .ok_or_else(|| unsigned("Wechatpay-Serial"))?;
         let seconds: i64 = timestamp
             .parse()
             .map_err(|_| Failure::BadSignature("Wechatpay-Timestamp is not unix seconds".into()))?;
@@ -220,24 +239,11 @@ impl WechatApi {
                 "answer timestamp is {skew} s from now"
             )));
         }
-        let platform = self
-            .channel
-            .keys
-            .get(&serial.to_ascii_uppercase())
-            .filter(|p| p.merchant.mchid == m.merchant.mchid)
-            .ok_or_else(|| {
-                Failure::BadSignature(format!(
-                    "Wechatpay-Serial {serial} is not a platform key of merchant {}",
-                    m.merchant.mchid
-                ))
-            })?;
         let signature = BASE64
             .decode(signature)
             .map_err(|_| Failure::BadSignature("Wechatpay-Signature is not base64".into()))?;
         if signature.is_empty()
-            || !platform
-                .key
-                .verify(&string_to_sign(timestamp, nonce, &r.body), &signature)
+            || !key.verify(&string_to_sign(timestamp, nonce, &r.body), &signature)
         {
             return Err(Failure::BadSignature(
                 "the answer's signature does not verify with the platform key".into(),

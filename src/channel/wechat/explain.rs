@@ -7,10 +7,11 @@ use ring::aead::{Aad, LessSafeKey, Nonce};
 
 use super::verify::{string_to_sign, without_json_whitespace};
 use super::wire::Resource;
-use super::{Merchant, WechatPay};
+use super::{Merchant, PlatformVerifier, WechatPay};
 use crate::channel::keys::RsaVerifier;
 use crate::channel::{Channel, Explanation, Inbound, Provider, Rejection, Trail, Verdict};
 use crate::notice::{ChannelId, Notice};
+use crate::time::Timestamp;
 
 impl WechatPay {
     /// Why a signature that does not verify over the bytes received would have verified:
@@ -26,8 +27,8 @@ impl WechatPay {
         let verifies = |key: &RsaVerifier, body: &[u8]| {
             key.verify(&string_to_sign(timestamp, nonce, body), signature)
         };
-        let key = self.keys.get(&serial.to_ascii_uppercase()).map(|p| &p.key);
-        if let Some(key) = key {
+        let key = self.key(serial);
+        if let Some(key) = key.as_ref().map(|p| &p.key) {
             let compact = without_json_whitespace(body);
             if compact != body && verifies(key, &compact) {
                 return "the body is not the bytes WeChat signed: it was re-serialised \
@@ -54,13 +55,12 @@ impl WechatPay {
                     .to_owned();
             }
         }
-        let mut others: Vec<&String> = self
-            .keys
-            .iter()
+        let others: Vec<String> = self
+            .all_keys()
+            .into_iter()
             .filter(|(s, p)| !s.eq_ignore_ascii_case(serial) && verifies(&p.key, body))
             .map(|(s, _)| s)
             .collect();
-        others.sort();
         if let Some(other) = others.first() {
             return format!(
                 "signed with the platform key {other}, not with {serial} that Wechatpay-Serial \
@@ -74,19 +74,54 @@ impl WechatPay {
     }
 }
 
+impl WechatPay {
+    /// Why the key `serial` names is not used: expired, or not among any merchant's keys,
+    /// with each merchant's known serials and when its certificates were last asked for.
+    pub(super) fn why_unknown(
+        &self,
+        serial: &str,
+        found: Option<&PlatformVerifier>,
+        now: Timestamp,
+    ) -> String {
+        if let Some(p) = found {
+            let at = p
+                .expire_at
+                .map_or_else(String::new, |at| at.as_datetime().to_rfc3339());
+            return format!(
+                "serial {serial} is a platform certificate of merchant {} that expired at {at}: a certificate past its expiry is not used; WeChat signs with its current one, which a refresh downloads (POST /admin/certificates/refresh), or install it in platform_keys",
+                p.merchant.mchid
+            );
+        }
+        let merchants: Vec<String> = self
+            .merchants
+            .iter()
+            .map(|m| {
+                let refreshed = self.last_refresh(&m.mchid).map_or_else(
+                    || "never refreshed here".to_owned(),
+                    |at| format!("last refresh at {}", at.as_datetime().to_rfc3339()),
+                );
+                format!(
+                    "merchant {} (known: {}; {refreshed})",
+                    m.mchid,
+                    self.serials_of(&m.mchid, now).join(", ")
+                )
+            })
+            .collect();
+        format!(
+            "serial {serial} is not among the known certificates of {}: WeChat signs with the key it names; a merchant that downloads its certificates fetches it on the first notification that names it (POST /admin/certificates/refresh does it now), else add its public key or certificate to wechat.merchants[].platform_keys (a rotation, a switch to WeChat Pay public keys, or a new merchant)",
+            merchants.join(", ")
+        )
+    }
+}
+
 impl Provider for WechatPay {
     fn channel(&self) -> ChannelId {
         ChannelId::Wechat
     }
 
     fn accounts(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self
-            .keys
-            .values()
-            .map(|p| p.merchant.mchid.clone())
-            .collect();
+        let mut ids: Vec<String> = self.merchants.iter().map(|m| m.mchid.clone()).collect();
         ids.sort();
-        ids.dedup();
         ids
     }
 
@@ -155,13 +190,12 @@ impl WechatPay {
                 .is_ok()
         };
         let mut others: Vec<&str> = self
-            .keys
-            .values()
-            .filter(|p| p.merchant.mchid != merchant.mchid && opens(&p.merchant.apiv3_key))
-            .map(|p| p.merchant.mchid.as_str())
+            .merchants
+            .iter()
+            .filter(|m| m.mchid != merchant.mchid && opens(&m.apiv3_key))
+            .map(|m| m.mchid.as_str())
             .collect();
         others.sort_unstable();
-        others.dedup();
         match others.first() {
             Some(other) => format!(
                 "the resource does not decrypt with the apiv3_key of merchant {}, but does with merchant {other}'s: the platform key {serial} is configured under the wrong merchant",

@@ -7,7 +7,7 @@
 //! `resource.associated_data` as AAD, ciphertext‖tag in base64.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use actix_web::web;
 use ring::aead::{AES_256_GCM, LessSafeKey, UnboundKey};
@@ -16,6 +16,7 @@ use utoipa::OpenApi;
 
 use super::api::ProviderApi;
 use super::keys::{self, RsaVerifier};
+use super::platform::KeyOrigin;
 #[cfg(feature = "fuzzing")]
 use super::{Channel, Rejection};
 use super::{Mounted, Provider};
@@ -26,13 +27,14 @@ use crate::notice::Notice;
 use crate::time::Timestamp;
 
 mod api;
+mod certificates;
 mod explain;
 pub mod settings;
 mod verify;
 mod wire;
 
 pub use api::{API_BASE, WechatApi};
-pub use settings::{PlatformKey, WechatMerchant, WechatSettings};
+pub use settings::{CertificateMode, PlatformKey, WechatMerchant, WechatSettings};
 
 /// WeChat Pay's freshness rule: more than five minutes either way is refused.
 pub const TIMESTAMP_WINDOW_SECS: i64 = 300;
@@ -59,23 +61,115 @@ impl std::fmt::Debug for Merchant {
 }
 
 /// One platform key and the merchant it belongs to.
-struct PlatformVerifier {
-    key: RsaVerifier,
-    merchant: Arc<Merchant>,
+pub(super) struct PlatformVerifier {
+    pub(super) key: RsaVerifier,
+    pub(super) merchant: Arc<Merchant>,
+    pub(super) origin: KeyOrigin,
+    /// A certificate's validity; `None` for a public key (`PUB_KEY_ID_…`).
+    pub(super) effective_at: Option<Timestamp>,
+    pub(super) expire_at: Option<Timestamp>,
+    pub(super) fetched_at: Option<Timestamp>,
 }
 
-/// The WeChat Pay channel: every configured merchant, keyed by platform-key serial.
+impl PlatformVerifier {
+    /// Whether the key may verify at `now`: a certificate past its expiry is not used.
+    pub(super) fn usable_at(&self, now: Timestamp) -> bool {
+        self.expire_at
+            .is_none_or(|at| at.unix_seconds() > now.unix_seconds())
+    }
+}
+
+/// The WeChat Pay channel: every configured merchant, and the platform keys it verifies
+/// with, by serial: those configured, and those downloaded since start-up or read from
+/// `platform_certificate` (`crate::certificates` adds them while the service runs).
 pub struct WechatPay {
-    keys: HashMap<String, PlatformVerifier>,
+    pub(super) merchants: Vec<Arc<Merchant>>,
+    keys: RwLock<HashMap<String, Arc<PlatformVerifier>>>,
+    /// When each merchant's certificates were last downloaded (`explain` says so).
+    refreshed: RwLock<HashMap<String, Timestamp>>,
 }
 
 impl std::fmt::Debug for WechatPay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut serials: Vec<_> = self.keys.keys().collect();
-        serials.sort();
+        let serials: Vec<String> = self.all_keys().into_iter().map(|(s, _)| s).collect();
         f.debug_struct("WechatPay")
             .field("serials", &serials)
             .finish()
+    }
+}
+
+/// A read of a lock whose writers cannot leave it half written (they only insert whole
+/// entries), so a poisoned one is read as it is.
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl WechatPay {
+    /// The platform key `serial` names (any case), usable or not.
+    pub(super) fn key(&self, serial: &str) -> Option<Arc<PlatformVerifier>> {
+        read(&self.keys).get(&serial.to_ascii_uppercase()).cloned()
+    }
+
+    /// Every platform key by serial, sorted.
+    pub(super) fn all_keys(&self) -> Vec<(String, Arc<PlatformVerifier>)> {
+        let mut all: Vec<(String, Arc<PlatformVerifier>)> = read(&self.keys)
+            .iter()
+            .map(|(s, p)| (s.clone(), Arc::clone(p)))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// The serials of `mchid`'s keys usable at `now`.
+    pub(super) fn serials_of(&self, mchid: &str, now: Timestamp) -> Vec<String> {
+        self.all_keys()
+            .into_iter()
+            .filter(|(_, p)| p.merchant.mchid == mchid && p.usable_at(now))
+            .map(|(s, _)| s)
+            .collect()
+    }
+
+    pub(super) fn merchant(&self, mchid: &str) -> Option<&Arc<Merchant>> {
+        self.merchants.iter().find(|m| m.mchid == mchid)
+    }
+
+    /// Adds (or replaces) a downloaded key; whether its serial was not known before. A
+    /// configured key with the same serial stays: configuration wins.
+    pub(super) fn learn(&self, serial: &str, key: PlatformVerifier) -> bool {
+        let mut keys = write(&self.keys);
+        let serial = serial.to_ascii_uppercase();
+        match keys.get(&serial) {
+            Some(known) if known.origin == KeyOrigin::Configured => false,
+            Some(_) => {
+                keys.insert(serial, Arc::new(key));
+                false
+            }
+            None => {
+                keys.insert(serial, Arc::new(key));
+                true
+            }
+        }
+    }
+
+    /// Records a download of `mchid`'s certificates at `at` (the latest one counts).
+    pub(super) fn mark_refreshed(&self, mchid: &str, at: Timestamp) {
+        let mut refreshed = write(&self.refreshed);
+        let latest = refreshed.entry(mchid.to_owned()).or_insert(at);
+        if at.unix_seconds() > latest.unix_seconds() {
+            *latest = at;
+        }
+    }
+
+    /// When `mchid`'s certificates were last downloaded, by this process or (read from
+    /// `platform_certificate`) another.
+    pub(super) fn last_refresh(&self, mchid: &str) -> Option<Timestamp> {
+        read(&self.refreshed).get(mchid).copied()
     }
 }
 
@@ -95,9 +189,11 @@ impl Verified {
 }
 
 impl WechatPay {
-    /// Loads every merchant's keys once, at start-up. `now` decides certificate expiry.
+    /// Loads every merchant's configured keys once, at start-up. `now` decides certificate
+    /// expiry. A merchant whose certificates are downloaded may have none configured.
     pub fn from_settings(settings: &WechatSettings, now: Timestamp) -> Result<Self, ConfigError> {
         let mut keys = HashMap::new();
+        let mut merchants = Vec::new();
         for (i, m) in settings.merchants.iter().enumerate() {
             let prefix = format!("wechat.merchants[{i}]");
             let apiv3_key = UnboundKey::new(&AES_256_GCM, m.apiv3_key.expose().as_bytes())
@@ -109,20 +205,30 @@ impl WechatPay {
                     "set appid or appids: the apps bound to this mchid",
                 ));
             }
+            if merchants
+                .iter()
+                .any(|known: &Arc<Merchant>| known.mchid == m.mchid)
+            {
+                return Err(invalid(
+                    format!("{prefix}.mchid"),
+                    format!("{} is configured twice", m.mchid),
+                ));
+            }
             let merchant = Arc::new(Merchant {
                 mchid: m.mchid.clone(),
                 appids,
                 apiv3_key: LessSafeKey::new(apiv3_key),
             });
-            if m.platform_keys.is_empty() {
+            merchants.push(Arc::clone(&merchant));
+            if m.platform_keys.is_empty() && !m.downloads() {
                 return Err(invalid(
                     format!("{prefix}.platform_keys"),
-                    "at least one key is needed",
+                    "at least one key is needed (or certificates = \"download\" with API credentials)",
                 ));
             }
             for (j, k) in m.platform_keys.iter().enumerate() {
                 let key_name = format!("{prefix}.platform_keys[{j}]");
-                let (serial, key) = match (&k.public_key_file, &k.certificate_file) {
+                let (serial, entry) = match (&k.public_key_file, &k.certificate_file) {
                     (Some(path), None) => {
                         let serial = k.serial.clone().ok_or_else(|| {
                             invalid(
@@ -130,23 +236,45 @@ impl WechatPay {
                                 "required with public_key_file",
                             )
                         })?;
+                        let key =
+                            keys::public_key_file(&format!("{key_name}.public_key_file"), path)?;
                         (
                             serial,
-                            keys::public_key_file(&format!("{key_name}.public_key_file"), path)?,
+                            PlatformVerifier {
+                                key,
+                                merchant: Arc::clone(&merchant),
+                                origin: KeyOrigin::Configured,
+                                effective_at: None,
+                                expire_at: None,
+                                fetched_at: None,
+                            },
                         )
                     }
                     (None, Some(path)) => {
                         let name = format!("{key_name}.certificate_file");
-                        let (serial, key) = keys::certificate_file(&name, path, now)?;
+                        let cert = keys::read_certificate(&name, path, now)?;
                         if let Some(given) = &k.serial
-                            && !given.eq_ignore_ascii_case(&serial)
+                            && !given.eq_ignore_ascii_case(&cert.serial)
                         {
                             return Err(invalid(
                                 format!("{key_name}.serial"),
-                                format!("{given} differs from the certificate's serial {serial}"),
+                                format!(
+                                    "{given} differs from the certificate's serial {}",
+                                    cert.serial
+                                ),
                             ));
                         }
-                        (serial, key)
+                        (
+                            cert.serial,
+                            PlatformVerifier {
+                                key: cert.key,
+                                merchant: Arc::clone(&merchant),
+                                origin: KeyOrigin::Configured,
+                                effective_at: Some(cert.not_before),
+                                expire_at: Some(cert.not_after),
+                                fetched_at: None,
+                            },
+                        )
                     }
                     _ => {
                         return Err(invalid(
@@ -155,11 +283,10 @@ impl WechatPay {
                         ));
                     }
                 };
-                let entry = PlatformVerifier {
-                    key,
-                    merchant: Arc::clone(&merchant),
-                };
-                if keys.insert(serial.to_ascii_uppercase(), entry).is_some() {
+                if keys
+                    .insert(serial.to_ascii_uppercase(), Arc::new(entry))
+                    .is_some()
+                {
                     return Err(invalid(
                         format!("{key_name}.serial"),
                         format!("{serial} is configured twice"),
@@ -167,7 +294,11 @@ impl WechatPay {
                 }
             }
         }
-        Ok(Self { keys })
+        Ok(Self {
+            merchants,
+            keys: RwLock::new(keys),
+            refreshed: RwLock::new(HashMap::new()),
+        })
     }
 }
 
@@ -176,10 +307,9 @@ impl WechatPay {
     /// Fuzzing only (the `fuzzing` feature, never in the service): [`Channel::admit`]'s
     /// steps after the signature check, for a body as if signed with the key `serial`.
     pub fn admit_signed_body(&self, serial: &str, body: &[u8]) -> Result<Notice, Rejection> {
-        let platform = self
-            .keys
-            .get(&serial.to_ascii_uppercase())
-            .ok_or_else(|| Rejection::BadSignature(format!("unknown Wechatpay-Serial {serial}")))?;
+        let platform = self.key(serial).ok_or_else(|| {
+            Rejection::UnknownSerial(format!("unknown Wechatpay-Serial {serial}"))
+        })?;
         self.open(&platform.merchant, serial, body, &mut super::Halt)
             .and_then(|v| self.decode(v))
             .and_then(|n| n.checked().map_err(Rejection::BadRequest))
@@ -242,8 +372,12 @@ pub fn mount(
 ) -> Result<Mounted, ConfigError> {
     let built = Arc::new(WechatPay::from_settings(settings, now)?);
     let provider: Arc<dyn Provider> = built.clone();
-    let api = WechatApi::from_settings(Arc::clone(&built), settings, reconcile)?
-        .map(|api| Arc::new(api) as Arc<dyn ProviderApi>);
+    let client = WechatApi::from_settings(Arc::clone(&built), settings, reconcile)?.map(Arc::new);
+    let keys = Arc::new(certificates::WechatKeys {
+        channel: Arc::clone(&built),
+        api: client.clone(),
+    });
+    let api = client.map(|api| api as Arc<dyn ProviderApi>);
     let channel = web::Data::from(built);
     let mount: super::Mount = Box::new(move |cfg: &mut web::ServiceConfig| {
         cfg.service(
@@ -261,5 +395,6 @@ pub fn mount(
         mount,
         provider,
         api,
+        keys: Some(keys),
     })
 }

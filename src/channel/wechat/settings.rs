@@ -35,6 +35,19 @@ pub struct WechatMerchant {
     /// WeChat Pay API v3's base URL; `https://api.mch.weixin.qq.com` when absent.
     #[serde(default)]
     pub api_base: Option<String>,
+    /// Whether this merchant's platform certificates are downloaded (`GET /v3/certificates`)
+    /// and kept fresh, or only `platform_keys` are used; download when absent and the
+    /// merchant has API credentials.
+    #[serde(default)]
+    pub certificates: Option<CertificateMode>,
+}
+
+/// `wechat.merchants[].certificates`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CertificateMode {
+    Download,
+    Static,
 }
 
 impl WechatMerchant {
@@ -47,6 +60,14 @@ impl WechatMerchant {
             }
         }
         all
+    }
+
+    /// Whether this merchant's platform certificates are downloaded.
+    pub fn downloads(&self) -> bool {
+        match self.certificates {
+            Some(mode) => mode == CertificateMode::Download,
+            None => self.private_key_file.is_some(),
+        }
     }
 }
 
@@ -68,6 +89,12 @@ impl Validate for WechatSettings {
                 return Err(invalid(
                     format!("wechat.merchants[{i}].apiv3_key"),
                     "must be exactly 32 bytes",
+                ));
+            }
+            if m.certificates == Some(CertificateMode::Download) && m.private_key_file.is_none() {
+                return Err(invalid(
+                    format!("wechat.merchants[{i}].certificates"),
+                    "\"download\" needs the merchant's API credentials (private_key_file, merchant_serial) to sign GET /v3/certificates; set them, or \"static\"",
                 ));
             }
         }

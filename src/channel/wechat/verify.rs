@@ -9,6 +9,7 @@ use super::wire::{
     Envelope, RefundResource, Transaction, bad_json, parse_time, single_header, transaction_notice,
 };
 use super::{PROBE_PREFIX, SIGNATURE_TYPE, TIMESTAMP_WINDOW_SECS, Verified, WechatPay};
+use crate::channel::platform::KeyOrigin;
 use crate::channel::{Answer, Channel, Halt, Inbound, Rejection, Reply, Standing, Trail};
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 
@@ -75,24 +76,31 @@ impl WechatPay {
             }
         }
 
-        let platform = match self.keys.get(&serial.to_ascii_uppercase()) {
-            Some(p) => {
+        let platform = match self.key(serial) {
+            Some(p) if p.usable_at(request.now) => {
                 trail.pass("serial", || {
+                    let origin = match p.origin {
+                        KeyOrigin::Configured => "configured",
+                        KeyOrigin::Downloaded => "downloaded",
+                    };
                     format!(
-                        "{serial} is a configured platform key of merchant {}",
+                        "{serial} is a {origin} platform key of merchant {}",
                         p.merchant.mchid
                     )
                 });
                 Ok(p)
             }
-            None => {
-                let why = Rejection::BadSignature(format!("unknown Wechatpay-Serial {serial}"));
+            found => {
+                let why = Rejection::UnknownSerial(match &found {
+                    Some(p) => format!(
+                        "Wechatpay-Serial {serial} names a certificate that expired at {}",
+                        p.expire_at
+                            .map_or(String::new(), |at| at.as_datetime().to_rfc3339())
+                    ),
+                    None => format!("unknown Wechatpay-Serial {serial}"),
+                });
                 Err(trail.fail("serial", why, |_| {
-                    let mut known: Vec<&String> = self.keys.keys().collect();
-                    known.sort();
-                    format!(
-                        "{serial} is not a configured platform key (configured: {known:?}): WeChat signs with the key it names; add its public key or certificate to wechat.merchants[].platform_keys (a rotation, or a new merchant)"
-                    )
+                    self.why_unknown(serial, found.as_deref(), request.now)
                 })?)
             }
         };
@@ -282,7 +290,7 @@ impl Channel for WechatPay {
         let keyed = single_header(request.headers, "Wechatpay-Serial")
             .ok()
             .flatten()
-            .is_some_and(|serial| self.keys.contains_key(&serial.to_ascii_uppercase()));
+            .is_some_and(|serial| self.key(serial).is_some());
         Standing {
             keyed,
             shaped: serde_json::from_slice::<Envelope>(request.body).is_ok(),

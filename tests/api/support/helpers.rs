@@ -809,6 +809,7 @@ pub fn metric(app: &TestApp, name: &str, labels: &[&str]) -> u64 {
         "paynotify_anomalies_total" => &app.metrics.anomalies,
         "paynotify_gate_total" => &app.metrics.gate,
         "paynotify_receipts_total" => &app.metrics.receipts,
+        "paynotify_certificate_refresh_total" => &app.metrics.certificate_refresh,
         other => panic!("unknown metric {other}"),
     };
     Metrics::count(vec, labels)

@@ -83,3 +83,51 @@ pub fn certificate(name: &str, serial_hex: &str) -> (PrivateKey, PathBuf) {
         .clone();
     (key, cert_path)
 }
+
+/// A platform certificate as WeChat Pay issues one: an RSA key of its own (`rsa_key(name)`),
+/// the serial `serial_hex`, valid between the two dates (year, month, day). Its PEM and key.
+pub fn platform_certificate(
+    name: &str,
+    serial_hex: &str,
+    not_before: (i32, u8, u8),
+    not_after: (i32, u8, u8),
+) -> (String, PrivateKey) {
+    use rsa::pkcs8::EncodePrivateKey;
+    let key = rsa_key(name);
+    let pkcs8 = key.to_pkcs8_pem(LineEnding::LF).expect("pkcs8");
+    let pair = rcgen::KeyPair::from_pem(&pkcs8).expect("an RSA key rcgen signs with");
+    (
+        signed_certificate(&pair, serial_hex, not_before, not_after),
+        key,
+    )
+}
+
+/// A certificate whose key is not RSA (ECDSA P-256), otherwise like [`platform_certificate`].
+pub fn ec_certificate(serial_hex: &str) -> String {
+    let pair = rcgen::KeyPair::generate().expect("EC key");
+    signed_certificate(&pair, serial_hex, (2026, 11, 1), (2031, 11, 1))
+}
+
+fn signed_certificate(
+    pair: &rcgen::KeyPair,
+    serial_hex: &str,
+    (y0, m0, d0): (i32, u8, u8),
+    (y1, m1, d1): (i32, u8, u8),
+) -> String {
+    let serial: Vec<u8> = (0..serial_hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&serial_hex[i..i + 2], 16).expect("hex serial"))
+        .collect();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.serial_number = Some(rcgen::SerialNumber::from_slice(&serial));
+    params.not_before = rcgen::date_time_ymd(y0, m0, d0);
+    params.not_after = rcgen::date_time_ymd(y1, m1, d1);
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::OrganizationName, "Tenpay.com");
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "Tenpay.com Root CA");
+    params.self_signed(pair).expect("certificate").pem()
+}

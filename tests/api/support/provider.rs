@@ -101,8 +101,12 @@ pub struct Fake {
     clock: Mutex<Option<(Arc<ManualClock>, i64)>>,
     mchid: String,
     appid: String,
-    platform_serial: String,
-    platform_key: rsa::PrivateKey,
+    /// The platform key WeChat signs its answers with now, and its serial.
+    platform: Mutex<(String, rsa::PrivateKey)>,
+    /// What `GET /v3/certificates` lists.
+    pub served_certificates: Mutex<Vec<Served>>,
+    /// `GET /v3/certificates` requests that verified.
+    pub certificate_calls: AtomicUsize,
     merchant_key: RsaVerifier,
     app_id: String,
     /// More apps the fake gateway serves (under the same seller, signing with the same key).
@@ -195,6 +199,75 @@ impl Fake {
             Signing::Unsigned => None,
         }
     }
+
+    /// WeChat signs its answers with the platform key `serial` from now on (a rotation).
+    pub fn sign_as(&self, serial: &str, key: rsa::PrivateKey) {
+        *self.platform.lock().expect("platform") = (serial.to_owned(), key);
+    }
+
+    /// `GET /v3/certificates` lists these from now on.
+    pub fn serve_certificates(&self, served: Vec<Served>) {
+        *self.served_certificates.lock().expect("served") = served;
+    }
+}
+
+/// One entry of `GET /v3/certificates`: a certificate PEM, encrypted with `apiv3_key` as
+/// WeChat encrypts it, listed under `serial_no`.
+#[derive(Debug, Clone)]
+pub struct Served {
+    pub serial_no: String,
+    pub pem: String,
+    /// The merchant's APIv3 key (32 bytes), or another (a list not meant for this merchant).
+    pub apiv3_key: String,
+    /// One byte of the ciphertext flipped on the way.
+    pub tampered: bool,
+    pub effective_time: String,
+    pub expire_time: String,
+}
+
+impl Served {
+    pub fn new(serial_no: &str, pem: &str, apiv3_key: &str) -> Self {
+        Self {
+            serial_no: serial_no.to_owned(),
+            pem: pem.to_owned(),
+            apiv3_key: apiv3_key.to_owned(),
+            tampered: false,
+            effective_time: "2026-11-01T00:00:00+08:00".to_owned(),
+            expire_time: "2031-11-01T00:00:00+08:00".to_owned(),
+        }
+    }
+
+    /// `encrypt_certificate` as WeChat makes it: AEAD_AES_256_GCM, a 12-character nonce,
+    /// associated data `certificate`, base64 of ciphertext‖tag.
+    fn entry(&self, n: usize) -> Value {
+        use base64::Engine;
+        use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
+        let nonce = format!("{n:012}");
+        let key = LessSafeKey::new(
+            UnboundKey::new(&AES_256_GCM, self.apiv3_key.as_bytes()).expect("32-byte key"),
+        );
+        let mut sealed = self.pem.as_bytes().to_vec();
+        key.seal_in_place_append_tag(
+            Nonce::try_assume_unique_for_key(nonce.as_bytes()).expect("nonce"),
+            Aad::from(b"certificate"),
+            &mut sealed,
+        )
+        .expect("seal");
+        if self.tampered {
+            sealed[0] ^= 1;
+        }
+        json!({
+            "serial_no": self.serial_no,
+            "effective_time": self.effective_time,
+            "expire_time": self.expire_time,
+            "encrypt_certificate": {
+                "algorithm": "AEAD_AES_256_GCM",
+                "nonce": nonce,
+                "associated_data": "certificate",
+                "ciphertext": base64::engine::general_purpose::STANDARD.encode(sealed),
+            }
+        })
+    }
 }
 
 pub struct FakeProvider {
@@ -232,8 +305,9 @@ impl FakeProvider {
             clock: Mutex::new(None),
             mchid: mchid.to_owned(),
             appid: appid.to_owned(),
-            platform_serial: platform_serial.to_owned(),
-            platform_key: platform,
+            platform: Mutex::new((platform_serial.to_owned(), platform)),
+            served_certificates: Mutex::new(Vec::new()),
+            certificate_calls: AtomicUsize::new(0),
             merchant_key: verifier(MERCHANT_KEY),
             app_id: app_id.to_owned(),
             more_apps: Mutex::new(Vec::new()),
@@ -325,7 +399,8 @@ fn wechat_request_verifies(req: &HttpRequest, body: &[u8], fake: &Fake) -> Optio
 fn wechat_signed(fake: &Fake, status: u16, timestamp: &str, body: String) -> HttpResponse {
     let mut response =
         HttpResponse::build(actix_web::http::StatusCode::from_u16(status).expect("status"));
-    if let Some(key) = fake.key(&fake.platform_key) {
+    let (serial, platform) = fake.platform.lock().expect("platform").clone();
+    if let Some(key) = fake.key(&platform) {
         // WeChat stamps an answer with its own time, not the request's.
         let timestamp = fake.now().unwrap_or_else(|| timestamp.to_owned());
         let timestamp = timestamp.as_str();
@@ -334,7 +409,7 @@ fn wechat_signed(fake: &Fake, status: u16, timestamp: &str, body: String) -> Htt
         response
             .insert_header(("Wechatpay-Timestamp", timestamp.to_owned()))
             .insert_header(("Wechatpay-Nonce", nonce))
-            .insert_header(("Wechatpay-Serial", fake.platform_serial.clone()))
+            .insert_header(("Wechatpay-Serial", serial))
             .insert_header(("Wechatpay-Signature-Type", "WECHATPAY2-SHA256-RSA2048"))
             .insert_header((
                 "Wechatpay-Signature",
@@ -360,6 +435,12 @@ fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
     };
     fake.verified.fetch_add(1, Ordering::SeqCst);
     let path = req.path();
+    if path == "/v3/certificates" {
+        fake.certificate_calls.fetch_add(1, Ordering::SeqCst);
+        let served = fake.served_certificates.lock().expect("served").clone();
+        let data: Vec<Value> = served.iter().enumerate().map(|(n, c)| c.entry(n)).collect();
+        return wechat_signed(fake, 200, &timestamp, json!({ "data": data }).to_string());
+    }
     if let Some(out_refund_no) = path.strip_prefix("/v3/refund/domestic/refunds/") {
         let Some(r) = fake.refunded(out_refund_no) else {
             return wechat_error(404, "RESOURCE_NOT_EXISTS", "退款单不存在");

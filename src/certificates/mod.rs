@@ -1,0 +1,406 @@
+//! Platform certificates that renew themselves. A provider that hands out its keys
+//! ([`KeySource`]: WeChat Pay's `GET /v3/certificates`) has them fetched for every merchant set
+//! to download them: at start-up from `platform_certificate` (no network), every
+//! `certificates.refresh_secs`, on `POST /admin/certificates/refresh`, and when a notification
+//! or an API answer names a serial no key is known for. That last one is shared: however many
+//! requests name the unknown serial at once, one download per merchant is made, at most once
+//! per `certificates.on_unknown_serial_secs`, and a request waits for it at most
+//! [`UNKNOWN_SERIAL_WAIT`] (then the provider is answered 503 and retries).
+//!
+//! Every instance stores what it downloads, and reads the table before it downloads, so a
+//! certificate one instance fetched is used by all.
+
+pub mod settings;
+pub mod store;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::channel::api::{
+    ApiFuture, CloseAnswer, Failure, ProviderApi, RefundAnswer, TradeAnswer,
+};
+use crate::channel::platform::{KeySource, KnownKey};
+use crate::metrics::{Metrics, RefreshResult};
+use crate::notice::ChannelId;
+use crate::store::{Store, StoreError};
+use crate::time::{Clock, Timestamp};
+use settings::CertificateSettings;
+
+/// How long a notification naming an unknown serial waits for its merchant's certificates
+/// to be fetched before it is answered 503 (WeChat retries; its own timeout is 5 s).
+pub const UNKNOWN_SERIAL_WAIT: Duration = Duration::from_secs(2);
+
+/// A merchant whose last valid certificate expires within this is warned about (and the
+/// expiry gauge lets an alert fire).
+pub const EXPIRY_WARNING_SECS: i64 = 7 * 86_400;
+
+/// What asking for the keys of an unknown serial came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Learned {
+    /// The merchants' certificates were fetched now, or moments ago: verify again with what
+    /// is known now.
+    Asked,
+    /// No merchant of that channel downloads its certificates: there is no one to ask.
+    Nobody,
+    /// Not done within [`UNKNOWN_SERIAL_WAIT`]: answer 503, so the provider retries.
+    TimedOut,
+}
+
+/// Every certificate stored in `platform_certificate` not expired at `now`, installed in its
+/// provider (the service at start-up, `paynotify explain`); how many were new.
+pub async fn load_stored(
+    sources: &[Arc<dyn KeySource>],
+    store: &Store,
+    now: Timestamp,
+) -> Result<usize, StoreError> {
+    let mut loaded = 0;
+    for source in sources {
+        let stored = store.certificates(source.channel(), now).await?;
+        loaded += source.install(&stored, now);
+    }
+    Ok(loaded)
+}
+
+/// One merchant's downloads: when the last one an unknown serial called for began. Held while
+/// a download runs, so requests that name an unknown serial meanwhile wait for it instead of
+/// starting their own.
+type Flight = Arc<tokio::sync::Mutex<Option<Instant>>>;
+
+/// Every provider's downloadable keys, and the store they are kept in.
+pub struct Certificates {
+    sources: Vec<Arc<dyn KeySource>>,
+    store: Store,
+    metrics: Arc<Metrics>,
+    clock: Arc<dyn Clock>,
+    refresh_every: Duration,
+    on_unknown: Duration,
+    flights: HashMap<(ChannelId, String), Flight>,
+}
+
+impl std::fmt::Debug for Certificates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Certificates")
+            .field("downloading", &self.flights.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Certificates {
+    pub fn new(
+        sources: Vec<Arc<dyn KeySource>>,
+        store: Store,
+        metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
+        settings: &CertificateSettings,
+    ) -> Arc<Self> {
+        let flights = sources
+            .iter()
+            .flat_map(|s| {
+                s.downloading()
+                    .into_iter()
+                    .map(|account| ((s.channel(), account), Flight::default()))
+            })
+            .collect();
+        Arc::new(Self {
+            sources,
+            store,
+            metrics,
+            clock,
+            refresh_every: Duration::from_secs(settings.refresh_secs),
+            on_unknown: Duration::from_secs(settings.on_unknown_serial_secs),
+            flights,
+        })
+    }
+
+    /// Whether any merchant downloads its certificates (else there is no refresh job).
+    pub fn downloads(&self) -> bool {
+        !self.flights.is_empty()
+    }
+
+    pub fn refresh_every(&self) -> Duration {
+        self.refresh_every
+    }
+
+    /// Start-up: every stored certificate not expired, so a restart needs no network.
+    pub async fn load(&self) -> Result<usize, StoreError> {
+        let now = self.clock.now();
+        let loaded = load_stored(&self.sources, &self.store, now).await?;
+        self.observe(now);
+        Ok(loaded)
+    }
+
+    /// Every key each provider verifies with, configured and downloaded.
+    pub fn keys(&self) -> Vec<KnownKey> {
+        self.sources.iter().flat_map(|s| s.keys()).collect()
+    }
+
+    /// Fetches every downloading merchant's certificates now (the refresh job, and
+    /// `POST /admin/certificates/refresh`), one merchant after another; each merchant's result.
+    pub async fn refresh_all(self: &Arc<Self>) -> Vec<(ChannelId, String, Result<usize, Failure>)> {
+        let mut results = Vec::new();
+        for source in &self.sources {
+            for account in source.downloading() {
+                let result = Arc::clone(self)
+                    .refresh_one(Arc::clone(source), account.clone(), true)
+                    .await
+                    .map(Option::unwrap_or_default);
+                results.push((source.channel(), account, result));
+            }
+        }
+        // Also when every download failed: the warning of a certificate about to expire
+        // must go on while nothing can be fetched.
+        self.observe(self.clock.now());
+        results
+    }
+
+    /// A notification or an answer named a serial no key is known for: fetch the
+    /// certificates of `account` (or, for a notification, whose serial is what names the
+    /// merchant, of every downloading merchant of `channel`), unless that was done within
+    /// `certificates.on_unknown_serial_secs`, and wait at most [`UNKNOWN_SERIAL_WAIT`]. The
+    /// downloads run to their end even when the wait does not.
+    pub async fn unknown_serial(
+        self: &Arc<Self>,
+        channel: ChannelId,
+        account: Option<&str>,
+    ) -> Learned {
+        let mut downloads = Vec::new();
+        for source in self.sources.iter().filter(|s| s.channel() == channel) {
+            for named in source.downloading() {
+                if account.is_none_or(|a| a == named) {
+                    let this = Arc::clone(self);
+                    let source = Arc::clone(source);
+                    downloads.push(tokio::spawn(async move {
+                        this.refresh_one(source, named, false).await
+                    }));
+                }
+            }
+        }
+        if downloads.is_empty() {
+            return Learned::Nobody;
+        }
+        let all = async {
+            for download in downloads {
+                let _ = download.await;
+            }
+        };
+        match tokio::time::timeout(UNKNOWN_SERIAL_WAIT, all).await {
+            Ok(()) => Learned::Asked,
+            Err(_) => Learned::TimedOut,
+        }
+    }
+
+    /// Fetches `account`'s certificates in its flight: unless `force`, not again within
+    /// `on_unknown_serial_secs` of the last unforced one (`Ok(None)`: asked moments ago). The
+    /// number of certificates not known before.
+    async fn refresh_one(
+        self: Arc<Self>,
+        source: Arc<dyn KeySource>,
+        account: String,
+        force: bool,
+    ) -> Result<Option<usize>, Failure> {
+        let Some(flight) = self.flights.get(&(source.channel(), account.clone())) else {
+            return Err(Failure::Unexpected(format!(
+                "merchant {account} does not download its certificates"
+            )));
+        };
+        let mut last = flight.lock().await;
+        if !force {
+            if last.is_some_and(|at| at.elapsed() < self.on_unknown) {
+                return Ok(None);
+            }
+            // Only these count against on_unknown_serial_secs: a refresh an operator or the
+            // job made just before a rotation must not hold back the one it calls for.
+            *last = Some(Instant::now());
+        }
+        self.fetch(source.as_ref(), &account).await.map(Some)
+    }
+
+    /// What another instance stored first, then a download; what it brought is stored and
+    /// used, each refusal logged and counted.
+    async fn fetch(&self, source: &dyn KeySource, account: &str) -> Result<usize, Failure> {
+        let channel = source.channel();
+        let now = self.clock.now();
+        let mut added = match self.store.certificates(channel, now).await {
+            Ok(stored) => {
+                let mine: Vec<_> = stored
+                    .into_iter()
+                    .filter(|c| c.account == account)
+                    .collect();
+                source.install(&mine, now)
+            }
+            Err(e) => {
+                tracing::warn!(%channel, mchid = account, error = %e, "stored platform certificates not read; downloading them");
+                0
+            }
+        };
+        let download = match source.download(account, now).await {
+            Ok(download) => download,
+            Err(failure) => {
+                let result = match failure {
+                    Failure::Unreachable(_) => RefreshResult::Unreachable,
+                    Failure::BadSignature(_) | Failure::UnknownKey(_) => {
+                        RefreshResult::BadSignature
+                    }
+                    Failure::Unexpected(_) => RefreshResult::Unexpected,
+                };
+                self.metrics.certificate_refreshed(channel, result);
+                tracing::warn!(%channel, mchid = account, result = result.label(), detail = failure.detail(), "platform certificates not refreshed; the keys known keep working");
+                return Err(failure);
+            }
+        };
+        for why in &download.refused {
+            self.metrics
+                .certificate_refreshed(channel, RefreshResult::RefusedCertificate);
+            tracing::warn!(%channel, mchid = account, %why, "platform certificate refused: not used");
+        }
+        if download.first_use {
+            tracing::warn!(%channel, mchid = account, "first use: no platform key of this merchant was known, so the certificate list was verified with a certificate it carries (decrypted with the merchant's APIv3 key), as the official SDKs do");
+        }
+        if let Err(e) = self.store.save_certificates(&download.certificates).await {
+            tracing::warn!(%channel, mchid = account, error = %e, "downloaded platform certificates not stored: this instance uses them; the next refresh stores them");
+        }
+        added += source.install(&download.certificates, now);
+        source.refreshed(account, now);
+        self.metrics
+            .certificate_refreshed(channel, RefreshResult::Ok);
+        tracing::info!(%channel, mchid = account, certificates = download.certificates.len(), new = added, "platform certificates refreshed");
+        self.observe(now);
+        Ok(added)
+    }
+
+    /// The expiry gauges of every key, and a warning for each merchant whose last valid
+    /// certificate expires within [`EXPIRY_WARNING_SECS`] (a merchant with a public key,
+    /// which does not expire, is never warned about).
+    pub fn observe(&self, now: Timestamp) {
+        let mut latest: HashMap<(ChannelId, String), Option<i64>> = HashMap::new();
+        for key in self.keys() {
+            let expiry = key.expire_at.map(|at| at.unix_seconds());
+            self.metrics
+                .certificate_expiry
+                .with_label_values(&[key.channel.as_str(), &key.mchid, &key.serial])
+                .set(expiry.map_or(f64::INFINITY, |at| at as f64));
+            let entry = latest
+                .entry((key.channel, key.mchid))
+                .or_insert(Some(i64::MIN));
+            *entry = match (*entry, expiry) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                _ => None,
+            };
+        }
+        for ((channel, mchid), last) in latest {
+            if let Some(last) = last
+                && last - now.unix_seconds() < EXPIRY_WARNING_SECS
+            {
+                tracing::warn!(%channel, mchid, expires_at = last, "the last valid platform certificate of this merchant expires within 7 days (or has expired): refresh (POST /admin/certificates/refresh), install the new one, or switch to a WeChat Pay public key; see docs/operations.md");
+            }
+        }
+    }
+
+    /// `api` with its answers that name an unknown key asked again once, after a refresh
+    /// of the merchant's certificates.
+    pub fn guard(self: &Arc<Self>, api: Arc<dyn ProviderApi>) -> Arc<dyn ProviderApi> {
+        Arc::new(Relearning {
+            inner: api,
+            certificates: Arc::clone(self),
+        })
+    }
+}
+
+/// A provider client whose answers naming an unknown key (a rotated certificate) make the
+/// merchant's certificates be fetched, then the call be made once more.
+struct Relearning {
+    inner: Arc<dyn ProviderApi>,
+    certificates: Arc<Certificates>,
+}
+
+/// An answer that may name a key not known.
+trait Answer {
+    fn names_unknown_key(&self) -> bool;
+}
+
+impl Answer for TradeAnswer {
+    fn names_unknown_key(&self) -> bool {
+        matches!(self, Self::Failed(Failure::UnknownKey(_)))
+    }
+}
+
+impl Answer for CloseAnswer {
+    fn names_unknown_key(&self) -> bool {
+        matches!(self, Self::Failed(Failure::UnknownKey(_)))
+    }
+}
+
+impl Answer for RefundAnswer {
+    fn names_unknown_key(&self) -> bool {
+        matches!(self, Self::Failed(Failure::UnknownKey(_)))
+    }
+}
+
+impl Relearning {
+    /// `call`, and once more after a refresh when its answer names an unknown key.
+    async fn asked<'a, A: Answer>(
+        &'a self,
+        account: &'a str,
+        now: Timestamp,
+        call: impl Fn(Timestamp) -> ApiFuture<'a, A>,
+    ) -> A {
+        let answer = call(now).await;
+        if !answer.names_unknown_key() {
+            return answer;
+        }
+        match self
+            .certificates
+            .unknown_serial(self.inner.channel(), Some(account))
+            .await
+        {
+            Learned::Asked => call(self.certificates.clock.now()).await,
+            Learned::Nobody | Learned::TimedOut => answer,
+        }
+    }
+}
+
+impl ProviderApi for Relearning {
+    fn channel(&self) -> ChannelId {
+        self.inner.channel()
+    }
+
+    fn accounts(&self) -> Vec<String> {
+        self.inner.accounts()
+    }
+
+    fn query<'a>(
+        &'a self,
+        account: &'a str,
+        out_trade_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, TradeAnswer> {
+        Box::pin(self.asked(account, now, move |now| {
+            self.inner.query(account, out_trade_no, now)
+        }))
+    }
+
+    fn close<'a>(
+        &'a self,
+        account: &'a str,
+        out_trade_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, CloseAnswer> {
+        Box::pin(self.asked(account, now, move |now| {
+            self.inner.close(account, out_trade_no, now)
+        }))
+    }
+
+    fn refund_query<'a>(
+        &'a self,
+        account: &'a str,
+        out_trade_no: &'a str,
+        out_refund_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, RefundAnswer> {
+        Box::pin(self.asked(account, now, move |now| {
+            self.inner
+                .refund_query(account, out_trade_no, out_refund_no, now)
+        }))
+    }
+}
