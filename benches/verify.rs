@@ -80,6 +80,7 @@ fn wechat(c: &mut Criterion) {
                 headers: &headers,
                 body: &delivery.body,
                 now,
+                route: Some(paynotify::channel::wechat::PAY_ROUTE),
             };
             let verified = channel.verify(black_box(&inbound)).expect("verifies");
             black_box(channel.decode(verified).expect("decodes"))
@@ -160,6 +161,7 @@ fn alipay(c: &mut Criterion) {
                 headers: &headers,
                 body: &delivery.body,
                 now,
+                route: None,
             };
             let verified = channel.verify(black_box(&inbound)).expect("verifies");
             black_box(channel.decode(verified).expect("decodes"))
