@@ -81,6 +81,7 @@ fn wechat(c: &mut Criterion) {
                 headers: &headers,
                 body: &delivery.body,
                 now,
+                route: Some(paynotify::channel::wechat::PAY_ROUTE),
             };
             let verified = channel.verify(black_box(&inbound)).expect("verifies");
             black_box(channel.decode(verified).expect("decodes"))
@@ -161,6 +162,7 @@ fn alipay(c: &mut Criterion) {
                 headers: &headers,
                 body: &delivery.body,
                 now,
+                route: None,
             };
             let verified = channel.verify(black_box(&inbound)).expect("verifies");
             black_box(channel.decode(verified).expect("decodes"))

@@ -53,6 +53,8 @@ pub enum Refusal {
     UnknownSerial,
     Stale,
     BadRequest,
+    /// A signed notification of a kind another of the provider's notify routes takes.
+    WrongEventType,
     Undecryptable,
     TooLarge,
     /// The body did not arrive within `server.body_timeout_ms`.
@@ -66,6 +68,7 @@ impl Refusal {
             Self::UnknownSerial => "unknown_serial",
             Self::Stale => "stale",
             Self::BadRequest => "bad_request",
+            Self::WrongEventType => "wrong_event_type",
             Self::Undecryptable => "undecryptable",
             Self::TooLarge => "too_large",
             Self::BodyTimeout => "body_timeout",

@@ -65,6 +65,7 @@ fuzz_target!(|input: Input| {
                 headers: &headers,
                 body: &body,
                 now: now(),
+                route: None,
             };
             let refused = admit(&c.alipay, &request).expect_err("an unsigned form admitted");
             assert!(matches!(refused.status(), 400 | 401), "{refused:?}");

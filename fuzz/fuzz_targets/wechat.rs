@@ -92,6 +92,7 @@ fuzz_target!(|input: Input| {
                 headers: &map,
                 body: &body,
                 now: at,
+                route: None,
             };
             // Nobody can sign for the sandbox platform key here: every request is refused,
             // and refused as the client's fault.

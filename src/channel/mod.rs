@@ -27,6 +27,10 @@ pub struct Inbound<'a> {
     /// The raw body bytes: signatures are over these, never over a re-serialised form.
     pub body: &'a [u8],
     pub now: Timestamp,
+    /// The notify route it came to (`/notify/wechat/refund`): a provider with one route per
+    /// kind of notification takes on each only its own kinds. `None` when not known (a
+    /// receipt stored before routes were kept): every kind of the channel is taken.
+    pub route: Option<&'a str>,
 }
 
 /// Why a notification was refused before it reached the ledger.
@@ -45,6 +49,10 @@ pub enum Rejection {
     /// Missing header, malformed body, missing field, bad amount: 400.
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// Signed, but of a kind another notify route of the provider takes (a notify URL
+    /// registered for the wrong kind of notification): 400, nothing written.
+    #[error("wrong event type: {0}")]
+    WrongEventType(String),
     /// Signature valid but the payload does not decrypt with our key: 500, so the provider
     /// retries while an operator fixes the key.
     #[error("cannot decrypt: {0}")]
@@ -56,7 +64,7 @@ impl Rejection {
     pub fn status(&self) -> u16 {
         match self {
             Self::BadSignature(_) | Self::UnknownSerial(_) | Self::Stale(_) => 401,
-            Self::BadRequest(_) => 400,
+            Self::BadRequest(_) | Self::WrongEventType(_) => 400,
             Self::Undecryptable(_) => 500,
         }
     }
@@ -68,6 +76,7 @@ impl Rejection {
             Self::UnknownSerial(_) => "unknown_serial",
             Self::Stale(_) => "stale",
             Self::BadRequest(_) => "bad_request",
+            Self::WrongEventType(_) => "wrong_event_type",
             Self::Undecryptable(_) => "undecryptable",
         }
     }
@@ -391,6 +400,7 @@ impl From<&Rejection> for crate::metrics::Refusal {
             Rejection::UnknownSerial(_) => Self::UnknownSerial,
             Rejection::Stale(_) => Self::Stale,
             Rejection::BadRequest(_) => Self::BadRequest,
+            Rejection::WrongEventType(_) => Self::WrongEventType,
             Rejection::Undecryptable(_) => Self::Undecryptable,
         }
     }

@@ -36,6 +36,8 @@ pub struct Request {
     /// Where it came from, for the first line of the report.
     pub source: String,
     pub channel: String,
+    /// The notify route it came to; `None` for a receipt stored before routes were kept.
+    pub route: Option<String>,
     pub headers: HeaderMap,
     pub body: Vec<u8>,
     /// When it arrived: the timestamp check is made against this.
@@ -61,6 +63,7 @@ impl Request {
                     .unwrap_or_default()
             ),
             channel: receipt.channel.clone(),
+            route: receipt.route.clone(),
             headers: crate::receipts::header_map(&receipt.headers.0),
             body,
             now: receipt.received_at,
@@ -82,9 +85,8 @@ impl Request {
             .split_whitespace()
             .nth(1)
             .ok_or_else(|| ExplainError::NotHttp(format!("request line {request_line:?}")))?;
-        let channel = path
-            .split('?')
-            .next()
+        let route = path.split('?').next().unwrap_or(path);
+        let channel = Some(route)
             .and_then(|p| p.strip_prefix("/notify/"))
             .and_then(|rest| rest.split('/').next())
             .filter(|c| !c.is_empty())
@@ -104,6 +106,7 @@ impl Request {
         Ok(Self {
             source: format!("{source}: POST {path}, {} body bytes", body.len()),
             channel,
+            route: Some(route.to_owned()),
             headers,
             body: body.to_vec(),
             now,
@@ -174,6 +177,7 @@ pub fn explain(providers: &[Arc<dyn Provider>], request: Request) -> Result<Repo
         headers: &request.headers,
         body: &request.body,
         now: request.now,
+        route: request.route.as_deref(),
     };
     Ok(Report {
         source: request.source,

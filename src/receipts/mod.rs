@@ -115,6 +115,8 @@ pub struct Arrival<'a> {
     pub received_at: Timestamp,
     pub peer: Option<SocketAddr>,
     pub request_id: Option<String>,
+    /// The notify route it came to, as registered.
+    pub route: Option<&'a str>,
     pub headers: &'a HeaderMap,
     /// The channel's [`crate::channel::Channel::signature_headers`].
     pub signature_headers: Option<&'static str>,
@@ -193,6 +195,7 @@ impl Receipts {
         }
         let receipt = NewReceipt {
             channel: arrival.channel.as_str().to_owned(),
+            route: arrival.route.map(|r| storable(r).into_owned()),
             received_at: arrival.received_at,
             peer: arrival.peer.map(|a| a.to_string()),
             request_id: arrival.request_id.map(|id| storable(&id).into_owned()),
@@ -243,6 +246,7 @@ fn peer_key(ip: IpAddr) -> IpAddr {
 fn stored_bytes(r: &NewReceipt) -> usize {
     let text = [
         Some(&r.channel),
+        r.route.as_ref(),
         r.peer.as_ref(),
         r.request_id.as_ref(),
         Some(&r.body_b64),

@@ -16,6 +16,7 @@ use crate::time::Timestamp;
 #[diesel(table_name = notify_receipt, treat_none_as_default_value = false)]
 pub struct NewReceipt {
     pub channel: String,
+    pub route: Option<String>,
     pub received_at: Timestamp,
     pub peer: Option<String>,
     pub request_id: Option<String>,
@@ -35,6 +36,9 @@ pub struct NewReceipt {
 pub struct StoredReceipt {
     pub id: i64,
     pub channel: String,
+    /// The notify route it came to (`/notify/wechat/refund`); `null` for a receipt stored
+    /// before routes were kept.
+    pub route: Option<String>,
     #[schema(value_type = String, format = DateTime)]
     pub received_at: Timestamp,
     /// The TCP peer (a proxy in front of the service shows here, not the provider).
@@ -51,7 +55,8 @@ pub struct StoredReceipt {
     /// The HTTP status answered.
     pub status: i16,
     /// What became of it: a ledger outcome (`applied`, `duplicate`, …) or a rejection
-    /// (`bad_signature`, `stale`, `bad_request`, `undecryptable`, `too_large`, …).
+    /// (`bad_signature`, `stale`, `bad_request`, `wrong_event_type`, `undecryptable`,
+    /// `too_large`, …).
     pub outcome: String,
     /// Why, in words, when it was refused (control characters written out as `\xNN`).
     pub detail: Option<String>,

@@ -121,8 +121,8 @@ pub async fn callbacks(
 pub struct ReceiptsQuery {
     /// `wechat`, `alipay`, …
     pub channel: Option<String>,
-    /// What became of it: `bad_signature`, `stale`, `bad_request`, `undecryptable`,
-    /// `too_large`, `body_timeout`, or a ledger outcome (`applied`, `unknown_order`, …).
+    /// What became of it: `bad_signature`, `stale`, `bad_request`, `wrong_event_type`,
+    /// `undecryptable`, `too_large`, `body_timeout`, or a ledger outcome (`applied`, `unknown_order`, …).
     pub outcome: Option<String>,
     /// The `out_trade_no` decoded from it (refused requests before decryption have none).
     pub order_no: Option<String>,
@@ -249,6 +249,7 @@ async fn reapply_receipt(
                 headers: &headers,
                 body: &body,
                 now: receipt.received_at,
+                route: receipt.route.as_deref(),
             };
             match provider.admit(&inbound) {
                 Err(rejection) => refused(Refusal::from(&rejection).label(), rejection.to_string()),

@@ -155,8 +155,21 @@ pub async fn notify<C: Channel>(
         tracing::warn!(channel = %channel.id(), error = %e, "notification rejected: {message}");
         (why, status, message, e.to_string())
     });
+    // The route as registered (a percent-encoded path names the same one), kept with the
+    // receipt so a re-apply and `explain` check the event type against it too.
+    let route = request.match_pattern();
     let (response, disposition) = match &body {
-        Ok(bytes) => handle(&channel, &state, &request, bytes, received_at).await,
+        Ok(bytes) => {
+            handle(
+                &channel,
+                &state,
+                &request,
+                route.as_deref(),
+                bytes,
+                received_at,
+            )
+            .await
+        }
         Err((why, status, message, error)) => {
             state.metrics.refused(channel.id(), *why);
             let response = respond(channel.render(Reply::Failure {
@@ -175,6 +188,7 @@ pub async fn notify<C: Channel>(
                 headers: request.headers(),
                 body: bytes,
                 now: received_at,
+                route: route.as_deref(),
             })
         };
         state.receipts.keep(Arrival {
@@ -185,6 +199,7 @@ pub async fn notify<C: Channel>(
                 .extensions()
                 .get::<tracing_actix_web::RequestId>()
                 .map(ToString::to_string),
+            route: route.as_deref(),
             headers: request.headers(),
             signature_headers: channel.signature_headers(),
             body: bytes,
@@ -203,6 +218,7 @@ async fn handle<C: Channel>(
     channel: &web::Data<C>,
     state: &web::Data<AppState>,
     request: &HttpRequest,
+    route: Option<&str>,
     body: &[u8],
     now: Timestamp,
 ) -> (HttpResponse, Disposition) {
@@ -213,6 +229,7 @@ async fn handle<C: Channel>(
         headers: request.headers(),
         body,
         now,
+        route,
     };
     let mut admitted = admit(channel.as_ref(), &inbound);
     if let Err(Rejection::UnknownSerial(_)) = &admitted {
@@ -242,7 +259,7 @@ async fn handle<C: Channel>(
                 // Our key is wrong, not the provider: an operator must act while it retries.
                 tracing::error!(channel = %id, detail = %rejection, "notification verified but not decryptable: check the configured key");
             } else {
-                tracing::warn!(channel = %id, reason = Refusal::from(&rejection).label(), detail = %rejection, "notification rejected");
+                tracing::warn!(channel = %id, route = route.unwrap_or("-"), reason = Refusal::from(&rejection).label(), detail = %rejection, "notification rejected");
             }
             let why = Refusal::from(&rejection);
             state.metrics.refused(id, why);

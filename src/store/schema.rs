@@ -130,6 +130,7 @@ diesel::table! {
         out_trade_no -> Nullable<Text>,
         reapplied_at -> Nullable<UtcTs>,
         reapply_outcome -> Nullable<Text>,
+        route -> Nullable<Text>,
     }
 }
 

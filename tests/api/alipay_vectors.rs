@@ -61,6 +61,7 @@ fn every_alipay_vector_gets_its_expected_answer() {
             headers: &headers,
             body,
             now: SystemClock.now(),
+            route: None,
         };
         let result = channel
             .verify(&inbound)
@@ -121,6 +122,7 @@ fn assert_body_refused_as(channel: &Alipay, body: &[u8], name: &str, expected: O
         headers: &headers,
         body,
         now: SystemClock.now(),
+        route: None,
     };
     assert_refused_as(channel, &inbound, name, expected);
 }
@@ -141,6 +143,7 @@ fn verify_and_explain_agree_on_every_alipay_vector() {
             headers: &headers,
             body: v["body"].as_str().expect("body").as_bytes(),
             now: SystemClock.now(),
+            route: None,
         };
         assert_vector_agrees(&channel, &inbound, name);
     }

@@ -7,15 +7,22 @@ use diesel::sqlite::SqliteConnection;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncMysqlConnection, AsyncPgConnection};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
+use paynotify::receipts::store::ReceiptFilter;
 use paynotify::store::{MYSQL_MIGRATIONS, POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS, Store};
 
 use crate::support::helpers::{Backend, TestDb, named, named_accounts, test_settings};
 
-crate::on_every_backend!(accounts_named_in_order_columns_move_to_order_account);
+crate::on_every_backend!(
+    accounts_named_in_order_columns_move_to_order_account,
+    receipts_stored_before_routes_were_kept_name_no_route,
+);
 
 /// The migration that moved `orders.wechat_mchid` / `orders.alipay_app_id` into
 /// `order_account`.
 const ORDER_ACCOUNT: &str = "2026-12-04-000001_order_account";
+
+/// The migration that added `notify_receipt.route`.
+const RECEIPT_ROUTE: &str = "2026-12-05-000002_receipt_route";
 
 #[derive(Clone, Copy)]
 enum Step {
@@ -133,4 +140,47 @@ async fn accounts_named_in_order_columns_move_to_order_account(backend: Backend)
     }
     assert_eq!(migrate(&db, backend, Step::Up(None)).await, rest);
     assert_eq!(db.count("order_account").await, 4);
+}
+
+async fn receipts_stored_before_routes_were_kept_name_no_route(backend: Backend) {
+    let db = TestDb::create_unmigrated(backend).await;
+    migrate(&db, backend, Step::Up(Some(RECEIPT_ROUTE))).await;
+    db.execute(
+        "INSERT INTO notify_receipt (channel, received_at, headers, body_b64, body_bytes, \
+         status, outcome) VALUES \
+         ('wechat', '2026-12-04T08:00:00.000000Z', '{}', 'e30=', 2, 401, 'bad_signature')",
+    )
+    .await;
+    let rest = migrate(&db, backend, Step::Up(None)).await;
+    assert_eq!(rest.first().map(String::as_str), Some(RECEIPT_ROUTE));
+
+    let store = Store::connect(&test_settings(db.url()).database).expect("store");
+    let old = store
+        .receipts(&ReceiptFilter {
+            limit: 10,
+            ..ReceiptFilter::default()
+        })
+        .await
+        .expect("receipts");
+    assert_eq!(old.len(), 1);
+    assert_eq!(
+        (old[0].route.as_deref(), old[0].outcome.as_str()),
+        (None, "bad_signature")
+    );
+    drop(store);
+
+    // Back down and up again (its ADD COLUMN fails unless down dropped the column); the
+    // receipt stays.
+    for _ in &rest {
+        migrate(&db, backend, Step::RevertLast).await;
+    }
+    assert_eq!(db.count("notify_receipt").await, 1);
+    assert_eq!(migrate(&db, backend, Step::Up(None)).await, rest);
+    db.execute("UPDATE notify_receipt SET route = '/notify/wechat/pay'")
+        .await;
+    assert_eq!(
+        db.count("notify_receipt WHERE route = '/notify/wechat/pay'")
+            .await,
+        1
+    );
 }

@@ -74,6 +74,7 @@ crate::on_every_backend!(
     a_receipt_the_database_refuses_is_counted_and_the_rest_of_its_batch_stored,
     a_junk_flood_from_many_peers_stays_within_the_budget_and_a_genuine_refusal_is_kept_whole,
     identical_junk_bodies_are_stored_once_as_a_prefix_and_a_hash,
+    a_misrouted_notification_is_kept_with_its_route_and_refused_again_on_reapply,
 );
 
 async fn a_body_reserialised_by_a_proxy_is_refused_and_kept_as_it_arrived(backend: Backend) {
@@ -659,6 +660,7 @@ async fn a_receipt_the_database_refuses_is_counted_and_the_rest_of_its_batch_sto
     );
     let arrival = |detail: &str| NewReceipt {
         channel: "wechat".into(),
+        route: None,
         received_at: app.clock.now(),
         peer: None,
         request_id: None,
@@ -855,4 +857,101 @@ async fn identical_junk_bodies_are_stored_once_as_a_prefix_and_a_hash(backend: B
         "{detail}"
     );
     assert_eq!(metric(&app, "paynotify_receipts_total", &["limited"]), 4);
+}
+
+async fn a_misrouted_notification_is_kept_with_its_route_and_refused_again_on_reapply(
+    backend: Backend,
+) {
+    let app = app(backend).await;
+    app.create_order("RW-1", 100).await;
+    let payment = paid(&app, &sandbox('A'), "RW-1", 100);
+    let (status, _) =
+        crate::support::helpers::post_delivery(&app, "/notify/wechat/refund", &payment).await;
+    assert_eq!(status, 400);
+    assert_eq!(app.receipts_stored(1).await, 1);
+    let receipt = all_receipts(&app).await.remove(0);
+    assert_eq!(
+        (
+            receipt.status,
+            receipt.outcome.as_str(),
+            receipt.route.as_deref()
+        ),
+        (400, "wrong_event_type", Some("/notify/wechat/refund"))
+    );
+    assert_eq!(
+        paynotify::receipts::decode_body(&receipt.body_b64).as_deref(),
+        Some(payment.body.as_slice()),
+        "kept whole: it is signed"
+    );
+    let (status, shown) = get_admin(&app, &format!("/admin/receipts/{}", receipt.id)).await;
+    assert_eq!(status, 200);
+    assert_eq!(shown["route"], "/notify/wechat/refund", "{shown}");
+
+    // Re-applied, it came to the same route: refused alike, nothing written.
+    let (status, again) =
+        post_admin(&app, &format!("/admin/receipts/{}/reapply", receipt.id)).await;
+    assert_eq!(status, 200);
+    assert_eq!(again["outcome"], "wrong_event_type", "{again}");
+    assert_eq!(app.status_of("RW-1").await, "WAIT_PAY");
+    assert_eq!(app.db.count("pay_callback").await, 0);
+    assert_eq!(app.db.count("local_message").await, 0);
+
+    let mut config = crate::support::helpers::test_settings(app.db.url());
+    config.wechat = settings();
+    let report = explain_last(&app, &config).await;
+    let failed = report.first_failure().expect("a failed check");
+    assert_eq!(failed.name, "event type", "{report}");
+    assert!(
+        failed.detail.contains(
+            "this request came to /notify/wechat/refund, which takes REFUND.*; the notify URL \
+             registered for payments (the notify_url of the order request) must end in \
+             /notify/wechat/pay"
+        ),
+        "{report}"
+    );
+
+    // A receipt stored before routes were kept names none: every event type is taken.
+    let mut old = NewReceipt {
+        channel: receipt.channel.clone(),
+        route: None,
+        received_at: receipt.received_at,
+        peer: None,
+        request_id: None,
+        headers: receipt.headers.clone(),
+        body_b64: receipt.body_b64.clone(),
+        body_bytes: receipt.body_bytes,
+        status: 404,
+        outcome: "unknown_order".into(),
+        detail: None,
+        out_trade_no: Some("RW-1".into()),
+    };
+    app.store
+        .insert_receipts(std::slice::from_ref(&old))
+        .await
+        .expect("insert");
+    let stored = all_receipts(&app).await.remove(0);
+    assert_eq!(stored.route, None);
+    let (status, applied) =
+        post_admin(&app, &format!("/admin/receipts/{}/reapply", stored.id)).await;
+    assert_eq!(
+        (status, &applied["outcome"]),
+        (200, &Value::from("applied")),
+        "{applied}"
+    );
+    assert_eq!(app.status_of("RW-1").await, "PAID");
+    // And one that came to the payment route re-applies as what it is: a duplicate now.
+    old.route = Some("/notify/wechat/pay".into());
+    app.store
+        .insert_receipts(std::slice::from_ref(&old))
+        .await
+        .expect("insert");
+    let stored = all_receipts(&app).await.remove(0);
+    let (status, duplicate) =
+        post_admin(&app, &format!("/admin/receipts/{}/reapply", stored.id)).await;
+    assert_eq!(
+        (status, &duplicate["outcome"]),
+        (200, &Value::from("duplicate")),
+        "{duplicate}"
+    );
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
 }

@@ -684,6 +684,7 @@ async fn refund_queries_answer_with_what_the_refund_notification_would_carry() {
             headers: &headers,
             body: &d.body,
             now,
+            route: Some("/notify/wechat/refund"),
         })
         .expect("the notification verifies");
     assert_eq!(queried.digest(), notified.digest());

@@ -596,3 +596,82 @@ async fn an_oversize_body_is_413() {
         .expect("forge");
     assert_refused(&app, &d, 413).await;
 }
+
+/// A signed notification posted to the other kind's route is refused in WeChat's failure
+/// shape, counted, and writes nothing; the same notification on its own route applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_route_takes_only_its_own_event_types() {
+    let app = app(Backend::Sqlite).await;
+    app.create_order("W-WR", 10000).await;
+    let s = sandbox('A');
+    let payment = paid(&app, &s, "W-WR", 10000);
+    let refund = s
+        .notification(
+            "REFUND.SUCCESS",
+            &wechat::refund(&s, "W-WR", "42W-WR", "R-WR", 10000, 10000),
+            now(&app),
+        )
+        .expect("forge");
+    let wrong = |app: &TestApp| {
+        crate::support::helpers::metric(
+            app,
+            "paynotify_notify_rejections_total",
+            &["wechat", "wrong_event_type"],
+        )
+    };
+    let refused = |route: &str, d: &Delivery, kind: &str| {
+        let (app, d, route, kind) = (&app, d.clone(), route.to_owned(), kind.to_owned());
+        async move {
+            let (status, body) = send(app, &route, &d).await;
+            assert_eq!(status, 400, "{route}: {body}");
+            let body: Value = serde_json::from_str(&body).expect("FAIL body is JSON");
+            assert_eq!(body["code"], "FAIL", "{body}");
+            let message = body["message"].as_str().expect("message");
+            assert!(
+                message.starts_with(&format!("wrong event type: event_type {kind}")),
+                "{message}"
+            );
+            assert!(message.contains(&format!("came to {route}")), "{message}");
+        }
+    };
+
+    refused("/notify/wechat/refund", &payment, "TRANSACTION.SUCCESS").await;
+    assert_eq!(app.status_of("W-WR").await, "WAIT_PAY");
+    assert_eq!(app.db.count("pay_callback").await, 0);
+    assert_eq!(app.db.count("local_message").await, 0);
+    assert_eq!(wrong(&app), 1);
+
+    assert_eq!(pay(&app, &payment).await, (204, String::new()));
+    assert_eq!(app.status_of("W-WR").await, "PAID");
+    let messages = app.db.count("local_message").await;
+
+    refused("/notify/wechat/pay", &refund, "REFUND.SUCCESS").await;
+    assert_eq!(app.refund_state("W-WR").await, ("PAID".into(), 0));
+    assert_eq!(app.db.count("refund_callback").await, 0);
+    assert_eq!(app.db.count("local_message").await, messages);
+    assert_eq!(wrong(&app), 2);
+
+    assert_eq!(
+        send(&app, "/notify/wechat/refund", &refund).await,
+        (204, String::new())
+    );
+    assert_eq!(app.refund_state("W-WR").await, ("REFUNDED".into(), 10000));
+    assert_eq!(wrong(&app), 2, "only the misrouted ones are counted");
+
+    // An event of neither kind is acknowledged on either route, changing nothing.
+    for route in ["/notify/wechat/pay", "/notify/wechat/refund"] {
+        let other = s
+            .notification(
+                "MCHTRANSFER.BILL.FINISHED",
+                &serde_json::json!({ "mchid": "1900000001" }),
+                now(&app),
+            )
+            .expect("forge");
+        assert_eq!(
+            send(&app, route, &other).await,
+            (204, String::new()),
+            "{route}"
+        );
+    }
+    assert_eq!(wrong(&app), 2);
+}

@@ -75,6 +75,7 @@ fn every_wechat_vector_gets_its_expected_answer() {
             headers: &headers,
             body,
             now: at(v["now"].as_i64().expect("now")),
+            route: None,
         };
         let expect = v["expect"].as_str().expect("expect");
         let result = channel.verify(&inbound);
@@ -184,6 +185,8 @@ struct Request {
     headers: Vec<(String, Vec<u8>)>,
     body: Vec<u8>,
     now: i64,
+    /// The notify route it came to; `None` for not known.
+    route: Option<&'static str>,
 }
 
 impl Request {
@@ -203,6 +206,7 @@ impl Request {
                 .collect(),
             body: v["body"].as_str().expect("body").as_bytes().to_vec(),
             now: v["now"].as_i64().expect("now"),
+            route: None,
         }
     }
 
@@ -215,6 +219,7 @@ impl Request {
                 .collect(),
             body: d.body.clone(),
             now,
+            route: None,
         }
     }
 
@@ -248,12 +253,19 @@ impl Request {
         self
     }
 
+    /// Sent to the notify route `route`.
+    fn to(mut self, route: &'static str) -> Self {
+        self.route = Some(route);
+        self
+    }
+
     fn assert_refused_as(&self, channel: &WechatPay, name: &str, expected: Option<&str>) {
         let headers = header_map(&self.headers);
         let inbound = Inbound {
             headers: &headers,
             body: &self.body,
             now: at(self.now),
+            route: self.route,
         };
         assert_refused_as(channel, &inbound, name, expected);
     }
@@ -272,6 +284,7 @@ fn verify_and_explain_agree_on_every_wechat_vector() {
             headers: &headers,
             body: &r.body,
             now: at(r.now),
+            route: None,
         };
         assert_vector_agrees(&channel, &inbound, name);
     }
@@ -489,6 +502,8 @@ fn verify_and_explain_agree_on_every_way_a_wechat_notification_is_refused() {
 #[test]
 fn verify_and_explain_agree_on_every_way_a_signed_wechat_body_is_refused() {
     use paynotify::qa::forge::wechat::{encrypt, envelope, transaction};
+    const PAY: &str = "/notify/wechat/pay";
+    const REFUND: &str = "/notify/wechat/refund";
 
     let now = 1_794_967_525;
     let channel = WechatPay::from_settings(&crate::wechat::settings(), at(now)).expect("keys load");
@@ -549,6 +564,12 @@ fn verify_and_explain_agree_on_every_way_a_signed_wechat_body_is_refused() {
             envelope("REFUND.SUCCESS", "refund", &ciphertext, "refund", nonce).into_bytes(),
         )
     };
+    let closed = signed(
+        &a,
+        body(&a.apiv3_key, &paid, &|v| {
+            v["event_type"] = "TRANSACTION.CLOSED".into()
+        }),
+    );
     let cases = [
         ("as sent", valid.clone(), None),
         (
@@ -558,12 +579,7 @@ fn verify_and_explain_agree_on_every_way_a_signed_wechat_body_is_refused() {
         ),
         (
             "an event this service does not act on",
-            signed(
-                &a,
-                body(&a.apiv3_key, &paid, &|v| {
-                    v["event_type"] = "TRANSACTION.CLOSED".into()
-                }),
-            ),
+            closed.clone(),
             None,
         ),
         ("a refund", refund(&|_| {}), None),
@@ -654,7 +670,76 @@ fn verify_and_explain_agree_on_every_way_a_signed_wechat_body_is_refused() {
             refund(&|v| v["amount"]["refund"] = 0.into()),
             Some("bad request: amount.refund and amount.total must be positive"),
         ),
+        // Each route takes its own kind of event; one of neither kind is taken anywhere.
+        (
+            "a payment to the payment route",
+            valid.clone().to(PAY),
+            None,
+        ),
+        (
+            "a refund to the refund route",
+            refund(&|_| {}).to(REFUND),
+            None,
+        ),
+        (
+            "a payment to the refund route",
+            valid.clone().to(REFUND),
+            Some(
+                "wrong event type: event_type TRANSACTION.SUCCESS is a payment; this request came to /notify/wechat/refund, which takes REFUND.*; the notify URL registered for payments",
+            ),
+        ),
+        (
+            "a refund to the payment route",
+            refund(&|_| {}).to(PAY),
+            Some(
+                "wrong event type: event_type REFUND.SUCCESS is a refund; this request came to /notify/wechat/pay, which takes TRANSACTION.*; the notify URL registered for refunds",
+            ),
+        ),
+        (
+            "a payment event this service does not act on, to the refund route",
+            closed.clone().to(REFUND),
+            Some("wrong event type: event_type TRANSACTION.CLOSED is a payment"),
+        ),
+        (
+            "a payment event this service does not act on, to the payment route",
+            closed.clone().to(PAY),
+            None,
+        ),
+        (
+            "an event of neither kind, to the refund route",
+            signed(
+                &a,
+                body(&a.apiv3_key, &paid, &|v| {
+                    v["event_type"] = "MCHTRANSFER.BILL.FINISHED".into()
+                }),
+            )
+            .to(REFUND),
+            None,
+        ),
+        (
+            "a refund to a path that is no WeChat route",
+            refund(&|_| {}).to("/notify/wechat"),
+            None,
+        ),
         // Two faults: the signature is checked before the body is opened.
+        (
+            "a payment to the refund route, signed by another key",
+            signed(&b, valid.body.clone())
+                .with("Wechatpay-Serial", a.serial.as_bytes())
+                .to(REFUND),
+            Some("bad signature: signature does not verify"),
+        ),
+        (
+            "not JSON, to the refund route",
+            signed(&a, b"{\"event_type\": ".to_vec()).to(REFUND),
+            Some("bad request: envelope: "),
+        ),
+        // The event type is read before the resource is decrypted.
+        (
+            "a payment to the refund route, not decryptable",
+            signed(&a, body(&b.apiv3_key, &paid, &same)).to(REFUND),
+            Some("wrong event type: "),
+        ),
         (
             "signed by another key, not decryptable",
             signed(&b, body(&b.apiv3_key, &paid, &same))
@@ -670,4 +755,62 @@ fn verify_and_explain_agree_on_every_way_a_signed_wechat_body_is_refused() {
     for (name, r, want) in &cases {
         r.assert_refused_as(&channel, name, *want);
     }
+}
+
+/// A notification posted to the other kind's route: explain names the event type check, the
+/// route it came to and the one its notify URL must name; the checks after it still run.
+#[test]
+fn explain_names_the_route_a_misrouted_wechat_notification_belongs_to() {
+    use paynotify::channel::{Provider, Verdict};
+    let channel =
+        WechatPay::from_settings(&vector_settings(), at(1_794_967_525)).expect("keys load");
+    let r = Request::of_vector("valid_pay.json").to("/notify/wechat/refund");
+    let headers = header_map(&r.headers);
+    let inbound = Inbound {
+        headers: &headers,
+        body: &r.body,
+        now: at(r.now),
+        route: r.route,
+    };
+    let explained = channel.explain(&inbound);
+    let failed = explained.first_failure().expect("a failed check");
+    assert_eq!(failed.name, "event type");
+    assert_eq!(
+        failed.detail,
+        "event_type TRANSACTION.SUCCESS is a payment; this request came to /notify/wechat/refund, \
+         which takes REFUND.*; the notify URL registered for payments (the notify_url of the \
+         order request) must end in /notify/wechat/pay"
+    );
+    assert!(matches!(
+        failed.rejection,
+        Some(Rejection::WrongEventType(_))
+    ));
+    let names: Vec<&str> = explained.checks.iter().map(|c| c.name.as_str()).collect();
+    let at_check = |name: &str| names.iter().position(|n| *n == name).expect(name);
+    assert!(at_check("signature") < at_check("event type"), "{names:?}");
+    assert!(
+        explained
+            .checks
+            .iter()
+            .any(|c| c.name == "decryption" && c.verdict == Verdict::Pass),
+        "{names:?}"
+    );
+
+    let right = channel.explain(&Inbound {
+        route: Some("/notify/wechat/pay"),
+        ..inbound
+    });
+    assert!(right.first_failure().is_none(), "{:?}", right.checks);
+    let check = right
+        .checks
+        .iter()
+        .find(|c| c.name == "event type")
+        .expect("the event type check");
+    assert_eq!(
+        (check.verdict, check.detail.as_str()),
+        (
+            Verdict::Pass,
+            "TRANSACTION.SUCCESS is a payment, which /notify/wechat/pay takes"
+        )
+    );
 }

@@ -42,6 +42,10 @@ pub const TIMESTAMP_WINDOW_SECS: i64 = 300;
 pub const SIGNATURE_TYPE: &str = "WECHATPAY2-SHA256-RSA2048";
 /// Signatures WeChat sends on purpose to check that merchants verify them.
 const PROBE_PREFIX: &str = "WECHATPAY/SIGNTEST/";
+/// The notify route of payments (`TRANSACTION.*`).
+pub const PAY_ROUTE: &str = "/notify/wechat/pay";
+/// The notify route of refunds (`REFUND.*`).
+pub const REFUND_ROUTE: &str = "/notify/wechat/refund";
 
 /// A configured merchant: its ids and its APIv3 decryption key.
 pub struct Merchant {
@@ -310,7 +314,7 @@ impl WechatPay {
         let platform = self.key(serial).ok_or_else(|| {
             Rejection::UnknownSerial(format!("unknown Wechatpay-Serial {serial}"))
         })?;
-        self.open(&platform.merchant, serial, body, &mut super::Halt)
+        self.open(&platform.merchant, serial, body, None, &mut super::Halt)
             .and_then(|v| self.decode(v))
             .and_then(|n| n.checked().map_err(Rejection::BadRequest))
     }
@@ -330,7 +334,7 @@ crate::routes::notify::notify_handler!(
     request_body(content = Object, content_type = "application/json"),
     responses(
         (status = 204, description = "Applied, duplicate, or recorded anomaly (including a second payment under the same key)"),
-        (status = 400, description = "Missing header, malformed body or field, unsupported signature type", body = WechatFail),
+        (status = 400, description = "Missing header, malformed body or field, unsupported signature type; a signed REFUND.* event (wrong_event_type: refunds go to /notify/wechat/refund)", body = WechatFail),
         (status = 401, description = "Bad or missing signature, unknown serial, probe, stale timestamp", body = WechatFail),
         (status = 404, description = "Unknown order (WeChat retries)", body = WechatFail),
         (status = 409, description = "The same payment or refund as before (same transaction id or refund key) with other amount, currency or merchant", body = WechatFail),
@@ -347,7 +351,7 @@ crate::routes::notify::notify_handler!(
     request_body(content = Object, content_type = "application/json"),
     responses(
         (status = 204, description = "Applied, duplicate, recorded anomaly, or acknowledged without change"),
-        (status = 400, description = "Bad request", body = WechatFail),
+        (status = 400, description = "Bad request; a signed TRANSACTION.* event (wrong_event_type: payments go to /notify/wechat/pay)", body = WechatFail),
         (status = 401, description = "Bad signature or stale", body = WechatFail),
         (status = 404, description = "Unknown order, or its payment not in yet", body = WechatFail),
         (status = 409, description = "The same payment or refund as before (same transaction id or refund key) with other amount, currency or merchant", body = WechatFail),
@@ -381,12 +385,12 @@ pub fn mount(
     let channel = web::Data::from(built);
     let mount: super::Mount = Box::new(move |cfg: &mut web::ServiceConfig| {
         cfg.service(
-            web::resource("/notify/wechat/pay")
+            web::resource(PAY_ROUTE)
                 .app_data(channel.clone())
                 .route(web::post().to(wechat_pay)),
         )
         .service(
-            web::resource("/notify/wechat/refund")
+            web::resource(REFUND_ROUTE)
                 .app_data(channel.clone())
                 .route(web::post().to(wechat_refund)),
         );

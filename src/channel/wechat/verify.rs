@@ -155,7 +155,13 @@ impl WechatPay {
         };
         // Verified (for a trail that ends at the first failure): from here on the body is
         // WeChat's.
-        self.open(&platform.merchant, serial, request.body, trail)
+        self.open(
+            &platform.merchant,
+            serial,
+            request.body,
+            request.route,
+            trail,
+        )
     }
 }
 

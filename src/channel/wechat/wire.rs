@@ -8,7 +8,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use ring::aead::{Aad, Nonce};
 use serde::Deserialize;
 
-use super::{Merchant, Verified, WechatPay};
+use super::{Merchant, PAY_ROUTE, REFUND_ROUTE, Verified, WechatPay};
 use crate::channel::{Rejection, Trail};
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind};
 use crate::time::Timestamp;
@@ -114,15 +114,16 @@ pub(super) fn bad_json(what: &str) -> impl Fn(serde_json::Error) -> Rejection + 
 }
 
 impl WechatPay {
-    /// The checks of a signed body, the last of [`WechatPay::walk`]: the envelope read and
-    /// `resource` decrypted with `merchant`'s APIv3 key (the key of the platform key `serial`
-    /// names). For a trail that ends at the first failure, only ever reached by a body whose
-    /// signature verified.
+    /// The checks of a signed body, the last of [`WechatPay::walk`]: the envelope read, its
+    /// event type one the notify `route` takes, and `resource` decrypted with `merchant`'s
+    /// APIv3 key (the key of the platform key `serial` names). For a trail that ends at the
+    /// first failure, only ever reached by a body whose signature verified.
     pub(super) fn open(
         &self,
         merchant: &Arc<Merchant>,
         serial: &str,
         body: &[u8],
+        route: Option<&str>,
         trail: &mut impl Trail,
     ) -> Result<Verified, Rejection> {
         const CHECK: &str = "decryption";
@@ -135,6 +136,7 @@ impl WechatPay {
                 }));
             }
         };
+        check_event_route(&envelope.event_type, route, trail)?;
         if envelope
             .resource_type
             .as_deref()
@@ -183,4 +185,106 @@ impl WechatPay {
             plaintext,
         })
     }
+}
+
+/// The kinds of notification WeChat sends, each to the notify URL registered for it: a
+/// payment's to the `notify_url` of the order, a refund's to the `notify_url` of the refund
+/// request (or the merchant platform's refund URL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EventKind {
+    Payment,
+    Refund,
+}
+
+impl EventKind {
+    /// The kind of `event_type` by its prefix (WeChat Pay v3: `TRANSACTION.*`, `REFUND.*`);
+    /// `None` for one of neither, which any route acknowledges.
+    fn of_event(event_type: &str) -> Option<Self> {
+        if event_type.starts_with("TRANSACTION.") {
+            Some(Self::Payment)
+        } else if event_type.starts_with("REFUND.") {
+            Some(Self::Refund)
+        } else {
+            None
+        }
+    }
+
+    /// The kind the notify route `route` takes; `None` for a path that is not one of ours.
+    fn of_route(route: &str) -> Option<Self> {
+        match route {
+            PAY_ROUTE => Some(Self::Payment),
+            REFUND_ROUTE => Some(Self::Refund),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Payment => "a payment",
+            Self::Refund => "a refund",
+        }
+    }
+
+    /// The event types of this kind, as WeChat names them.
+    fn events(self) -> &'static str {
+        match self {
+            Self::Payment => "TRANSACTION.*",
+            Self::Refund => "REFUND.*",
+        }
+    }
+
+    fn route(self) -> &'static str {
+        match self {
+            Self::Payment => PAY_ROUTE,
+            Self::Refund => REFUND_ROUTE,
+        }
+    }
+
+    /// Where WeChat is told the notify URL of this kind.
+    fn registered(self) -> &'static str {
+        match self {
+            Self::Payment => "payments (the notify_url of the order request)",
+            Self::Refund => "refunds (the notify_url of the refund request)",
+        }
+    }
+}
+
+/// The check that a signed notification came to the route of its kind: a notify URL
+/// registered for the wrong kind must be loud, not silently working (a payment applied
+/// through the refund route, a refund through the payment route).
+fn check_event_route(
+    event_type: &str,
+    route: Option<&str>,
+    trail: &mut impl Trail,
+) -> Result<(), Rejection> {
+    const CHECK: &str = "event type";
+    let Some(route) = route else {
+        trail.pass(CHECK, || {
+            format!("{event_type}; the route it came to is not known (a receipt stored before routes were kept): every event type is taken")
+        });
+        return Ok(());
+    };
+    let (Some(event), Some(takes)) = (EventKind::of_event(event_type), EventKind::of_route(route))
+    else {
+        trail.pass(CHECK, || match EventKind::of_route(route) {
+            None => format!("{event_type}; {route} is not a WeChat notify route: every event type is taken"),
+            Some(_) => format!("{event_type} is neither a payment nor a refund: acknowledged on any route, changing nothing"),
+        });
+        return Ok(());
+    };
+    if event == takes {
+        trail.pass(CHECK, || {
+            format!("{event_type} is {}, which {route} takes", event.name())
+        });
+        return Ok(());
+    }
+    let why = format!(
+        "event_type {event_type} is {}; this request came to {route}, which takes {}; the notify URL registered for {} must end in {}",
+        event.name(),
+        takes.events(),
+        event.registered(),
+        event.route()
+    );
+    trail.fail(CHECK, Rejection::WrongEventType(why.clone()), |_| why)?;
+    Ok(())
 }

@@ -1,0 +1,1 @@
+ALTER TABLE notify_receipt DROP COLUMN route;
