@@ -131,6 +131,8 @@ fn alipay(c: &mut Criterion) {
             seller_id: "2088000000000001".into(),
             alipay_public_key_file: Some(dir.path().join("alipay.pem")),
             alipay_cert_file: None,
+            app_cert_file: None,
+            alipay_root_cert_file: None,
         }],
     };
     let channel = Alipay::from_settings(&settings, SystemClock.now()).expect("channel");

@@ -12,6 +12,7 @@ use crate::support::helpers::{
     Backend, TestApp, post_delivery, released_together, spawn_app_with, wechat_paid,
 };
 use crate::support::keys::{certificate, public_key_path, rsa_key};
+use crate::support::provider::FakeProvider;
 
 const APP: &str = "2021000000000001";
 const SELLER: &str = "2088000000000001";
@@ -31,6 +32,8 @@ pub(crate) fn settings() -> AlipaySettings {
                 seller_id: SELLER.into(),
                 alipay_public_key_file: Some(public_key_path("alipay")),
                 alipay_cert_file: None,
+                app_cert_file: None,
+                alipay_root_cert_file: None,
             },
             AlipayApp {
                 app_private_key_file: None,
@@ -39,6 +42,8 @@ pub(crate) fn settings() -> AlipaySettings {
                 seller_id: CERT_SELLER.into(),
                 alipay_public_key_file: None,
                 alipay_cert_file: Some(certificate("alipay-cert", "0A1B2C3D").1),
+                app_cert_file: None,
+                alipay_root_cert_file: None,
             },
         ],
     }
@@ -586,4 +591,314 @@ async fn a_missing_sign_type_means_rsa2_and_any_other_value_is_400() {
     assert!(!String::from_utf8_lossy(&without.body).contains("sign_type"));
     assert_eq!(send(&app, &without).await, ok());
     assert_eq!(app.status_of("A-ST").await, "PAID");
+}
+
+/// The app's API key pair in certificate mode (the stand-in gateway checks requests with it).
+const CERT_APP_KEY: &str = crate::support::provider::APP_KEY;
+
+/// `f`'s issuer (RFC 2253) and decimal serial as the `openssl` command prints them, and the
+/// MD5 of the two as python3's hashlib gives it: the SN computed without our code.
+fn openssl_sn(f: &std::path::Path) -> (String, String) {
+    use crate::support::keys::openssl;
+    let f = f.to_str().expect("path");
+    let issuer = openssl(&["x509", "-in", f, "-noout", "-issuer", "-nameopt", "RFC2253"]);
+    let issuer = issuer
+        .trim()
+        .strip_prefix("issuer=")
+        .expect("issuer=")
+        .to_owned();
+    let serial = openssl(&["x509", "-in", f, "-noout", "-serial"]);
+    let serial = serial
+        .trim()
+        .strip_prefix("serial=")
+        .expect("serial=")
+        .to_owned();
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import hashlib,sys; print(hashlib.md5((sys.argv[1] + str(int(sys.argv[2], 16))).encode()).hexdigest())",
+            &issuer,
+            &serial,
+        ])
+        .output()
+        .expect("python3 is needed to compute the expected SN");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        issuer,
+        String::from_utf8(out.stdout)
+            .expect("utf-8")
+            .trim()
+            .to_owned(),
+    )
+}
+
+/// alipay-sdk-java-all's `getCertSN` / `getRootCertSN` on a chain in Alipay's format: MD5 of
+/// the issuer (RFC 2253, RDNs reversed) and the serial in decimal; the root SN joins the RSA
+/// roots' SNs with `_` in file order and leaves the EC root out.
+#[test]
+fn alipay_cert_sns_are_the_sdks_md5_of_issuer_and_decimal_serial() {
+    use paynotify::channel::keys::{alipay_cert_sn, alipay_root_cert_sn, certificates_file};
+
+    let certs = crate::support::keys::alipay_certs(CERT_APP_KEY);
+    let app = certificates_file("test", &certs.app_cert).expect("app certificate");
+    assert_eq!(app.len(), 1);
+    let (issuer, expected_app) = openssl_sn(&certs.app_cert);
+    assert_eq!(
+        issuer,
+        "CN=Paynotify Test Root R1,OU=Certification Authority,O=Paynotify Test,C=CN"
+    );
+    // The 19-byte serial has its high bit set: DER stores a leading zero, Java's BigInteger
+    // (and ours) reads it unsigned.
+    let serial = app[0].tbs_certificate().serial_number().as_bytes();
+    assert_eq!(serial.len(), 20);
+    assert_eq!((serial[0], serial[1]), (0x00, 0x9F));
+    assert_eq!(alipay_cert_sn(&app[0]), expected_app);
+    // x509-cert's own Display writes this issuer the same way (RFC 4514 order).
+    assert_eq!(app[0].tbs_certificate().issuer().to_string(), issuer);
+
+    let roots = certificates_file("test", &certs.root).expect("root file");
+    assert_eq!(roots.len(), 3);
+    let [r1, _ec, r2] = &certs.roots;
+    let expected_root = format!("{}_{}", openssl_sn(r1).1, openssl_sn(r2).1);
+    assert_eq!(alipay_root_cert_sn(&roots), expected_root);
+    // Each RSA root's SN is its own certificate's.
+    assert_eq!(alipay_cert_sn(&roots[0]), openssl_sn(r1).1);
+    assert_eq!(alipay_cert_sn(&roots[2]), openssl_sn(r2).1);
+    let other = certificates_file("test", &certs.other_root).expect("other root file");
+    assert_eq!(alipay_root_cert_sn(&other), openssl_sn(r2).1);
+}
+
+/// The stand-in gateway for the certificate-mode app, checking both SNs.
+async fn cert_gateway() -> FakeProvider {
+    let platform = crate::wechat::sandbox('A');
+    let fake = FakeProvider::start(
+        (
+            &platform.mchid,
+            &platform.appid,
+            &platform.serial,
+            platform.private_key,
+        ),
+        (CERT_APP, "alipay"),
+    )
+    .await;
+    let (_, app_sn) = openssl_sn(&crate::support::keys::alipay_certs(CERT_APP_KEY).app_cert);
+    let certs = crate::support::keys::alipay_certs(CERT_APP_KEY);
+    let [r1, _, r2] = &certs.roots;
+    let root_sn = format!("{}_{}", openssl_sn(r1).1, openssl_sn(r2).1);
+    fake.state.expect_cert_sn(&app_sn, &root_sn);
+    fake
+}
+
+/// App 2021000000000002 in certificate mode with API credentials at `url`: answers are
+/// verified with the key of its `alipay_cert_file` (the stand-in's Alipay key), requests carry
+/// the SNs of `app_cert_file` and of `root`.
+fn cert_mode(s: &mut paynotify::config::Settings, url: &str, root: &std::path::Path) {
+    use crate::support::keys::{certificate_over, private_key_path};
+    s.alipay = settings();
+    let a = &mut s.alipay.apps[1];
+    a.alipay_cert_file = Some(certificate_over("alipayCertPublicKey_RSA2", "alipay"));
+    a.app_private_key_file = Some(private_key_path(CERT_APP_KEY));
+    a.app_cert_file = Some(
+        crate::support::keys::alipay_certs(CERT_APP_KEY)
+            .app_cert
+            .clone(),
+    );
+    a.alipay_root_cert_file = Some(root.to_path_buf());
+    a.gateway = Some(format!("{url}/gateway.do"));
+    s.reconcile.max_qps = 1000;
+    s.reconcile.timeout_ms = 5000;
+}
+
+/// An order only the certificate-mode app is asked about.
+async fn create_for_cert_app(app: &TestApp, order_no: &str, fen: i64) {
+    let response = app
+        .client
+        .post(app.url("/orders"))
+        .bearer_auth(&app.api_token)
+        .json(&serde_json::json!({
+            "order_no": order_no, "amount_fen": fen, "currency": "CNY", "alipay_app_id": CERT_APP
+        }))
+        .send()
+        .await
+        .expect("POST /orders");
+    assert_eq!(response.status(), 201);
+}
+
+/// `POST /admin/orders/{no}/reconcile`: the order as it is after asking the provider.
+async fn reconcile_order(app: &TestApp, order_no: &str) -> serde_json::Value {
+    let response = app
+        .client
+        .post(app.url(&format!("/admin/orders/{order_no}/reconcile")))
+        .bearer_auth(&app.api_token)
+        .send()
+        .await
+        .expect("reconcile");
+    assert_eq!(response.status(), 200);
+    response.json().await.expect("json")
+}
+
+/// Certificate mode: query and close at the stand-in gateway, which refuses any request
+/// without the app's and the root's SN, as Alipay's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_mode_query_and_close_carry_both_cert_sns() {
+    use crate::support::provider::Trade;
+    use std::sync::atomic::Ordering;
+
+    let fake = cert_gateway().await;
+    let url = fake.url.clone();
+    let root = crate::support::keys::alipay_certs(CERT_APP_KEY)
+        .root
+        .clone();
+    let app = spawn_app_with(Backend::Sqlite, move |s| cert_mode(s, &url, &root)).await;
+    create_for_cert_app(&app, "AC-PAID", 300).await;
+    fake.state.set(
+        "AC-PAID",
+        Trade::Paid {
+            transaction_id: "2026AC-PAID".into(),
+            total: 300,
+        },
+    );
+    let body = reconcile_order(&app, "AC-PAID").await;
+    assert_eq!(body["status"], "PAID", "{body}");
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+
+    create_for_cert_app(&app, "AC-OPEN", 300).await;
+    fake.state.set("AC-OPEN", Trade::NotPaid);
+    app.clock.advance(1801);
+    assert_eq!(app.expire_now().await, 1);
+    assert_eq!(fake.state.trade("AC-OPEN"), Some(Trade::Closed));
+    assert_eq!(app.status_of("AC-OPEN").await, "CLOSED");
+    let calls: Vec<String> = fake.state.calls().into_iter().map(|(c, _)| c).collect();
+    assert_eq!(calls[..2], ["alipay.trade.query", "alipay.trade.close"]);
+    // Every request carried both SNs: none refused.
+    assert_eq!(fake.state.refused.load(Ordering::SeqCst), 0);
+    assert_eq!(fake.state.verified.load(Ordering::SeqCst), calls.len());
+}
+
+/// The same calls with another root file: the stand-in refuses them (`40002
+/// isv.invalid-alipay-root-cert-sn`), nothing is applied, the order stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_mode_with_another_root_file_is_refused_by_the_gateway() {
+    use crate::support::provider::Trade;
+    use std::sync::atomic::Ordering;
+
+    let fake = cert_gateway().await;
+    let url = fake.url.clone();
+    let root = crate::support::keys::alipay_certs(CERT_APP_KEY)
+        .other_root
+        .clone();
+    let app = spawn_app_with(Backend::Sqlite, move |s| cert_mode(s, &url, &root)).await;
+    create_for_cert_app(&app, "AC-WRONG", 300).await;
+    fake.state.set(
+        "AC-WRONG",
+        Trade::Paid {
+            transaction_id: "2026AC-WRONG".into(),
+            total: 300,
+        },
+    );
+    let body = reconcile_order(&app, "AC-WRONG").await;
+    assert_eq!(body["status"], "WAIT_PAY", "{body}");
+    assert!(
+        body.to_string().contains("isv.invalid-alipay-root-cert-sn"),
+        "{body}"
+    );
+    assert_eq!(app.status_of("AC-WRONG").await, "WAIT_PAY");
+    assert_eq!(app.messages("ORDER_PAID").await, 0);
+    assert_eq!(fake.state.refused.load(Ordering::SeqCst), 1);
+    assert_eq!(fake.state.verified.load(Ordering::SeqCst), 0);
+    assert!(fake.state.calls().is_empty());
+}
+
+/// Certificate-mode settings that cannot work stop start-up naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_mode_mistakes_stop_start_up_naming_the_key() {
+    use paynotify::config::Settings;
+    use paynotify::startup::{Application, Options};
+
+    paynotify::telemetry::init_for_tests();
+    let certs = crate::support::keys::alipay_certs(CERT_APP_KEY);
+    let not_pem = tempfile::NamedTempFile::new().expect("file");
+    std::fs::write(not_pem.path(), "not a certificate").expect("write");
+    let not_pem = not_pem.path().to_path_buf();
+    let ec_only = certs.roots[1].clone();
+    let start_up = async |change: &dyn Fn(&mut Settings), days_later: i64| {
+        let db = crate::support::helpers::TestDb::create(Backend::Sqlite).await;
+        let mut s = crate::support::helpers::test_settings(db.url());
+        cert_mode(&mut s, "http://127.0.0.1:1", &certs.root);
+        change(&mut s);
+        let now = chrono::Utc::now() + chrono::Duration::days(days_later);
+        let options = Options {
+            clock: std::sync::Arc::new(paynotify::time::ManualClock::new(now)),
+            ..Options::default()
+        };
+        match s.validate() {
+            Err(e) => Err(e.to_string()),
+            Ok(()) => Application::build(&s, options)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        }
+    };
+    assert_eq!(start_up(&|_| {}, 0).await, Ok(()));
+    type Mistake = Box<dyn Fn(&mut Settings)>;
+    let cases: Vec<(&str, Mistake, i64)> = vec![
+        (
+            "alipay.apps[1].app_cert_file",
+            Box::new(|s| s.alipay.apps[1].app_cert_file = None),
+            0,
+        ),
+        (
+            "alipay.apps[1].alipay_root_cert_file",
+            Box::new(|s| s.alipay.apps[1].alipay_root_cert_file = None),
+            0,
+        ),
+        (
+            "alipay.apps[0].app_cert_file",
+            Box::new(|s| s.alipay.apps[0].app_cert_file = Some(certs.app_cert.clone())),
+            0,
+        ),
+        (
+            "alipay.apps[0].alipay_root_cert_file",
+            Box::new(|s| s.alipay.apps[0].alipay_root_cert_file = Some(certs.root.clone())),
+            0,
+        ),
+        (
+            "alipay.apps[1].app_cert_file",
+            Box::new(move |s| s.alipay.apps[1].app_private_key_file = None),
+            0,
+        ),
+        (
+            "alipay.apps[1].app_cert_file",
+            Box::new({
+                let p = not_pem.clone();
+                move |s| s.alipay.apps[1].app_cert_file = Some(p.clone())
+            }),
+            0,
+        ),
+        (
+            "alipay.apps[1].alipay_root_cert_file",
+            Box::new({
+                let p = not_pem.clone();
+                move |s| s.alipay.apps[1].alipay_root_cert_file = Some(p.clone())
+            }),
+            0,
+        ),
+        (
+            "alipay.apps[1].alipay_root_cert_file",
+            Box::new(move |s| s.alipay.apps[1].alipay_root_cert_file = Some(ec_only.clone())),
+            0,
+        ),
+        // The app certificate is valid for 30 days.
+        ("alipay.apps[1].app_cert_file", Box::new(|_| {}), 31),
+    ];
+    for (key, mistake, days_later) in cases {
+        let Err(err) = start_up(&*mistake, days_later).await else {
+            panic!("{key}: start-up went on");
+        };
+        assert!(err.contains(key), "{key}: {err}");
+    }
 }

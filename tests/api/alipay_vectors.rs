@@ -32,6 +32,8 @@ pub fn vector_settings() -> AlipaySettings {
                 keys.join(doc["alipay_public_key_file"].as_str().expect("file")),
             ),
             alipay_cert_file: None,
+            app_cert_file: None,
+            alipay_root_cert_file: None,
         }],
     }
 }

@@ -994,6 +994,8 @@ async fn a_payment_recovered_through_one_app_is_the_same_as_another_apps_notific
             seller_id: "2088000000000001".into(),
             alipay_public_key_file: Some(crate::support::keys::public_key_path("alipay")),
             alipay_cert_file: None,
+            app_cert_file: None,
+            alipay_root_cert_file: None,
             app_private_key_file: Some(private_key_path(APP_KEY)),
             gateway: Some(format!("{url}/gateway.do")),
         });

@@ -8,7 +8,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use chrono::{FixedOffset, NaiveDateTime, TimeZone};
 use serde::Deserialize;
 
-use super::{Alipay, AlipaySettings, App};
+use super::{Alipay, AlipayApp, AlipaySettings, App};
 use crate::channel::api::{
     Account, Accounts, CloseAnswer, Failure, Miss, ProviderClient, RefundAnswer, TradeAnswer,
 };
@@ -27,6 +27,91 @@ pub struct ApiApp {
     pub(super) app: Arc<App>,
     pub(super) key: keys::RsaSigner,
     pub(super) gateway: String,
+    /// Certificate mode: what every request carries besides the common parameters.
+    pub(super) cert_sn: Option<CertSn>,
+}
+
+/// Certificate mode (公钥证书): Alipay's gateway refuses a request of such an app without
+/// these two parameters, both part of the signed content. Computed once, at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertSn {
+    /// `app_cert_sn`: the SN of `appCertPublicKey_<app_id>.crt`.
+    pub app: String,
+    /// `alipay_root_cert_sn`: the SNs of `alipayRootCert.crt`'s RSA certificates.
+    pub root: String,
+}
+
+impl CertSn {
+    /// From an app's settings: `None` in public-key mode or without API credentials. The
+    /// two files are required together with `app_private_key_file` in certificate mode and
+    /// refused anywhere else, so a file set by mistake is never silently unused.
+    pub fn from_settings(
+        prefix: &str,
+        a: &AlipayApp,
+        now: Timestamp,
+    ) -> Result<Option<Self>, ConfigError> {
+        let files = [
+            ("app_cert_file", &a.app_cert_file),
+            ("alipay_root_cert_file", &a.alipay_root_cert_file),
+        ];
+        let certificate_mode = a.alipay_cert_file.is_some();
+        let api = a.app_private_key_file.is_some();
+        for (name, file) in files {
+            match (file, certificate_mode, api) {
+                (None, true, true) => {
+                    return Err(invalid(
+                        format!("{prefix}.{name}"),
+                        "required in certificate mode (alipay_cert_file) with app_private_key_file: Alipay refuses API calls without its SN",
+                    ));
+                }
+                (Some(_), false, _) => {
+                    return Err(invalid(
+                        format!("{prefix}.{name}"),
+                        "only for certificate mode (alipay_cert_file), not with alipay_public_key_file",
+                    ));
+                }
+                (Some(_), true, false) => {
+                    return Err(invalid(
+                        format!("{prefix}.{name}"),
+                        "only used with app_private_key_file (API calls)",
+                    ));
+                }
+                _ => {}
+            }
+        }
+        let (Some(app_path), Some(root_path)) = (&a.app_cert_file, &a.alipay_root_cert_file) else {
+            return Ok(None);
+        };
+        let app_key = format!("{prefix}.app_cert_file");
+        let app_certs = keys::certificates_file(&app_key, app_path)?;
+        let [app_cert] = app_certs.as_slice() else {
+            return Err(invalid(
+                app_key,
+                format!(
+                    "{}: {} certificates; the app certificate file holds one",
+                    app_path.display(),
+                    app_certs.len()
+                ),
+            ));
+        };
+        keys::not_expired(&app_key, app_path, app_cert, now)?;
+        let root_key = format!("{prefix}.alipay_root_cert_file");
+        let root = keys::alipay_root_cert_sn(&keys::certificates_file(&root_key, root_path)?);
+        // alipay-sdk-java-all refuses an empty one too ("AlipayRootCert Is Invalid").
+        if root.is_empty() {
+            return Err(invalid(
+                root_key,
+                format!(
+                    "{}: no RSA certificate in it; is it alipayRootCert.crt?",
+                    root_path.display()
+                ),
+            ));
+        }
+        Ok(Some(Self {
+            app: keys::alipay_cert_sn(app_cert),
+            root,
+        }))
+    }
 }
 
 impl Account for ApiApp {
@@ -127,10 +212,12 @@ impl AlipayApi {
         channel: &Alipay,
         settings: &AlipaySettings,
         client: &ClientSettings,
+        now: Timestamp,
     ) -> Result<Option<Self>, ConfigError> {
         let mut apps = Vec::new();
         for (i, a) in settings.apps.iter().enumerate() {
             let prefix = format!("alipay.apps[{i}]");
+            let cert_sn = CertSn::from_settings(&prefix, a, now)?;
             let Some(path) = &a.app_private_key_file else {
                 if a.gateway.is_some() {
                     return Err(invalid(
@@ -150,6 +237,7 @@ impl AlipayApi {
                 app: Arc::clone(app),
                 key,
                 gateway,
+                cert_sn,
             });
         }
         Ok(Accounts::new(apps, client)?.map(|apps| Self { apps }))
@@ -174,6 +262,10 @@ impl AlipayApi {
             ("timestamp", beijing(now)),
             ("version", "1.0".to_owned()),
         ];
+        if let Some(sn) = &a.cert_sn {
+            params.push(("app_cert_sn", sn.app.clone()));
+            params.push(("alipay_root_cert_sn", sn.root.clone()));
+        }
         params.sort_by(|x, y| x.0.cmp(y.0));
         let content = params
             .iter()

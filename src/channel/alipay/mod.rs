@@ -32,7 +32,7 @@ pub mod settings;
 mod verify;
 mod wire;
 
-pub use api::{AlipayApi, GATEWAY};
+pub use api::{AlipayApi, CertSn, GATEWAY};
 pub use settings::{AlipayApp, AlipaySettings};
 pub use wire::string_to_sign;
 
@@ -140,7 +140,7 @@ pub fn mount(
 ) -> Result<Mounted, ConfigError> {
     let built = Arc::new(Alipay::from_settings(settings, now)?);
     let provider: Arc<dyn Provider> = built.clone();
-    let api = AlipayApi::from_settings(&built, settings, client)?
+    let api = AlipayApi::from_settings(&built, settings, client, now)?
         .map(|api| Arc::new(api) as Arc<dyn ProviderApi>);
     let channel = web::Data::from(built);
     let mount: super::Mount = Box::new(move |cfg: &mut web::ServiceConfig| {

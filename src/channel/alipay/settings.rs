@@ -23,6 +23,15 @@ pub struct AlipayApp {
     /// Alipay (src/reconcile.rs).
     #[serde(default)]
     pub app_private_key_file: Option<PathBuf>,
+    /// Certificate mode with API credentials: the app's public-key certificate
+    /// (`appCertPublicKey_<app_id>.crt`), whose SN every request carries as `app_cert_sn`.
+    #[serde(default)]
+    pub app_cert_file: Option<PathBuf>,
+    /// Certificate mode with API credentials: Alipay's root certificates
+    /// (`alipayRootCert.crt`), whose RSA entries' SNs every request carries as
+    /// `alipay_root_cert_sn`.
+    #[serde(default)]
+    pub alipay_root_cert_file: Option<PathBuf>,
     /// The OpenAPI gateway; `https://openapi.alipay.com/gateway.do` when absent.
     #[serde(default)]
     pub gateway: Option<String>,

@@ -93,6 +93,9 @@ pub struct Fake {
     pub refused: AtomicUsize,
     /// When each request arrived.
     pub arrivals: Mutex<Vec<Instant>>,
+    /// Alipay certificate mode: the `(app_cert_sn, alipay_root_cert_sn)` every request must
+    /// carry; a request without them or with others is refused as Alipay's gateway refuses it.
+    pub expect_cert_sn: Mutex<Option<(String, String)>>,
     /// `(call, out_trade_no)` of every request, in order.
     pub calls: Mutex<Vec<(String, String)>>,
     /// The provider's own clock and how far it moves after each answer (a backlog whose
@@ -163,6 +166,16 @@ impl Fake {
     /// Serves Alipay app `app_id` too.
     pub fn also_app(&self, app_id: &str) {
         self.more_apps.lock().expect("apps").push(app_id.to_owned());
+    }
+
+    /// Alipay: from now on every request must carry these SNs (certificate mode).
+    pub fn expect_cert_sn(&self, app_cert_sn: &str, alipay_root_cert_sn: &str) {
+        *self.expect_cert_sn.lock().expect("cert sn") =
+            Some((app_cert_sn.to_owned(), alipay_root_cert_sn.to_owned()));
+    }
+
+    fn expected_cert_sn(&self) -> Option<(String, String)> {
+        self.expect_cert_sn.lock().expect("cert sn").clone()
     }
 
     pub fn sign_with(&self, signing: Signing) {
@@ -302,6 +315,7 @@ impl FakeProvider {
             refused: AtomicUsize::new(0),
             arrivals: Mutex::new(Vec::new()),
             calls: Mutex::new(Vec::new()),
+            expect_cert_sn: Mutex::new(None),
             clock: Mutex::new(None),
             mchid: mchid.to_owned(),
             appid: appid.to_owned(),
@@ -571,17 +585,62 @@ fn alipay_request(body: &[u8], fake: &Fake) -> Option<HashMap<String, String>> {
         .then_some(params)
 }
 
+/// Certificate mode: Alipay's answer to a request without the expected SNs, as its gateway
+/// gives it (signed, under the method's `…_response`): `40001 isv.missing-app-cert-sn` (缺少应用
+/// 公钥证书序列号), `40002 isv.app-cert-not-exist` (应用公钥证书不存在) for an SN it does not
+/// know, `40002 isv.invalid-alipay-root-cert-sn` (无效支付宝根证书序列号); and, by analogy, `40001
+/// isv.missing-alipay-root-cert-sn` for a missing root SN.
+fn cert_sn_refusal(fake: &Fake, params: &HashMap<String, String>) -> Option<Value> {
+    let (app, root) = fake.expected_cert_sn()?;
+    let given = |k: &str| params.get(k).filter(|v| !v.is_empty());
+    let refusal = |code: &str, msg: &str, sub_code: &str, sub_msg: &str| json!({"code": code, "msg": msg, "sub_code": sub_code, "sub_msg": sub_msg});
+    let missing = "Missing Required Arguments";
+    let invalid = "Invalid Arguments";
+    match (given("app_cert_sn"), given("alipay_root_cert_sn")) {
+        (None, _) => Some(refusal(
+            "40001",
+            missing,
+            "isv.missing-app-cert-sn",
+            "缺少应用公钥证书序列号",
+        )),
+        (_, None) => Some(refusal(
+            "40001",
+            missing,
+            "isv.missing-alipay-root-cert-sn",
+            "缺少支付宝根证书序列号",
+        )),
+        (Some(a), _) if *a != app => Some(refusal(
+            "40002",
+            invalid,
+            "isv.app-cert-not-exist",
+            "应用公钥证书不存在",
+        )),
+        (_, Some(r)) if *r != root => Some(refusal(
+            "40002",
+            invalid,
+            "isv.invalid-alipay-root-cert-sn",
+            "无效支付宝根证书序列号",
+        )),
+        _ => None,
+    }
+}
+
 fn alipay_signed(fake: &Fake, method: &str, value: &Value) -> HttpResponse {
     let key = format!("{}_response", method.replace('.', "_"));
     // Not serde's compact form: the signature covers these exact bytes, and re-serialising
     // the parsed answer would not give them back.
     let value = serde_json::to_string_pretty(value).expect("json");
+    // Certificate mode: Alipay names the certificate that signed the answer.
+    let cert_sn = match fake.expected_cert_sn() {
+        Some(_) => ",\"alipay_cert_sn\":\"fakegatewayalipaycertsn000000001\"",
+        None => "",
+    };
     let body = match fake.key(&fake.alipay_key) {
         Some(signer) => format!(
-            "{{\"{key}\":{value},\"sign\":\"{}\"}}",
+            "{{\"{key}\":{value}{cert_sn},\"sign\":\"{}\"}}",
             rsa_sign(signer, value.as_bytes()).expect("sign")
         ),
-        None => format!("{{\"{key}\":{value}}}"),
+        None => format!("{{\"{key}\":{value}{cert_sn}}}"),
     };
     HttpResponse::Ok()
         .content_type("text/html;charset=utf-8")
@@ -595,8 +654,12 @@ fn alipay(fake: &Fake, body: &[u8]) -> HttpResponse {
         let value = json!({"code": "40002", "msg": "Invalid Arguments", "sub_code": "isv.invalid-signature", "sub_msg": "验签出错"});
         return alipay_signed(fake, "error", &value);
     };
-    fake.verified.fetch_add(1, Ordering::SeqCst);
     let method = params.get("method").cloned().unwrap_or_default();
+    if let Some(refusal) = cert_sn_refusal(fake, &params) {
+        fake.refused.fetch_add(1, Ordering::SeqCst);
+        return alipay_signed(fake, &method, &refusal);
+    }
+    fake.verified.fetch_add(1, Ordering::SeqCst);
     let biz: Value = params
         .get("biz_content")
         .and_then(|b| serde_json::from_str(b).ok())
