@@ -62,6 +62,32 @@ pub async fn load_stored(
     Ok(loaded)
 }
 
+/// The merchants whose last key expires within [`EXPIRY_WARNING_SECS`] of `now` (or has
+/// expired), with that expiry: a merchant with a key that does not expire (a public key) is
+/// never among them.
+pub fn expiring(keys: &[KnownKey], now: Timestamp) -> Vec<(ChannelId, String, i64)> {
+    let mut latest: HashMap<(ChannelId, String), Option<i64>> = HashMap::new();
+    for key in keys {
+        let expiry = key.expire_at.map(|at| at.unix_seconds());
+        let entry = latest
+            .entry((key.channel, key.mchid.clone()))
+            .or_insert(Some(i64::MIN));
+        *entry = match (*entry, expiry) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            _ => None,
+        };
+    }
+    let mut soon: Vec<(ChannelId, String, i64)> = latest
+        .into_iter()
+        .filter_map(|((channel, mchid), last)| {
+            last.filter(|at| at - now.unix_seconds() < EXPIRY_WARNING_SECS)
+                .map(|at| (channel, mchid, at))
+        })
+        .collect();
+    soon.sort_by(|a, b| a.1.cmp(&b.1));
+    soon
+}
+
 /// One merchant's downloads: when the last one an unknown serial called for began. Held while
 /// a download runs, so requests that name an unknown serial meanwhile wait for it instead of
 /// starting their own.
@@ -270,30 +296,20 @@ impl Certificates {
     }
 
     /// The expiry gauges of every key, and a warning for each merchant whose last valid
-    /// certificate expires within [`EXPIRY_WARNING_SECS`] (a merchant with a public key,
-    /// which does not expire, is never warned about).
+    /// certificate expires within [`EXPIRY_WARNING_SECS`] (see [`expiring`]).
     pub fn observe(&self, now: Timestamp) {
-        let mut latest: HashMap<(ChannelId, String), Option<i64>> = HashMap::new();
-        for key in self.keys() {
-            let expiry = key.expire_at.map(|at| at.unix_seconds());
+        let keys = self.keys();
+        for key in &keys {
             self.metrics
                 .certificate_expiry
                 .with_label_values(&[key.channel.as_str(), &key.mchid, &key.serial])
-                .set(expiry.map_or(f64::INFINITY, |at| at as f64));
-            let entry = latest
-                .entry((key.channel, key.mchid))
-                .or_insert(Some(i64::MIN));
-            *entry = match (*entry, expiry) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                _ => None,
-            };
+                .set(
+                    key.expire_at
+                        .map_or(f64::INFINITY, |at| at.unix_seconds() as f64),
+                );
         }
-        for ((channel, mchid), last) in latest {
-            if let Some(last) = last
-                && last - now.unix_seconds() < EXPIRY_WARNING_SECS
-            {
-                tracing::warn!(%channel, mchid, expires_at = last, "the last valid platform certificate of this merchant expires within 7 days (or has expired): refresh (POST /admin/certificates/refresh), install the new one, or switch to a WeChat Pay public key; see docs/operations.md");
-            }
+        for (channel, mchid, last) in expiring(&keys, now) {
+            tracing::warn!(%channel, mchid, expires_at = last, "the last valid platform certificate of this merchant expires within 7 days (or has expired): refresh (POST /admin/certificates/refresh), install the new one, or switch to a WeChat Pay public key; see docs/operations.md");
         }
     }
 
@@ -402,5 +418,54 @@ impl ProviderApi for Relearning {
             self.inner
                 .refund_query(account, out_trade_no, out_refund_no, now)
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::platform::KeyOrigin;
+
+    fn key(mchid: &str, serial: &str, expire_at: Option<i64>) -> KnownKey {
+        let at = |s: i64| Timestamp::new(chrono::DateTime::from_timestamp(s, 0).expect("time"));
+        KnownKey {
+            channel: ChannelId::Wechat,
+            mchid: mchid.to_owned(),
+            serial: serial.to_owned(),
+            source: KeyOrigin::Downloaded,
+            effective_at: expire_at.map(|_| at(0)),
+            expire_at: expire_at.map(at),
+            fetched_at: None,
+        }
+    }
+
+    #[test]
+    fn only_a_merchant_whose_last_key_expires_within_a_week_is_expiring() {
+        let now = Timestamp::new(chrono::DateTime::from_timestamp(1_000_000_000, 0).expect("t"));
+        let day = 86_400;
+        let n = now.unix_seconds();
+        let keys = [
+            // Its old certificate expires tomorrow, its new one in 30 days: fine.
+            key("A", "A1", Some(n + day)),
+            key("A", "A2", Some(n + 30 * day)),
+            // Both within the week: warned, with the later of the two.
+            key("B", "B1", Some(n + day)),
+            key("B", "B2", Some(n + 6 * day)),
+            // A certificate expiring, but a public key beside it: fine.
+            key("C", "C1", Some(n + day)),
+            key("C", "PUB_KEY_ID_C", None),
+            // Expired already: warned.
+            key("D", "D1", Some(n - day)),
+            // Exactly seven days left: not within.
+            key("E", "E1", Some(n + 7 * day)),
+        ];
+        let soon = expiring(&keys, now);
+        assert_eq!(
+            soon,
+            [
+                (ChannelId::Wechat, "B".to_owned(), n + 6 * day),
+                (ChannelId::Wechat, "D".to_owned(), n - day),
+            ]
+        );
     }
 }

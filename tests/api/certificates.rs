@@ -269,6 +269,19 @@ async fn configured_keys_and_downloaded_certificates_verify_side_by_side(backend
         2,
         "the configured public key and certificate: {sources:?}"
     );
+    // A public key does not expire: its gauge is +Inf (written `inf`, which Prometheus reads
+    // as +Inf), so an expiry alert never fires on a merchant that has one.
+    let rendered = app.metrics.render();
+    let series = format!(
+        "paynotify_certificate_expiry_timestamp_seconds{{channel=\"wechat\",mchid=\"{MCHID}\",serial=\"PUB_KEY_ID_0000000000000000000000000000000A\"}} "
+    );
+    let value: f64 = rendered
+        .lines()
+        .find_map(|line| line.strip_prefix(series.as_str()))
+        .unwrap_or_else(|| panic!("no gauge for the public key: {rendered}"))
+        .parse()
+        .expect("a number");
+    assert!(value.is_infinite() && value > 0.0, "{value}");
     // A notification signed with the configured WeChat Pay public key (PUB_KEY_ID_…), one
     // with the configured certificate, one with the downloaded certificate.
     for (i, sandbox) in [

@@ -329,7 +329,7 @@ async fn sandbox_keys_serve_and_replay_end_to_end() {
         ("wechat", "--bad-signature", "bad_signature"),
         ("wechat", "--tamper-amount", "bad_signature"),
         ("wechat", "--stale", "stale"),
-        ("wechat", "--unknown-serial", "bad_signature"),
+        ("wechat", "--unknown-serial", "unknown_serial"),
         ("wechat", "--probe", "bad_signature"),
         ("alipay", "--bad-signature", "bad_signature"),
         ("alipay", "--tamper-amount", "bad_signature"),
