@@ -331,23 +331,23 @@ struct Relearning {
 }
 
 /// An answer that may name a key not known.
-trait Answer {
+trait KeyedAnswer {
     fn names_unknown_key(&self) -> bool;
 }
 
-impl Answer for TradeAnswer {
+impl KeyedAnswer for TradeAnswer {
     fn names_unknown_key(&self) -> bool {
         matches!(self, Self::Failed(Failure::UnknownKey(_)))
     }
 }
 
-impl Answer for CloseAnswer {
+impl KeyedAnswer for CloseAnswer {
     fn names_unknown_key(&self) -> bool {
         matches!(self, Self::Failed(Failure::UnknownKey(_)))
     }
 }
 
-impl Answer for RefundAnswer {
+impl KeyedAnswer for RefundAnswer {
     fn names_unknown_key(&self) -> bool {
         matches!(self, Self::Failed(Failure::UnknownKey(_)))
     }
@@ -355,7 +355,7 @@ impl Answer for RefundAnswer {
 
 impl Relearning {
     /// `call`, and once more after a refresh when its answer names an unknown key.
-    async fn asked<'a, A: Answer>(
+    async fn asked<'a, A: KeyedAnswer>(
         &'a self,
         account: &'a str,
         now: Timestamp,

@@ -14,7 +14,8 @@ use paynotify::time::Clock;
 use serde_json::Value;
 
 use crate::support::helpers::{
-    Backend, TestApp, metric, post_delivery, released_together, spawn_app_with, spawn_app_with_jobs,
+    Backend, TestApp, admin, metric, post_delivery, released_together, spawn_app_with,
+    spawn_app_with_jobs,
 };
 use crate::support::keys::{ec_certificate, platform_certificate, private_key_path, rsa_key};
 use crate::support::provider::{FakeProvider, MERCHANT_KEY, MERCHANT_SERIAL, Served, Signing};
@@ -74,18 +75,6 @@ fn configure(s: &mut Settings, url: &str, configured: bool) {
 async fn app(backend: Backend, fake: &FakeProvider, configured: bool) -> TestApp {
     let url = fake.url.clone();
     spawn_app_with(backend, move |s| configure(s, &url, configured)).await
-}
-
-async fn admin(app: &TestApp, method: reqwest::Method, path: &str) -> (u16, Value) {
-    let response = app
-        .client
-        .request(method, app.url(path))
-        .bearer_auth(&app.api_token)
-        .send()
-        .await
-        .expect(path);
-    let status = response.status().as_u16();
-    (status, response.json().await.expect("JSON"))
 }
 
 async fn refresh(app: &TestApp) -> (u16, Value) {

@@ -9,7 +9,7 @@ use paynotify::qa::forge::Delivery;
 use paynotify::receipts::store::{NewReceipt, ReceiptFilter, StoredReceipt};
 use serde_json::Value;
 
-use crate::support::helpers::{Backend, TestApp, metric, spawn_app_with};
+use crate::support::helpers::{Backend, TestApp, admin, metric, spawn_app_with};
 use crate::wechat::{APIV3_A, paid, pay, sandbox, settings};
 
 use std::sync::Arc;
@@ -216,19 +216,6 @@ async fn a_full_receipt_queue_drops_and_counts_while_notify_still_answers(backen
     );
     lock.await.expect("lock task");
     assert!(app.receipts_stored(3).await >= 1);
-}
-
-/// An admin request with the API token: the status and the JSON answer.
-async fn admin(app: &TestApp, method: reqwest::Method, path: &str) -> (u16, Value) {
-    let response = app
-        .client
-        .request(method, app.url(path))
-        .bearer_auth(&app.api_token)
-        .send()
-        .await
-        .expect(path);
-    let status = response.status().as_u16();
-    (status, response.json().await.expect("JSON"))
 }
 
 async fn post_admin(app: &TestApp, path: &str) -> (u16, Value) {

@@ -815,6 +815,19 @@ pub fn metric(app: &TestApp, name: &str, labels: &[&str]) -> u64 {
     Metrics::count(vec, labels)
 }
 
+/// An admin request with the API token: the status and the JSON answer.
+pub async fn admin(app: &TestApp, method: reqwest::Method, path: &str) -> (u16, serde_json::Value) {
+    let response = app
+        .client
+        .request(method, app.url(path))
+        .bearer_auth(&app.api_token)
+        .send()
+        .await
+        .expect(path);
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("JSON"))
+}
+
 /// POSTs a forged provider request (its headers and raw body); returns status and body.
 pub async fn post_delivery(
     app: &TestApp,
