@@ -641,7 +641,8 @@ fn openssl_sn(f: &std::path::Path) -> (String, String) {
 /// roots' SNs with `_` in file order and leaves the EC root out.
 #[test]
 fn alipay_cert_sns_are_the_sdks_md5_of_issuer_and_decimal_serial() {
-    use paynotify::channel::keys::{alipay_cert_sn, alipay_root_cert_sn, certificates_file};
+    use paynotify::channel::alipay::cert_sn::{alipay_cert_sn, alipay_root_cert_sn};
+    use paynotify::channel::keys::certificates_file;
 
     let certs = crate::support::keys::alipay_certs(CERT_APP_KEY);
     let app = certificates_file("test", &certs.app_cert).expect("app certificate");

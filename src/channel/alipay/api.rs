@@ -8,7 +8,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use chrono::{FixedOffset, NaiveDateTime, TimeZone};
 use serde::Deserialize;
 
-use super::{Alipay, AlipayApp, AlipaySettings, App};
+use super::{Alipay, AlipayApp, AlipaySettings, App, cert_sn};
 use crate::channel::api::{
     Account, Accounts, CloseAnswer, Failure, Miss, ProviderClient, RefundAnswer, TradeAnswer,
 };
@@ -96,7 +96,7 @@ impl CertSn {
         };
         keys::not_expired(&app_key, app_path, app_cert, now)?;
         let root_key = format!("{prefix}.alipay_root_cert_file");
-        let root = keys::alipay_root_cert_sn(&keys::certificates_file(&root_key, root_path)?);
+        let root = cert_sn::alipay_root_cert_sn(&keys::certificates_file(&root_key, root_path)?);
         // alipay-sdk-java-all refuses an empty one too ("AlipayRootCert Is Invalid").
         if root.is_empty() {
             return Err(invalid(
@@ -108,7 +108,7 @@ impl CertSn {
             ));
         }
         Ok(Some(Self {
-            app: keys::alipay_cert_sn(app_cert),
+            app: cert_sn::alipay_cert_sn(app_cert),
             root,
         }))
     }

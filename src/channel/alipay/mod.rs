@@ -27,6 +27,7 @@ use crate::time::Timestamp;
 use wire::{Form, read_fields};
 
 mod api;
+pub mod cert_sn;
 mod explain;
 pub mod settings;
 mod verify;
