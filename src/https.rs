@@ -92,10 +92,12 @@ pub fn client_builder(settings: &ClientSettings) -> Result<reqwest::ClientBuilde
 }
 
 /// The provider clients' HTTPS client: [`client_builder`] with `timeout_ms` for the whole
-/// request.
+/// request, and no redirects followed: a signed request goes only where it was addressed,
+/// and a bill is downloaded only from the URL its signed answer gave.
 pub fn http_client(settings: &ClientSettings) -> Result<reqwest::Client, ConfigError> {
     client_builder(settings)?
         .timeout(Duration::from_millis(settings.timeout_ms))
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| invalid("reconcile", format!("cannot build the HTTPS client: {e}")))
 }

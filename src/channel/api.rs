@@ -397,6 +397,11 @@ impl Plumbing {
         &self.client
     }
 
+    /// Waits for this provider's next rate-limit slot.
+    pub async fn acquire(&self) {
+        self.limiter.acquire().await;
+    }
+
     /// Sends `request` in its rate-limit slot; no answer at all is [`Failure::Unreachable`].
     pub async fn send(&self, request: reqwest::RequestBuilder) -> Result<Received, Failure> {
         self.limiter.acquire().await;

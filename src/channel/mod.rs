@@ -16,6 +16,7 @@ use crate::time::Timestamp;
 
 pub mod alipay;
 pub mod api;
+pub mod bill;
 pub mod keys;
 pub mod platform;
 pub mod wechat;
@@ -390,6 +391,8 @@ pub struct Mounted {
     pub api: Option<std::sync::Arc<dyn api::ProviderApi>>,
     /// The provider's platform keys, when it hands them out itself (WeChat's certificates).
     pub keys: Option<std::sync::Arc<dyn platform::KeySource>>,
+    /// The provider's daily bills, when some merchant/app has API credentials.
+    pub bills: Option<std::sync::Arc<dyn bill::BillSource>>,
 }
 
 /// The `reason` label a rejection is counted under.

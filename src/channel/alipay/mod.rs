@@ -156,6 +156,7 @@ pub fn mount(
         provider,
         api,
         keys: None,
+        bills: None,
     })
 }
 

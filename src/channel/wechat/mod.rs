@@ -400,5 +400,6 @@ pub fn mount(
         provider,
         api,
         keys: Some(keys),
+        bills: None,
     })
 }

@@ -78,7 +78,64 @@ pub struct Refunded {
     pub total: i64,
 }
 
+/// One detail row of a fake bill: a payment, or a refund when `out_refund_no` is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeLine {
+    pub out_trade_no: String,
+    pub transaction_id: String,
+    /// A refund row's refund number (WeChat 商户退款单号, Alipay 退款批次号/请求号).
+    pub out_refund_no: Option<String>,
+    /// A payment's order amount, or a refund's refunded amount (positive).
+    pub amount_fen: i64,
+    /// The provider's fee in thousandths of a fen (WeChat's 0.00001 yuan).
+    pub fee_milli_fen: i64,
+    /// When the provider booked it, Beijing time: `2026-11-30 23:59:59`.
+    pub at: String,
+}
+
+/// What is wrong with a fake bill (each a bad input the service must refuse).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BillFault {
+    /// WeChat: `hash_value` is not the SHA1 of the decompressed file.
+    WrongHash,
+    /// The gzip (WeChat) or zip (Alipay) is cut off halfway.
+    Truncated,
+    /// The detail header lacks this column.
+    MissingColumn(&'static str),
+    /// The detail header has a column the format does not have (and lacks none).
+    UnknownColumn,
+    /// The summary states one more payment (and its amount) than the details carry.
+    SummaryOff,
+    /// Alipay: bytes that are not GBK in a detail row. WeChat: bytes that are not UTF-8.
+    BadCharset,
+    /// Every row is of another merchant (WeChat 商户号) / seller (Alipay `#账号`).
+    OtherMerchant,
+    /// The download URL answers only after 30 s.
+    Hang,
+    /// The download URL answers 302 to another host.
+    Redirect,
+    /// The answer to the bill call carries no signature.
+    Unsigned,
+    /// The answer to the bill call is signed with a key that is not the provider's.
+    WrongSignature,
+    /// The provider says there is no bill for that day (WeChat `NO_STATEMENT_EXIST`,
+    /// Alipay `isp.bill_not_exist`).
+    NoBill,
+}
+
+/// The bill the fake serves for one date (`YYYY-MM-DD`), to every merchant/app it serves.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FakeBill {
+    pub lines: Vec<FakeLine>,
+    pub fault: Option<BillFault>,
+}
+
 pub struct Fake {
+    /// Bills by date; a date without one: WeChat `NO_STATEMENT_EXIST`, Alipay
+    /// `isp.bill_not_exist`.
+    pub bills: Mutex<HashMap<String, FakeBill>>,
+    /// Bill downloads that verified, by date.
+    pub bill_downloads: Mutex<Vec<String>>,
     pub trades: Mutex<HashMap<String, Trade>>,
     /// Refunds by refund number (WeChat `out_refund_no`, Alipay `out_request_no`).
     pub refunds: Mutex<HashMap<String, Refunded>>,
@@ -125,6 +182,14 @@ fn verifier(name: &str) -> RsaVerifier {
 }
 
 impl Fake {
+    /// Serves `bill` for `date` (`YYYY-MM-DD`) from now on.
+    pub fn set_bill(&self, date: &str, bill: FakeBill) {
+        self.bills
+            .lock()
+            .expect("bills")
+            .insert(date.to_owned(), bill);
+    }
+
     pub fn set(&self, out_trade_no: &str, trade: Trade) {
         self.trades
             .lock()
@@ -305,6 +370,8 @@ impl FakeProvider {
         (app_id, alipay_key): (&str, &str),
     ) -> Self {
         let state = Arc::new(Fake {
+            bills: Mutex::new(HashMap::new()),
+            bill_downloads: Mutex::new(Vec::new()),
             trades: Mutex::new(HashMap::new()),
             refunds: Mutex::new(HashMap::new()),
             down: AtomicBool::new(false),

@@ -1,0 +1,255 @@
+//! A provider's daily bill (对账单), the neutral side: what a bill line is, what a bill
+//! totals to, why a bill could not be had, and the [`BillSource`] a provider's API client
+//! implements so `crate::bills` can compare any provider's books with the ledger.
+//!
+//! A provider fetches the file, checks it (WeChat's SHA1 of the decompressed bytes) and
+//! hands back a [`BillFile`]: a verified file on disk that is read once, streaming, line by
+//! line, so a bill of a million rows is never held in memory. Reading checks the file's own
+//! summary against its detail rows; a bill that fails any check is never acted upon.
+
+use std::time::Duration;
+
+use chrono::NaiveDate;
+use serde::Serialize;
+
+use super::api::{ApiFuture, Failure, Plumbing};
+use crate::notice::ChannelId;
+use crate::time::Timestamp;
+
+/// Whether a bill line is money in or money back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LineKind {
+    Payment,
+    Refund,
+}
+
+impl LineKind {
+    /// As stored in `bill_line.kind`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Payment => "payment",
+            Self::Refund => "refund",
+        }
+    }
+}
+
+/// One detail row of a bill, read by header name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BillLine {
+    pub kind: LineKind,
+    /// The merchant's order number (WeChat 商户订单号, Alipay 商户订单号).
+    pub out_trade_no: String,
+    /// The provider's trade number (WeChat 微信订单号, Alipay 支付宝交易号).
+    pub transaction_id: String,
+    /// A refund row's refund number (WeChat 商户退款单号, Alipay 退款批次号/请求号).
+    pub out_refund_no: Option<String>,
+    /// Positive fen: a payment's order amount (WeChat 订单金额, Alipay 订单金额), a refund's
+    /// refunded amount (WeChat 退款金额, Alipay's negative 订单金额 made positive).
+    pub amount_fen: i64,
+    /// The provider's fee in thousandths of a fen (WeChat states it to 0.00001 yuan); what
+    /// it gives back on a refund is negative.
+    pub fee_milli_fen: i64,
+    /// The provider's own words for the row (WeChat 交易状态 / 退款状态, Alipay 业务类型).
+    pub status: String,
+    /// When the provider booked it (WeChat 交易时间, Alipay 完成时间), Beijing time as stated.
+    pub at: Option<Timestamp>,
+}
+
+/// What a bill adds up to: counted from its detail rows, once they agree with its summary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct BillTotals {
+    pub count: i64,
+    pub amount_fen: i64,
+    pub refund_count: i64,
+    pub refund_fen: i64,
+    /// The fees of every row, summed exactly and rounded half away from zero to the fen.
+    pub fee_fen: i64,
+}
+
+impl BillTotals {
+    /// Adds one detail row.
+    pub fn add(&mut self, line: &BillLine, fee_milli_fen: &mut i64) {
+        match line.kind {
+            LineKind::Payment => {
+                self.count += 1;
+                self.amount_fen += line.amount_fen;
+            }
+            LineKind::Refund => {
+                self.refund_count += 1;
+                self.refund_fen += line.amount_fen;
+            }
+        }
+        *fee_milli_fen += line.fee_milli_fen;
+        self.fee_fen = round_milli_fen(*fee_milli_fen);
+    }
+}
+
+/// Thousandths of a fen to fen, half away from zero (as the providers' summaries round).
+pub fn round_milli_fen(milli: i64) -> i64 {
+    let whole = milli / 1000;
+    let rest = milli % 1000;
+    if rest >= 500 {
+        whole + 1
+    } else if rest <= -500 {
+        whole - 1
+    } else {
+        whole
+    }
+}
+
+/// Why a bill could not be had or read. The report is `unavailable` with it, nothing is
+/// acted upon, and the next run tries again.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BillError {
+    /// Asking for the bill gave no usable answer (unreachable, unsigned or wrongly signed,
+    /// an error the provider does not document as "no bill").
+    #[error("{}: {}", .0.label(), .0.detail())]
+    Failed(Failure),
+    /// The file could not be downloaded: no answer in time, an HTTP error, a redirect, a
+    /// URL on another host, a file over the size limit.
+    #[error("download: {0}")]
+    Download(String),
+    /// The file is not the one the signed answer described (WeChat's `hash_value`).
+    #[error("hash: {0}")]
+    Hash(String),
+    /// A truncated or corrupt gzip or zip.
+    #[error("archive: {0}")]
+    Archive(String),
+    /// A row or header that is not the bill's format: a missing column, an amount that is
+    /// not yuan, bytes that are not the file's charset.
+    #[error("format: {0}")]
+    Format(String),
+    /// The bill's own summary disagrees with its detail rows.
+    #[error("summary: {0}")]
+    Summary(String),
+    /// A row of another merchant or app than the one asked for.
+    #[error("other account: {0}")]
+    OtherAccount(String),
+}
+
+impl BillError {
+    /// A short name for logs and the report's `reason`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Failed(f) => f.label(),
+            Self::Download(_) => "download",
+            Self::Hash(_) => "hash",
+            Self::Archive(_) => "archive",
+            Self::Format(_) => "format",
+            Self::Summary(_) => "summary",
+            Self::OtherAccount(_) => "other_account",
+        }
+    }
+}
+
+impl From<Failure> for BillError {
+    fn from(failure: Failure) -> Self {
+        Self::Failed(failure)
+    }
+}
+
+/// A downloaded bill, checked as far as it can be before it is read: read once, streaming.
+pub trait BillFile: Send {
+    /// Reads every detail row in order, handing each to `each` (which may stop the read
+    /// with its own error), and checks the file's summary against the rows: their totals
+    /// when they agree.
+    fn read(
+        self: Box<Self>,
+        each: &mut dyn FnMut(BillLine) -> Result<(), BillError>,
+    ) -> Result<BillTotals, BillError>;
+}
+
+/// What asking for a day's bill came to.
+pub enum Fetched {
+    /// The bill, downloaded and checked.
+    Bill(Box<dyn BillFile>),
+    /// The provider says there is no bill for that day (WeChat `NO_STATEMENT_EXIST`, Alipay
+    /// `isp.bill_not_exist`): no trade that day, or an answer that cannot be told from one.
+    /// It balances only a day the ledger has nothing for either.
+    NoBill(String),
+}
+
+/// A provider whose daily bill can be fetched: its API client, for every account with API
+/// credentials.
+pub trait BillSource: Send + Sync + 'static {
+    fn channel(&self) -> ChannelId;
+
+    /// The merchants/apps whose bills can be fetched, in configuration order.
+    fn accounts(&self) -> Vec<String>;
+
+    /// Fetches the bill of `date` (a provider-local day) for `account` into a temporary
+    /// file and checks what can be checked before a row is read.
+    /// The download may take `download_timeout` in all (a bill can be large; the API
+    /// calls keep `reconcile.timeout_ms`).
+    fn fetch<'a>(
+        &'a self,
+        account: &'a str,
+        date: NaiveDate,
+        download_timeout: Duration,
+        now: Timestamp,
+    ) -> ApiFuture<'a, Result<Fetched, BillError>>;
+}
+
+/// Downloads a bill file into an unnamed temporary file (gone when dropped), at most
+/// [`MAX_BILL_BYTES`], within `timeout`; any answer but a 200 is [`BillError::Download`]
+/// (a redirect is not followed). Returns the file rewound, and its size.
+pub async fn download(
+    plumbing: &Plumbing,
+    request: reqwest::RequestBuilder,
+    timeout: Duration,
+) -> Result<(std::fs::File, u64), BillError> {
+    use std::io::{Seek, Write};
+    let failed = |e: &dyn std::fmt::Display| BillError::Download(e.to_string());
+    let work = async {
+        plumbing.acquire().await;
+        let mut response = request.send().await.map_err(|e| failed(&e))?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            let location = response
+                .headers()
+                .get("location")
+                .and_then(|v| v.to_str().ok())
+                .map(|l| format!(" to {l}"))
+                .unwrap_or_default();
+            return Err(BillError::Download(format!(
+                "HTTP {status}{location} (redirects are not followed)"
+            )));
+        }
+        let mut file = tempfile::tempfile().map_err(|e| failed(&e))?;
+        let mut size: u64 = 0;
+        while let Some(chunk) = response.chunk().await.map_err(|e| failed(&e))? {
+            size += chunk.len() as u64;
+            if size > MAX_BILL_BYTES {
+                return Err(BillError::Download(format!(
+                    "larger than {MAX_BILL_BYTES} bytes"
+                )));
+            }
+            file.write_all(&chunk).map_err(|e| failed(&e))?;
+        }
+        file.rewind().map_err(|e| failed(&e))?;
+        Ok((file, size))
+    };
+    tokio::time::timeout(timeout, work).await.map_err(|_| {
+        BillError::Download(format!("not downloaded within {} s", timeout.as_secs()))
+    })?
+}
+
+/// The most a downloaded bill may take on disk, and decompressed: a larger one is refused
+/// (a zip or gzip bomb), not read.
+pub const MAX_BILL_BYTES: u64 = 4 << 30;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fees_round_half_away_from_zero() {
+        assert_eq!(round_milli_fen(0), 0);
+        assert_eq!(round_milli_fen(499), 0);
+        assert_eq!(round_milli_fen(500), 1);
+        assert_eq!(round_milli_fen(1499), 1);
+        assert_eq!(round_milli_fen(-499), 0);
+        assert_eq!(round_milli_fen(-500), -1);
+        assert_eq!(round_milli_fen(-1500), -2);
+    }
+}
