@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_cron_scheduler::{Job, JobScheduler, JobSchedulerError};
 
+use crate::bills::Bills;
 use crate::certificates::Certificates;
 use crate::reconcile::Reconciler;
 use crate::relay::Relay;
@@ -109,6 +110,23 @@ pub async fn refresh_certificates(certificates: &Arc<Certificates>) {
     }
 }
 
+/// The daily bill job: yesterday's bills of every channel, and the week's unavailable ones
+/// again; each report was logged where it was made.
+pub async fn reconcile_bills(bills: &Bills) {
+    match bills.daily().await {
+        Ok(reports) => {
+            let mut counts = std::collections::BTreeMap::new();
+            for r in &reports {
+                *counts.entry(r.status.as_str()).or_insert(0) += 1;
+            }
+            tracing::info!(?counts, "daily bill reconciliation");
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "daily bill reconciliation failed; the next run retries")
+        }
+    }
+}
+
 /// How often the watchdog looks at the relay's last successful tick.
 const WATCHDOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -180,6 +198,7 @@ impl Jobs {
         clock: Arc<dyn Clock>,
         reconciler: Arc<Reconciler>,
         certificates: Arc<Certificates>,
+        bills: Option<(Arc<Bills>, String)>,
         relay: Arc<Relay>,
         relay_every: Duration,
         retention: Retention,
@@ -241,6 +260,17 @@ impl Jobs {
                         })
                     },
                 )?)
+                .await?;
+        }
+        if let Some((bills, schedule)) = bills {
+            // At bills.run_at in bills.timezone; the lease of each (date, channel) makes one
+            // instance do it.
+            let (zone, busy) = (bills.zone(), Arc::new(Mutex::new(())));
+            scheduler
+                .add(Job::new_async_tz(schedule.as_str(), zone, move |_, _| {
+                    let bills = Arc::clone(&bills);
+                    unless_busy(&busy, async move { reconcile_bills(&bills).await })
+                })?)
                 .await?;
         }
         let (s, c, busy) = (store, clock, Arc::new(Mutex::new(())));

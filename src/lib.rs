@@ -2,6 +2,7 @@
 //! change plus one outbox message.
 
 pub(crate) mod batch;
+pub mod bills;
 pub mod body_deadline;
 pub mod certificates;
 pub mod channel;

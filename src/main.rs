@@ -40,6 +40,9 @@ enum Command {
     Replay(ReplayArgs),
     /// Every check made of one notify request, in order, and the first that failed.
     Explain(ExplainArgs),
+    /// The daily bill reconciliation (对账).
+    #[command(subcommand)]
+    Bills(BillsCommand),
     /// QA: forge one signed notification per order into a file of raw HTTP requests, for a
     /// load generator to replay (`bench/run.sh`).
     Forge(ForgeArgs),
@@ -51,6 +54,26 @@ enum Command {
         /// default configuration's 127.0.0.1:8080, so both can run side by side.
         #[arg(long, default_value = "127.0.0.1:8081")]
         listen: std::net::SocketAddr,
+    },
+}
+
+#[derive(Subcommand)]
+enum BillsCommand {
+    /// Fetch the providers' bills of a day and compare them with the ledger now; prints the
+    /// reports. Exits 0 when all balanced, 1 when any is mismatched, 2 when any is
+    /// unavailable (or the run could not be made).
+    Reconcile {
+        /// The bill date, a provider-local day (bills.timezone).
+        #[arg(long, value_name = "YYYY-MM-DD")]
+        date: chrono::NaiveDate,
+        /// wechat or alipay; every channel with API credentials when absent.
+        #[arg(long, value_parser = ["wechat", "alipay"])]
+        channel: Option<String>,
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The reports as JSON (the admin API's shape).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -152,11 +175,28 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
 async fn main() -> ExitCode {
     // reqwest is built without a TLS provider of its own: ring, before any client is built.
     paynotify::https::install_crypto();
-    let result = match Cli::parse().command {
+    let command = Cli::parse().command;
+    if let Command::Bills(BillsCommand::Reconcile {
+        date,
+        channel,
+        config,
+        json,
+    }) = command
+    {
+        return match reconcile_bills(date, channel.as_deref(), config, json).await {
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                eprintln!("paynotify: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let result = match command {
         Command::Serve { config } => serve(config).await,
         Command::Migrate { config } => migrate(config).await,
         Command::Replay(args) => replay(args).await,
         Command::Explain(args) => explain(args).await,
+        Command::Bills(_) => unreachable!("handled above"),
         Command::Forge(args) => forge(args),
         Command::SandboxKeys { out, listen } => {
             paynotify::telemetry::init();
@@ -304,6 +344,33 @@ async fn explain(args: ExplainArgs) -> anyhow::Result<()> {
     }
     print!("{report}");
     Ok(())
+}
+
+/// `paynotify bills reconcile`: the reports of one date, printed; the exit code they call for.
+async fn reconcile_bills(
+    date: chrono::NaiveDate,
+    channel: Option<&str>,
+    config: Option<PathBuf>,
+    json: bool,
+) -> anyhow::Result<u8> {
+    use paynotify::bills::report::exit_code;
+    let settings = load_settings(config.as_deref())?;
+    let channel = channel.and_then(paynotify::notice::ChannelId::parse);
+    let clock: Arc<dyn paynotify::time::Clock> = Arc::new(paynotify::time::SystemClock);
+    let bills = paynotify::startup::bills_only(&settings, clock).await?;
+    let reports = bills.reconcile(date, channel).await?;
+    if reports.is_empty() {
+        eprintln!("paynotify: no bill to compare: no merchant or app has API credentials");
+        return Ok(2);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    } else {
+        for report in &reports {
+            print!("{report}");
+        }
+    }
+    Ok(exit_code(&reports))
 }
 
 async fn replay(args: ReplayArgs) -> anyhow::Result<()> {

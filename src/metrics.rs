@@ -186,6 +186,10 @@ pub struct Metrics {
     pub certificate_expiry: GaugeVec,
     /// Platform-certificate downloads by channel and [`RefreshResult`].
     pub certificate_refresh: IntCounterVec,
+    /// Bill reports by channel and result (`balanced`, `mismatched`, `unavailable`).
+    pub bill_runs: IntCounterVec,
+    /// Differences the bill reports found, by channel and item type (`MISSING_HERE`, …).
+    pub bill_items: IntCounterVec,
 }
 
 /// What one download of a merchant's platform certificates came to (`result` label), or
@@ -372,6 +376,16 @@ impl Metrics {
             "Platform-certificate downloads, and certificates refused, by channel and result",
             &["channel", "result"],
         );
+        let bill_runs = counter(
+            "paynotify_bill_runs_total",
+            "Daily bill reports (one per date, channel and account compared) by channel and result",
+            &["channel", "result"],
+        );
+        let bill_items = counter(
+            "paynotify_bill_items_total",
+            "Differences between a provider's bill and the ledger, by channel and type",
+            &["channel", "type"],
+        );
         let request_seconds = register(
             &registry,
             HistogramVec::new(
@@ -456,6 +470,8 @@ impl Metrics {
             receipts,
             certificate_expiry,
             certificate_refresh,
+            bill_runs,
+            bill_items,
             provider_calls,
             payments_recovered,
             expiry,
@@ -507,6 +523,20 @@ impl Metrics {
     pub fn certificate_refreshed(&self, channel: ChannelId, result: RefreshResult) {
         self.certificate_refresh
             .with_label_values(&[channel.as_str(), result.label()])
+            .inc();
+    }
+
+    /// Counts one bill report by its status (`balanced`, `mismatched`, `unavailable`).
+    pub fn bill_run(&self, channel: ChannelId, result: &'static str) {
+        self.bill_runs
+            .with_label_values(&[channel.as_str(), result])
+            .inc();
+    }
+
+    /// Counts one difference a bill report found, by its type.
+    pub fn bill_item(&self, channel: ChannelId, kind: &'static str) {
+        self.bill_items
+            .with_label_values(&[channel.as_str(), kind])
             .inc();
     }
 

@@ -28,9 +28,26 @@ pub fn yuan_to_fen(text: &str) -> Result<i64, BadAmount> {
         .ok_or_else(bad)
 }
 
+/// `19900` → `"199.00"`, `-5` → `"-0.05"`: fen as yuan with two decimals.
+pub fn fen_to_yuan(fen: i64) -> String {
+    let sign = if fen < 0 { "-" } else { "" };
+    let abs = fen.unsigned_abs();
+    format!("{sign}{}.{:02}", abs / 100, abs % 100)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fen_as_yuan() {
+        assert_eq!(fen_to_yuan(19900), "199.00");
+        assert_eq!(fen_to_yuan(1), "0.01");
+        assert_eq!(fen_to_yuan(0), "0.00");
+        assert_eq!(fen_to_yuan(-5), "-0.05");
+        assert_eq!(fen_to_yuan(-12345), "-123.45");
+        assert_eq!(yuan_to_fen(&fen_to_yuan(987_654_321)), Ok(987_654_321));
+    }
 
     #[test]
     fn plain_amounts() {

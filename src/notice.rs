@@ -24,6 +24,13 @@ impl ChannelId {
             Self::Alipay => "alipay",
         }
     }
+
+    /// The channel stored (or asked for) as `s`.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Wechat, Self::Alipay]
+            .into_iter()
+            .find(|c| c.as_str() == s)
+    }
 }
 
 impl fmt::Display for ChannelId {
@@ -277,6 +284,9 @@ pub enum AnomalyReason {
     /// A refund of a payment that is not the order's recorded one (a duplicate payment, a
     /// payment after close, another merchant's payment of the same `out_trade_no`).
     OtherPaymentRefunded,
+    /// The provider's daily bill and the ledger disagree about a payment or refund
+    /// (`crate::bills`): missing at the provider, or another amount.
+    BillMismatch,
 }
 
 impl AnomalyReason {
@@ -287,6 +297,7 @@ impl AnomalyReason {
             Self::PaidAfterClose => "PAID_AFTER_CLOSE",
             Self::DuplicatePayment => "DUPLICATE_PAYMENT",
             Self::OtherPaymentRefunded => "OTHER_PAYMENT_REFUNDED",
+            Self::BillMismatch => "BILL_MISMATCH",
         }
     }
 }

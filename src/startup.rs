@@ -8,6 +8,7 @@ use actix_web::dev::Service;
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::{App, HttpServer, web};
 
+use crate::bills::Bills;
 use crate::body_deadline;
 use crate::certificates::Certificates;
 use crate::channel;
@@ -60,6 +61,55 @@ pub async fn explain(store: &Store, error: StoreError) -> StartupError {
     }
 }
 
+/// The bill reconciliation without the HTTP service (`paynotify bills reconcile`): the
+/// providers' API clients, the database (migrated when `database.auto_migrate`), the
+/// downloaded platform certificates.
+pub async fn bills_only(
+    settings: &Settings,
+    clock: Arc<dyn Clock>,
+) -> Result<Arc<Bills>, StartupError> {
+    crate::https::install_crypto();
+    let mut apis = Vec::new();
+    let mut key_sources = Vec::new();
+    let mut bill_sources = Vec::new();
+    for mounted in providers::mount_all(settings, clock.now())? {
+        apis.extend(mounted.api);
+        key_sources.extend(mounted.keys);
+        bill_sources.extend(mounted.bills);
+    }
+    let store = Store::connect(&settings.database)?;
+    store.check_server().await?;
+    if settings.database.auto_migrate
+        && let Err(e) = store.migrate().await
+    {
+        return Err(explain(&store, e).await);
+    }
+    let metrics = Arc::new(Metrics::new());
+    let certificates = Certificates::new(
+        key_sources,
+        store.clone(),
+        Arc::clone(&metrics),
+        Arc::clone(&clock),
+        &settings.certificates,
+    );
+    if let Err(e) = certificates.load().await {
+        return Err(explain(&store, e).await);
+    }
+    let apis = apis
+        .into_iter()
+        .map(|api| certificates.guard(api))
+        .collect();
+    Ok(Arc::new(Bills::new(
+        bill_sources,
+        apis,
+        certificates,
+        store,
+        metrics,
+        clock,
+        &settings.bills,
+    )?))
+}
+
 /// Knobs for building an [`Application`]; the defaults are production's.
 pub struct Options {
     pub clock: Arc<dyn Clock>,
@@ -83,6 +133,7 @@ pub struct Application {
     sink: Arc<dyn Sink>,
     reconciler: Arc<Reconciler>,
     certificates: Arc<Certificates>,
+    bills: Arc<Bills>,
 }
 
 impl Application {
@@ -96,11 +147,13 @@ impl Application {
         let mut operated: Vec<Arc<dyn channel::Provider>> = Vec::new();
         let mut apis = Vec::new();
         let mut key_sources = Vec::new();
+        let mut bill_sources = Vec::new();
         for mounted in providers::mount_all(settings, now)? {
             providers.push(mounted.mount);
             operated.push(mounted.provider);
             apis.extend(mounted.api);
             key_sources.extend(mounted.keys);
+            bill_sources.extend(mounted.bills);
         }
         let providers: Arc<[channel::Mount]> = providers.into();
         let store = Store::connect(&settings.database)?;
@@ -150,10 +203,19 @@ impl Application {
             Ok(n) => tracing::info!(certificates = n, "stored platform certificates loaded"),
             Err(e) => return Err(explain(&store, e).await),
         }
-        let apis = apis
+        let apis: Vec<_> = apis
             .into_iter()
             .map(|api| certificates.guard(api))
             .collect();
+        let bills = Arc::new(Bills::new(
+            bill_sources,
+            apis.clone(),
+            Arc::clone(&certificates),
+            store.clone(),
+            Arc::clone(&metrics),
+            Arc::clone(&options.clock),
+            &settings.bills,
+        )?);
         let gate = if settings.redis.url.is_empty() {
             None
         } else {
@@ -192,6 +254,7 @@ impl Application {
             receipts: Receipts::start(&settings.receipts, store.clone(), Arc::clone(&metrics)),
             providers: operated,
             certificates: Arc::clone(&certificates),
+            bills: Arc::clone(&bills),
         });
         let limits = routes::Limits {
             max_body: settings.server.max_body_bytes,
@@ -239,6 +302,7 @@ impl Application {
             sink,
             reconciler,
             certificates,
+            bills,
         })
     }
 
@@ -257,6 +321,11 @@ impl Application {
     /// The platform certificates kept fresh (`[certificates]`).
     pub fn certificates(&self) -> Arc<Certificates> {
         Arc::clone(&self.certificates)
+    }
+
+    /// The daily bill reconciliation (`[bills]`).
+    pub fn bills(&self) -> Arc<Bills> {
+        Arc::clone(&self.bills)
     }
 
     /// The provider queries and closes the reconcile and expiry jobs run.
@@ -284,6 +353,7 @@ impl Application {
             clock,
             Arc::clone(&self.reconciler),
             Arc::clone(&self.certificates),
+            self.daily_bills(settings)?,
             relay,
             Duration::from_millis(settings.relay.interval_ms),
             Retention {
@@ -293,6 +363,27 @@ impl Application {
         )
         .await
         .map_err(StartupError::from)
+    }
+
+    /// The daily bill job and its schedule, when `bills.enabled` and some account's bills
+    /// can be fetched.
+    fn daily_bills(
+        &self,
+        settings: &Settings,
+    ) -> Result<Option<(Arc<Bills>, String)>, StartupError> {
+        if !settings.bills.enabled {
+            return Ok(None);
+        }
+        if !self.bills.fetches() {
+            tracing::warn!(
+                "bills.enabled, but no merchant or app has API credentials: no daily bill job"
+            );
+            return Ok(None);
+        }
+        Ok(Some((
+            Arc::clone(&self.bills),
+            Bills::schedule(&settings.bills)?,
+        )))
     }
 
     pub fn handle(&self) -> ServerHandle {

@@ -43,6 +43,8 @@ pub struct Settings {
     pub reconcile: ReconcileSettings,
     /// `[certificates]`: downloaded platform certificates kept fresh (src/certificates).
     pub certificates: crate::certificates::settings::CertificateSettings,
+    /// `[bills]`: the daily bill reconciliation (src/bills).
+    pub bills: crate::bills::settings::BillSettings,
     pub log: LogSettings,
 }
 
@@ -50,7 +52,7 @@ impl Settings {
     /// Every section with its name, in the order of the fields: what [`Settings::validate`]
     /// checks and what a mistyped environment variable is matched against. A new section
     /// (a provider's, say) is its field above and one line here.
-    pub(crate) fn sections(&self) -> [(&'static str, &dyn value::Validate); 13] {
+    pub(crate) fn sections(&self) -> [(&'static str, &dyn value::Validate); 14] {
         [
             ("server", &self.server),
             ("database", &self.database),
@@ -64,6 +66,7 @@ impl Settings {
             ("sandbox", &self.sandbox),
             ("reconcile", &self.reconcile),
             ("certificates", &self.certificates),
+            ("bills", &self.bills),
             ("log", &self.log),
         ]
     }

@@ -229,7 +229,7 @@ pub mod alipay {
 
     /// `19900` → `"199.00"`.
     pub fn yuan(fen: i64) -> String {
-        format!("{}.{:02}", fen / 100, fen % 100)
+        crate::money::fen_to_yuan(fen)
     }
 
     fn field(k: &str, v: impl Into<String>) -> (String, String) {

@@ -1,6 +1,7 @@
 //! HTTP routes and the JSON error shape of the internal API.
 
 pub mod admin;
+pub mod bills;
 pub mod health;
 pub mod notify;
 pub mod openapi;
@@ -45,6 +46,8 @@ pub struct AppState {
     pub reconciler: Arc<crate::reconcile::Reconciler>,
     /// The platform keys the providers hand out, kept fresh (`[certificates]`).
     pub certificates: Arc<crate::certificates::Certificates>,
+    /// The daily bill reconciliation (`[bills]`).
+    pub bills: Arc<crate::bills::Bills>,
 }
 
 /// Extra routes mounted beside the built-in ones (tests mount a double channel this way).
@@ -100,6 +103,8 @@ pub fn configure(
             "/admin/certificates/refresh",
             web::post().to(admin::refresh_certificates),
         )
+        .route("/admin/bills", web::get().to(bills::reports))
+        .route("/admin/bills/reconcile", web::post().to(bills::reconcile))
         .route("/admin/receipts", web::get().to(admin::receipts))
         .route(
             "/admin/receipts/reapply",

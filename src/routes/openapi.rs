@@ -5,7 +5,7 @@ use actix_web::HttpResponse;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{ErrorBody, admin, health, orders};
+use super::{ErrorBody, admin, bills, health, orders};
 use crate::providers::PROVIDERS;
 
 struct BearerToken;
@@ -37,12 +37,14 @@ impl Modify for BearerToken {
         admin::reconcile,
         admin::certificates,
         admin::refresh_certificates,
+        bills::reconcile,
+        bills::reports,
         health::healthz,
         health::readyz,
         health::metrics,
         document,
     ),
-    components(schemas(ErrorBody, health::Readiness, admin::Reconciled, crate::reconcile::Said, crate::channel::platform::KnownKey, crate::channel::platform::KeyOrigin)),
+    components(schemas(ErrorBody, health::Readiness, admin::Reconciled, crate::reconcile::Said, crate::channel::platform::KnownKey, crate::channel::platform::KeyOrigin, crate::bills::report::Report)),
     modifiers(&BearerToken)
 )]
 pub struct ApiDoc;

@@ -34,6 +34,20 @@ pub struct StoredMessage {
 }
 
 impl Store {
+    /// Writes `message` unless its `(topic, biz_key)` exists: an event raised once however
+    /// often what raises it runs. Whether it was written now.
+    pub async fn raise_once(
+        &self,
+        message: &crate::outbox::Message,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let statement = super::statements::InsertMessage::once(message, now);
+        let written = with_conn!(self, conn => {
+            super::statements::unless_exists(statement.execute(conn).await, super::statements::MESSAGE_KEY)?
+        });
+        Ok(written > 0)
+    }
+
     /// Outbox rows, newest first; all statuses when `status` is `None`.
     pub async fn messages(
         &self,

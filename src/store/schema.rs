@@ -150,7 +150,85 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::store::types::UtcTs;
+
+    /// One reconciled bill per (bill date, channel, account) (`crate::bills`).
+    bill_report (bill_date, channel, account) {
+        bill_date -> Text,
+        channel -> Text,
+        account -> Text,
+        status -> Text,
+        reason -> Nullable<Text>,
+        fetched_at -> UtcTs,
+        provider_count -> BigInt,
+        provider_amount_fen -> BigInt,
+        provider_refund_count -> BigInt,
+        provider_refund_fen -> BigInt,
+        provider_fee_fen -> BigInt,
+        ours_count -> BigInt,
+        ours_amount_fen -> BigInt,
+        ours_refund_count -> BigInt,
+        ours_refund_fen -> BigInt,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+
+    /// A difference a bill report found.
+    bill_item (bill_date, channel, account, item_type, out_trade_no, out_refund_no) {
+        bill_date -> Text,
+        channel -> Text,
+        account -> Text,
+        item_type -> Text,
+        out_trade_no -> Text,
+        out_refund_no -> Text,
+        transaction_id -> Nullable<Text>,
+        provider_status -> Nullable<Text>,
+        provider_fen -> Nullable<BigInt>,
+        ours_status -> Nullable<Text>,
+        ours_fen -> Nullable<BigInt>,
+        resolution -> Text,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+
+    /// The detail rows of the bills a run is comparing.
+    bill_line (bill_date, channel, kind, out_trade_no, out_refund_no) {
+        bill_date -> Text,
+        channel -> Text,
+        kind -> Text,
+        out_trade_no -> Text,
+        out_refund_no -> Text,
+        account -> Text,
+        transaction_id -> Text,
+        amount_fen -> BigInt,
+        status -> Text,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::store::types::UtcTs;
+
+    /// The lease of a bill run: one instance reconciles a (bill date, channel) at a time.
+    bill_run (bill_date, channel) {
+        bill_date -> Text,
+        channel -> Text,
+        locked_by -> Text,
+        locked_until -> UtcTs,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(
+    bill_report,
+    bill_item,
+    bill_line,
+    bill_run,
     notify_receipt,
     platform_certificate,
     orders,

@@ -1,0 +1,738 @@
+//! The daily bill reconciliation (对账): every provider's bill of a day against the ledger's
+//! payments and refunds of that provider-local day, the last safety net for a payment that
+//! slipped past notification and query.
+//!
+//! A run of (bill date, channel) holds a lease (`bill_run`), so one instance does it. Each
+//! account's bill is fetched and checked by its provider ([`BillSource`]), streamed into
+//! `bill_line`, and compared with set-based SQL (`store.rs`); only the differences come
+//! back. **The bill is evidence, never a payment**: a payment the bill has and the ledger
+//! lacks is asked about at the provider, and only its signed answer goes through the ledger
+//! (one `ORDER_PAID`; the notification that comes later is a duplicate). What the ledger has
+//! and the bill does not, or has with another amount, is raised once as a `PAYMENT_ANOMALY`
+//! (`BILL_MISMATCH`). A difference near midnight that the other side dates to the next day is
+//! `pending`, and compared again by the runs of the next `bills.settle_days` days.
+
+pub mod report;
+pub mod settings;
+pub mod store;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{NaiveDate, TimeZone};
+use serde_json::json;
+
+use crate::certificates::{Certificates, Learned};
+use crate::channel::api::{Failure, ProviderApi, RefundAnswer, TradeAnswer};
+use crate::channel::bill::{BillError, BillLine, BillSource, BillTotals, Fetched, LineKind};
+use crate::metrics::Metrics;
+use crate::notice::{ChannelId, Notice, Outcome};
+use crate::outbox::{Message, Topic};
+use crate::store::{Store, StoreError};
+use crate::time::{Clock, Timestamp};
+use report::{Item, ItemType, OurTotals, Report, Resolution, Side, Status};
+use settings::BillSettings;
+use store::{BillSide, MAX_ID, OursOnly, Scope};
+
+/// How close to a midnight a ledger record the bill lacks must be for it to be possibly
+/// timing (the provider booked it the other side of midnight): a notification is delivered
+/// within seconds, its retries within the hour.
+pub const TIMING_WINDOW_SECS: i64 = 3600;
+
+/// How long a run's lease lasts: longer than any run (a run that dies leaves it to expire).
+const LEASE_SECS: i64 = 3600;
+
+/// How many days back the daily job tries an `unavailable` report again.
+const RETRY_DAYS: i64 = 7;
+
+/// Bill rows per insert statement.
+const LINE_BATCH: usize = 1000;
+
+/// Why a run did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Another instance holds the lease of this (date, channel).
+    #[error("the {channel} bills of {date} are being reconciled elsewhere now")]
+    Busy { date: String, channel: ChannelId },
+    /// No account of the channel has API credentials.
+    #[error("no {0} merchant or app has API credentials: there is no bill to fetch")]
+    NoSource(ChannelId),
+}
+
+/// One account's bill, as far as it got.
+enum Got {
+    Read(BillTotals),
+    NoBill(String),
+    Unavailable(BillError),
+}
+
+/// Every provider's bills and what is needed to act on them.
+pub struct Bills {
+    sources: Vec<Arc<dyn BillSource>>,
+    apis: Vec<Arc<dyn ProviderApi>>,
+    certificates: Arc<Certificates>,
+    store: Store,
+    metrics: Arc<Metrics>,
+    clock: Arc<dyn Clock>,
+    zone: chrono_tz::Tz,
+    settle_days: i64,
+    download_timeout: Duration,
+    owner: String,
+}
+
+impl Bills {
+    pub fn new(
+        sources: Vec<Arc<dyn BillSource>>,
+        apis: Vec<Arc<dyn ProviderApi>>,
+        certificates: Arc<Certificates>,
+        store: Store,
+        metrics: Arc<Metrics>,
+        clock: Arc<dyn Clock>,
+        settings: &BillSettings,
+    ) -> Result<Self, crate::config::ConfigError> {
+        let token = crate::random::token(b"0123456789abcdef", 12).unwrap_or_default();
+        Ok(Self {
+            sources,
+            apis,
+            certificates,
+            store,
+            metrics,
+            clock,
+            zone: settings.zone()?,
+            settle_days: i64::from(settings.settle_days),
+            download_timeout: Duration::from_secs(settings.download_timeout_secs),
+            owner: format!("bills-{}-{token}", std::process::id()),
+        })
+    }
+
+    /// Whether any account's bills can be fetched.
+    pub fn fetches(&self) -> bool {
+        !self.sources.is_empty()
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The provider-local day before `now`: what the daily job reconciles.
+    pub fn yesterday(&self, now: Timestamp) -> NaiveDate {
+        let today = now.as_datetime().with_timezone(&self.zone).date_naive();
+        today.pred_opt().unwrap_or(today)
+    }
+
+    /// The daily job: the day before `now` for every channel, then again every date of the
+    /// week before whose report of a channel is `unavailable` (a bill that was not ready,
+    /// or could not be read). The reports of this run.
+    pub async fn daily(&self) -> Result<Vec<Report>, RunError> {
+        let yesterday = self.yesterday(self.clock.now());
+        let mut reports = self.reconcile(yesterday, None).await?;
+        for back in 1..=RETRY_DAYS {
+            let Some(date) = yesterday.checked_sub_signed(chrono::Duration::days(back)) else {
+                break;
+            };
+            let day = date.format("%Y-%m-%d").to_string();
+            let mut again: Vec<ChannelId> = Vec::new();
+            for r in self.store.bill_reports(&day, None).await? {
+                if r.status == Status::Unavailable && !again.contains(&r.channel) {
+                    again.push(r.channel);
+                }
+            }
+            for channel in again {
+                match self.reconcile(date, Some(channel)).await {
+                    Ok(mut r) => reports.append(&mut r),
+                    Err(RunError::Busy { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(reports)
+    }
+
+    /// The cron expression of `bills.run_at` (seconds first, as tokio-cron-scheduler reads it).
+    pub fn schedule(settings: &BillSettings) -> Result<String, crate::config::ConfigError> {
+        use chrono::Timelike;
+        let at = settings.run_time()?;
+        Ok(format!("0 {} {} * * *", at.minute(), at.hour()))
+    }
+
+    pub fn zone(&self) -> chrono_tz::Tz {
+        self.zone
+    }
+
+    /// `[start, end)` of `date` in `bills.timezone`.
+    fn day(&self, date: NaiveDate) -> (Timestamp, Timestamp) {
+        let midnight = |d: NaiveDate| {
+            let local = d.and_time(chrono::NaiveTime::MIN);
+            let at = self
+                .zone
+                .from_local_datetime(&local)
+                .earliest()
+                .map_or_else(|| local.and_utc(), |t| t.with_timezone(&chrono::Utc));
+            Timestamp::new(at)
+        };
+        let next = date.succ_opt().unwrap_or(date);
+        (midnight(date), midnight(next))
+    }
+
+    /// Reconciles `date` for `channel` (or every channel with credentials) now; the reports,
+    /// stored. A channel whose run another instance holds is skipped with
+    /// [`RunError::Busy`] when it is the only one asked for.
+    pub async fn reconcile(
+        &self,
+        date: NaiveDate,
+        channel: Option<ChannelId>,
+    ) -> Result<Vec<Report>, RunError> {
+        let sources: Vec<&Arc<dyn BillSource>> = self
+            .sources
+            .iter()
+            .filter(|s| channel.is_none_or(|c| s.channel() == c))
+            .collect();
+        if let (Some(c), true) = (channel, sources.is_empty()) {
+            return Err(RunError::NoSource(c));
+        }
+        let mut reports = Vec::new();
+        for source in sources {
+            match self.run(source.as_ref(), date).await {
+                Ok(mut r) => reports.append(&mut r),
+                // Asked for every channel: the others go on.
+                Err(RunError::Busy {
+                    date,
+                    channel: busy,
+                }) if channel.is_none() => {
+                    tracing::info!(%date, channel = %busy, "bills reconciled elsewhere now; skipped");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(reports)
+    }
+
+    /// One channel's run of `date`, under its lease.
+    async fn run(&self, source: &dyn BillSource, date: NaiveDate) -> Result<Vec<Report>, RunError> {
+        let channel = source.channel();
+        let day = date.format("%Y-%m-%d").to_string();
+        let now = self.clock.now();
+        if !self
+            .store
+            .claim_bill_run(
+                &day,
+                channel,
+                &self.owner,
+                now,
+                now.plus_seconds(LEASE_SECS),
+            )
+            .await?
+        {
+            return Err(RunError::Busy { date: day, channel });
+        }
+        let result = self.run_leased(source, date, &day).await;
+        if let Err(e) = self
+            .store
+            .release_bill_run(&day, channel, &self.owner)
+            .await
+        {
+            tracing::warn!(error = %e, date = %day, %channel, "bill run lease not released; it expires");
+        }
+        result
+    }
+
+    async fn run_leased(
+        &self,
+        source: &dyn BillSource,
+        date: NaiveDate,
+        day: &str,
+    ) -> Result<Vec<Report>, RunError> {
+        let channel = source.channel();
+        self.store.clear_bill_lines(day, channel).await?;
+        let accounts = source.accounts();
+        let mut got = Vec::new();
+        for account in &accounts {
+            let fetched_at = self.clock.now();
+            got.push((
+                account,
+                fetched_at,
+                self.read(source, account, date, day).await?,
+            ));
+        }
+        let (start, end) = self.day(date);
+        let mut reports = Vec::new();
+        for (i, (account, fetched_at, got)) in got.into_iter().enumerate() {
+            let scope = Scope {
+                date: day,
+                channel,
+                account,
+                unnamed: i == 0,
+                start,
+                end,
+            };
+            let report = self.compare(&scope, fetched_at, got).await?;
+            self.store.save_bill_report(&report).await?;
+            self.counted(&report);
+            reports.push(report);
+        }
+        self.settle(channel, date, day).await?;
+        // The pending items of earlier reports the later ones settled: show them as stored.
+        Ok(self
+            .store
+            .bill_reports(day, Some(channel))
+            .await?
+            .into_iter()
+            .filter(|r| reports.iter().any(|n| n.account == r.account))
+            .collect())
+    }
+
+    /// Fetches one account's bill and streams its rows into `bill_line`. A key the provider
+    /// names that is not known makes the channel's keys be fetched, then the bill once more.
+    async fn read(
+        &self,
+        source: &dyn BillSource,
+        account: &str,
+        date: NaiveDate,
+        day: &str,
+    ) -> Result<Got, StoreError> {
+        let mut fetched = source
+            .fetch(account, date, self.download_timeout, self.clock.now())
+            .await;
+        if let Err(BillError::Failed(Failure::UnknownKey(_))) = &fetched
+            && self
+                .certificates
+                .unknown_serial(source.channel(), Some(account))
+                .await
+                == Learned::Asked
+        {
+            fetched = source
+                .fetch(account, date, self.download_timeout, self.clock.now())
+                .await;
+        }
+        let file = match fetched {
+            Ok(Fetched::Bill(file)) => file,
+            Ok(Fetched::NoBill(why)) => return Ok(Got::NoBill(why)),
+            Err(e) => return Ok(Got::Unavailable(e)),
+        };
+        // Parsed on a blocking thread, in batches handed to this task to insert: memory
+        // stays at a few batches whatever the bill's size.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<BillLine>>(4);
+        let parse = tokio::task::spawn_blocking(move || {
+            let mut batch = Vec::with_capacity(LINE_BATCH);
+            let totals = file.read(&mut |line: BillLine| {
+                for (what, id) in [
+                    ("out_trade_no", line.out_trade_no.as_str()),
+                    ("transaction_id", line.transaction_id.as_str()),
+                    ("out_refund_no", line.out_refund_no.as_deref().unwrap_or("")),
+                ] {
+                    if id.len() > MAX_ID {
+                        return Err(BillError::Format(format!(
+                            "{what} {id:?} is longer than {MAX_ID} characters"
+                        )));
+                    }
+                }
+                if line.kind == LineKind::Payment && line.out_trade_no.is_empty() {
+                    return Err(BillError::Format(
+                        "a payment row without out_trade_no".into(),
+                    ));
+                }
+                batch.push(line);
+                if batch.len() == LINE_BATCH {
+                    let full = std::mem::replace(&mut batch, Vec::with_capacity(LINE_BATCH));
+                    tx.blocking_send(full)
+                        .map_err(|_| BillError::Format("the comparison stopped reading".into()))?;
+                }
+                Ok(())
+            })?;
+            if !batch.is_empty() {
+                tx.blocking_send(batch)
+                    .map_err(|_| BillError::Format("the comparison stopped reading".into()))?;
+            }
+            Ok::<BillTotals, BillError>(totals)
+        });
+        let channel = source.channel();
+        let mut refused = None;
+        while let Some(batch) = rx.recv().await {
+            if let Err(why) = self
+                .store
+                .insert_bill_lines(day, channel, account, &batch)
+                .await?
+            {
+                refused = Some(BillError::Format(why));
+                break;
+            }
+        }
+        drop(rx);
+        let parsed = parse.await.map_err(StoreError::Task)?;
+        Ok(match (refused, parsed) {
+            (Some(e), _) | (None, Err(e)) => Got::Unavailable(e),
+            (None, Ok(totals)) => Got::Read(totals),
+        })
+    }
+
+    /// One account's report: the differences between its bill rows and the ledger's day.
+    async fn compare(
+        &self,
+        scope: &Scope<'_>,
+        fetched_at: Timestamp,
+        got: Got,
+    ) -> Result<Report, StoreError> {
+        let ours = self.store.ours_totals(scope).await?;
+        let base = |status: Status, reason: Option<String>, provider: BillTotals| Report {
+            date: scope.date.to_owned(),
+            channel: scope.channel,
+            account: scope.account.to_owned(),
+            status,
+            reason,
+            fetched_at,
+            provider,
+            ours,
+            items: Vec::new(),
+        };
+        let provider = match got {
+            Got::Unavailable(e) => {
+                tracing::warn!(
+                    date = scope.date,
+                    channel = %scope.channel,
+                    account = scope.account,
+                    reason = e.label(),
+                    error = %e,
+                    "bill unavailable: nothing compared or acted upon; the next run tries again"
+                );
+                return Ok(base(
+                    Status::Unavailable,
+                    Some(e.to_string()),
+                    BillTotals::default(),
+                ));
+            }
+            Got::NoBill(why) if ours == OurTotals::default() => {
+                tracing::info!(date = scope.date, channel = %scope.channel, account = scope.account, %why, "no bill and nothing in the ledger: balanced");
+                return Ok(base(Status::Balanced, None, BillTotals::default()));
+            }
+            Got::NoBill(why) => {
+                let e = format!(
+                    "no bill ({why}) while the ledger has {} payments and {} refunds that day",
+                    ours.count, ours.refund_count
+                );
+                tracing::warn!(date = scope.date, channel = %scope.channel, account = scope.account, reason = "no_bill", error = %e, "bill unavailable");
+                return Ok(base(Status::Unavailable, Some(e), BillTotals::default()));
+            }
+            Got::Read(totals) => totals,
+        };
+        let mut items = Vec::new();
+        for kind in [LineKind::Payment, LineKind::Refund] {
+            for diff in self.store.bill_differences(scope, kind).await? {
+                if let Some(item) = self.bill_side(scope, kind, diff).await? {
+                    items.push(item);
+                }
+            }
+            for only in self.store.ours_only(scope, kind).await? {
+                if let Some(item) = self.ours_side(scope, kind, only).await? {
+                    items.push(item);
+                }
+            }
+        }
+        for item in items.iter().filter(|i| i.resolution == Resolution::Open) {
+            self.raise(scope.date, scope.channel, scope.account, item)
+                .await?;
+        }
+        let mut report = base(Report::status_of(&items), None, provider);
+        report.items = items;
+        Ok(report)
+    }
+
+    /// The dates whose pending items a run of `day` may settle: `settle_days` either side.
+    fn window(&self, date: NaiveDate) -> (String, String) {
+        let span = chrono::Duration::days(self.settle_days.max(1));
+        let f = |d: Option<NaiveDate>| d.unwrap_or(date).format("%Y-%m-%d").to_string();
+        (
+            f(date.checked_sub_signed(span)),
+            f(date.checked_add_signed(span)),
+        )
+    }
+
+    /// A bill row the ledger lacks, or has differently.
+    async fn bill_side(
+        &self,
+        scope: &Scope<'_>,
+        kind: LineKind,
+        diff: BillSide,
+    ) -> Result<Option<Item>, StoreError> {
+        let (missing, mismatch, counterpart) = match kind {
+            LineKind::Payment => (
+                ItemType::MissingHere,
+                ItemType::AmountMismatch,
+                ItemType::MissingAtProvider,
+            ),
+            LineKind::Refund => (
+                ItemType::RefundMissingHere,
+                ItemType::RefundAmountMismatch,
+                ItemType::RefundMissingAtProvider,
+            ),
+        };
+        let mut item = Item {
+            kind: missing,
+            out_trade_no: diff.out_trade_no.clone(),
+            out_refund_no: Some(diff.out_refund_no.clone()).filter(|r| !r.is_empty()),
+            transaction_id: Some(diff.transaction_id.clone()).filter(|t| !t.is_empty()),
+            provider: Some(Side {
+                status: diff.status.clone(),
+                amount_fen: diff.fen,
+            }),
+            ours: None,
+            resolution: Resolution::Open,
+        };
+        match diff.ours {
+            None => {
+                item.resolution = self.recover(scope, kind, &diff).await?;
+                Ok(Some(item))
+            }
+            Some((fen, _, status)) if fen != diff.fen => {
+                item.kind = mismatch;
+                item.ours = Some(Side {
+                    status,
+                    amount_fen: fen,
+                });
+                Ok(Some(item))
+            }
+            // Both books have it, dated a day apart: timing. The other day's pending item
+            // (the ledger's side) is settled by it; else this one waits for that day's run.
+            Some((fen, _, status)) => {
+                let (from, to) = self.window_of(scope.date);
+                let elsewhere = self
+                    .store
+                    .pending_items(
+                        scope.channel,
+                        counterpart,
+                        &diff.out_trade_no,
+                        &diff.out_refund_no,
+                        (&from, &to),
+                        scope.date,
+                    )
+                    .await?;
+                for pending in &elsewhere {
+                    self.store.settle_item(scope.channel, pending, None).await?;
+                }
+                if !elsewhere.is_empty() || self.settle_days == 0 {
+                    return Ok(None);
+                }
+                item.ours = Some(Side {
+                    status,
+                    amount_fen: fen,
+                });
+                item.resolution = Resolution::Pending;
+                Ok(Some(item))
+            }
+        }
+    }
+
+    fn window_of(&self, day: &str) -> (String, String) {
+        NaiveDate::parse_from_str(day, "%Y-%m-%d")
+            .map(|d| self.window(d))
+            .unwrap_or_else(|_| (day.to_owned(), day.to_owned()))
+    }
+
+    /// A ledger row of the day the bill lacks.
+    async fn ours_side(
+        &self,
+        scope: &Scope<'_>,
+        kind: LineKind,
+        only: OursOnly,
+    ) -> Result<Option<Item>, StoreError> {
+        let (kind_here, counterpart) = match kind {
+            LineKind::Payment => (ItemType::MissingAtProvider, ItemType::MissingHere),
+            LineKind::Refund => (
+                ItemType::RefundMissingAtProvider,
+                ItemType::RefundMissingHere,
+            ),
+        };
+        let (from, to) = self.window_of(scope.date);
+        let elsewhere = self
+            .store
+            .pending_items(
+                scope.channel,
+                counterpart,
+                &only.out_trade_no,
+                &only.out_refund_no,
+                (&from, &to),
+                scope.date,
+            )
+            .await?;
+        // The provider's bill of a day next to this one has it (and waited for this run).
+        if !elsewhere.is_empty() {
+            for pending in &elsewhere {
+                self.store.settle_item(scope.channel, pending, None).await?;
+            }
+            return Ok(None);
+        }
+        let near_midnight = only.at.unix_seconds() - scope.start.unix_seconds()
+            < TIMING_WINDOW_SECS
+            || scope.end.unix_seconds() - only.at.unix_seconds() <= TIMING_WINDOW_SECS;
+        Ok(Some(Item {
+            kind: kind_here,
+            out_trade_no: only.out_trade_no,
+            out_refund_no: Some(only.out_refund_no).filter(|r| !r.is_empty()),
+            transaction_id: Some(only.transaction_id).filter(|t| !t.is_empty()),
+            provider: None,
+            ours: Some(Side {
+                status: only.status,
+                amount_fen: only.fen,
+            }),
+            resolution: if near_midnight && self.settle_days > 0 {
+                Resolution::Pending
+            } else {
+                Resolution::Open
+            },
+        }))
+    }
+
+    /// The pending items of reports `settle_days` or more before `date`: what the runs since
+    /// did not match is reported now (the ledger's side as open, raised; a payment both books
+    /// have, a day apart, settled).
+    async fn settle(
+        &self,
+        channel: ChannelId,
+        date: NaiveDate,
+        day: &str,
+    ) -> Result<(), StoreError> {
+        if self.settle_days == 0 {
+            return Ok(());
+        }
+        let Some(until) = date.checked_sub_signed(chrono::Duration::days(self.settle_days)) else {
+            return Ok(());
+        };
+        let until = until.format("%Y-%m-%d").to_string();
+        for pending in self.store.pending_until(channel, &until).await? {
+            if pending.date.as_str() >= day {
+                continue;
+            }
+            let both_have_it = pending.item.provider.is_some() && pending.item.ours.is_some();
+            if both_have_it {
+                self.store.settle_item(channel, &pending, None).await?;
+            } else {
+                self.store
+                    .settle_item(channel, &pending, Some(Resolution::Open))
+                    .await?;
+                self.raise(&pending.date, channel, &pending.account, &pending.item)
+                    .await?;
+                self.metrics.bill_item(channel, pending.item.kind.as_str());
+            }
+        }
+        Ok(())
+    }
+
+    /// The provider's bill has a payment (refund) the ledger lacks: asked about at the
+    /// provider, and its signed answer applied through the ledger.
+    async fn recover(
+        &self,
+        scope: &Scope<'_>,
+        kind: LineKind,
+        diff: &BillSide,
+    ) -> Result<Resolution, StoreError> {
+        let Some(api) = self.apis.iter().find(|a| a.channel() == scope.channel) else {
+            return Ok(Resolution::Open);
+        };
+        let now = self.clock.now();
+        let notice: Option<Box<Notice>> = match kind {
+            LineKind::Payment => match api.query(scope.account, &diff.out_trade_no, now).await {
+                TradeAnswer::Paid(notice) => Some(notice),
+                other => {
+                    tracing::warn!(order_no = %diff.out_trade_no, channel = %scope.channel, answer = other.label(), "the bill has a payment the provider's query does not confirm");
+                    None
+                }
+            },
+            LineKind::Refund => match api
+                .refund_query(scope.account, &diff.out_trade_no, &diff.out_refund_no, now)
+                .await
+            {
+                RefundAnswer::Refunded(notice) => notice,
+                other => {
+                    tracing::warn!(order_no = %diff.out_trade_no, out_refund_no = %diff.out_refund_no, channel = %scope.channel, answer = other.label(), "the bill has a refund the provider's query does not confirm");
+                    None
+                }
+            },
+        };
+        let Some(notice) = notice else {
+            return Ok(Resolution::Open);
+        };
+        let outcome = match self.store.apply(&notice, self.clock.now()).await {
+            Ok(outcome) => outcome,
+            Err(StoreError::Undecided(why)) => {
+                tracing::warn!(order_no = %diff.out_trade_no, %why, "recovered payment not decided in time; the next run sees");
+                return Ok(Resolution::Open);
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(match outcome {
+            Outcome::Applied | Outcome::Duplicate => {
+                if outcome == Outcome::Applied {
+                    self.metrics.payment_recovered(scope.channel);
+                }
+                tracing::info!(
+                    order_no = %diff.out_trade_no,
+                    channel = %scope.channel,
+                    date = scope.date,
+                    outcome = outcome.as_str(),
+                    "recovered from the bill and the provider's signed answer: its notification never came"
+                );
+                Resolution::Recovered
+            }
+            other => {
+                tracing::warn!(order_no = %diff.out_trade_no, outcome = other.as_str(), "a payment in the bill the ledger did not take");
+                Resolution::Open
+            }
+        })
+    }
+
+    /// Raises an open difference once as `PAYMENT_ANOMALY` (`BILL_MISMATCH`), when its type
+    /// is raised at all.
+    async fn raise(
+        &self,
+        date: &str,
+        channel: ChannelId,
+        account: &str,
+        item: &Item,
+    ) -> Result<(), StoreError> {
+        if !item.kind.raised() {
+            return Ok(());
+        }
+        let message = Message {
+            topic: Topic::PaymentAnomaly,
+            biz_key: format!(
+                "{}:{}:bill:{}:{}{}",
+                item.out_trade_no,
+                channel,
+                date,
+                item.kind.as_str(),
+                item.out_refund_no
+                    .as_deref()
+                    .map(|r| format!(":{r}"))
+                    .unwrap_or_default()
+            ),
+            payload: json!({
+                "order_no": item.out_trade_no,
+                "channel": channel,
+                "reason": crate::notice::AnomalyReason::BillMismatch,
+                "bill_date": date,
+                "account": account,
+                "type": item.kind,
+                "out_refund_no": item.out_refund_no,
+                "transaction_id": item.transaction_id,
+                "provider": item.provider,
+                "ours": item.ours,
+            }),
+        };
+        if self.store.raise_once(&message, self.clock.now()).await? {
+            self.metrics
+                .anomalies
+                .with_label_values(&[channel.as_str(), "BILL_MISMATCH"])
+                .inc();
+        }
+        Ok(())
+    }
+
+    fn counted(&self, report: &Report) {
+        self.metrics
+            .bill_run(report.channel, report.status.as_str());
+        for item in &report.items {
+            self.metrics.bill_item(report.channel, item.kind.as_str());
+        }
+    }
+}
