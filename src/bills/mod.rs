@@ -118,8 +118,7 @@ impl Bills {
 
     /// The provider-local day before `now`: what the daily job reconciles.
     pub fn yesterday(&self, now: Timestamp) -> NaiveDate {
-        let today = now.as_datetime().with_timezone(&self.zone).date_naive();
-        today.pred_opt().unwrap_or(today)
+        yesterday_in(self.zone, now)
     }
 
     /// The daily job: the day before `now` for every channel, then again every date of the
@@ -163,17 +162,7 @@ impl Bills {
 
     /// `[start, end)` of `date` in `bills.timezone`.
     fn day(&self, date: NaiveDate) -> (Timestamp, Timestamp) {
-        let midnight = |d: NaiveDate| {
-            let local = d.and_time(chrono::NaiveTime::MIN);
-            let at = self
-                .zone
-                .from_local_datetime(&local)
-                .earliest()
-                .map_or_else(|| local.and_utc(), |t| t.with_timezone(&chrono::Utc));
-            Timestamp::new(at)
-        };
-        let next = date.succ_opt().unwrap_or(date);
-        (midnight(date), midnight(next))
+        day_in(self.zone, date)
     }
 
     /// Reconciles `date` for `channel` (or every channel with credentials) now; the reports,
@@ -734,5 +723,182 @@ impl Bills {
         for item in &report.items {
             self.metrics.bill_item(report.channel, item.kind.as_str());
         }
+    }
+}
+
+/// The day before `now`'s date in `zone`.
+pub fn yesterday_in(zone: chrono_tz::Tz, now: Timestamp) -> NaiveDate {
+    let today = now.as_datetime().with_timezone(&zone).date_naive();
+    today.pred_opt().unwrap_or(today)
+}
+
+/// `[start, end)` of `date` in `zone`: from its midnight to the next (the first instant of
+/// the day where a zone's clock skips midnight).
+pub fn day_in(zone: chrono_tz::Tz, date: NaiveDate) -> (Timestamp, Timestamp) {
+    let midnight = |d: NaiveDate| {
+        let local = d.and_time(chrono::NaiveTime::MIN);
+        let at = zone
+            .from_local_datetime(&local)
+            .earliest()
+            .map_or_else(|| local.and_utc(), |t| t.with_timezone(&chrono::Utc));
+        Timestamp::new(at)
+    };
+    let next = date.succ_opt().unwrap_or(date);
+    (midnight(date), midnight(next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bills::report::exit_code;
+
+    fn utc(text: &str) -> Timestamp {
+        Timestamp::new(
+            chrono::DateTime::parse_from_rfc3339(text)
+                .map(|t| t.with_timezone(&chrono::Utc))
+                .unwrap_or_default(),
+        )
+    }
+
+    #[test]
+    fn a_bill_date_is_a_day_in_the_providers_zone() {
+        let date = NaiveDate::from_ymd_opt(2026, 11, 30).unwrap_or_default();
+        let (start, end) = day_in(chrono_tz::Asia::Shanghai, date);
+        assert_eq!(start, utc("2026-11-29T16:00:00Z"));
+        assert_eq!(end, utc("2026-11-30T16:00:00Z"));
+        // 00:30 on 12-01 in Beijing is still 11-30 in UTC: yesterday is 11-30 all the same.
+        assert_eq!(
+            yesterday_in(chrono_tz::Asia::Shanghai, utc("2026-11-30T16:30:00Z")),
+            date
+        );
+        assert_eq!(
+            yesterday_in(chrono_tz::UTC, utc("2026-11-30T16:30:00Z")),
+            NaiveDate::from_ymd_opt(2026, 11, 29).unwrap_or_default()
+        );
+        // A day of 23 hours where the clock moves (Europe/Berlin, 2026-03-29).
+        let spring = NaiveDate::from_ymd_opt(2026, 3, 29).unwrap_or_default();
+        let (s, e) = day_in(chrono_tz::Europe::Berlin, spring);
+        assert_eq!(e.unix_seconds() - s.unix_seconds(), 23 * 3600);
+    }
+
+    fn report(status: Status) -> Report {
+        Report {
+            date: "2026-11-30".into(),
+            channel: ChannelId::Wechat,
+            account: "1900000001".into(),
+            status,
+            reason: None,
+            fetched_at: Timestamp::new(chrono::Utc::now()),
+            provider: BillTotals::default(),
+            ours: OurTotals::default(),
+            items: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_exit_code_is_the_worst_report() {
+        use Status::*;
+        assert_eq!(exit_code(&[report(Balanced), report(Balanced)]), 0);
+        assert_eq!(exit_code(&[report(Balanced), report(Mismatched)]), 1);
+        assert_eq!(exit_code(&[report(Mismatched), report(Unavailable)]), 2);
+        assert_eq!(exit_code(&[report(Unavailable), report(Balanced)]), 2);
+    }
+
+    #[test]
+    fn only_an_open_item_makes_a_report_mismatched() {
+        let item = |resolution| Item {
+            kind: ItemType::MissingHere,
+            out_trade_no: "A".into(),
+            out_refund_no: None,
+            transaction_id: None,
+            provider: None,
+            ours: None,
+            resolution,
+        };
+        assert_eq!(Report::status_of(&[]), Status::Balanced);
+        assert_eq!(
+            Report::status_of(&[item(Resolution::Pending), item(Resolution::Recovered)]),
+            Status::Balanced
+        );
+        assert_eq!(
+            Report::status_of(&[item(Resolution::Pending), item(Resolution::Open)]),
+            Status::Mismatched
+        );
+    }
+
+    #[test]
+    fn raised_types_are_what_the_ledger_counts_that_the_provider_does_not() {
+        let raised: Vec<&str> = ItemType::ALL
+            .into_iter()
+            .filter(|t| t.raised())
+            .map(ItemType::as_str)
+            .collect();
+        assert_eq!(
+            raised,
+            [
+                "MISSING_AT_PROVIDER",
+                "AMOUNT_MISMATCH",
+                "REFUND_MISSING_AT_PROVIDER",
+                "REFUND_AMOUNT_MISMATCH"
+            ]
+        );
+    }
+
+    #[test]
+    fn run_at_is_a_daily_cron_expression() {
+        let mut settings = BillSettings::default();
+        assert_eq!(
+            Bills::schedule(&settings).ok().as_deref(),
+            Some("0 30 10 * * *")
+        );
+        settings.run_at = "07:05".into();
+        assert_eq!(
+            Bills::schedule(&settings).ok().as_deref(),
+            Some("0 5 7 * * *")
+        );
+        for bad in ["7", "25:00", "10:60", "10.30", ""] {
+            settings.run_at = bad.into();
+            assert!(Bills::schedule(&settings).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn settings_mistakes_name_the_key() {
+        use crate::config::value::Validate;
+        let mut s = BillSettings::default();
+        assert!(s.validate().is_ok());
+        s.timezone = "Mars/Olympus".into();
+        assert!(
+            format!(
+                "{}",
+                s.validate()
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default()
+            )
+            .contains("bills.timezone")
+        );
+        s = BillSettings {
+            settle_days: 8,
+            ..BillSettings::default()
+        };
+        assert!(
+            s.validate()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+                .contains("bills.settle_days")
+        );
+        s = BillSettings {
+            download_timeout_secs: 0,
+            ..BillSettings::default()
+        };
+        assert!(
+            s.validate()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+                .contains("bills.download_timeout_secs")
+        );
     }
 }

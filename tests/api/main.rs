@@ -3,6 +3,7 @@
 mod alipay;
 mod alipay_vectors;
 mod amqp;
+mod bills;
 mod certificates;
 mod cli;
 mod commit;

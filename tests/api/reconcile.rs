@@ -16,8 +16,8 @@ use crate::support::provider::{
     APP_KEY, FakeProvider, Lie, MERCHANT_KEY, MERCHANT_SERIAL, Signing, Trade,
 };
 
-const MCHID: &str = "1900000001";
-const APP_ID: &str = "2021000000000001";
+pub(crate) const MCHID: &str = "1900000001";
+pub(crate) const APP_ID: &str = "2021000000000001";
 /// `[reconcile]` in these tests.
 const AFTER_SECS: i64 = 300;
 const EXPIRE_SECS: i64 = 1800;
@@ -35,7 +35,7 @@ macro_rules! channel_tests {
     };
 }
 
-async fn fake() -> FakeProvider {
+pub(crate) async fn fake() -> FakeProvider {
     let platform = crate::wechat::sandbox('A');
     FakeProvider::start(
         (
@@ -50,7 +50,7 @@ async fn fake() -> FakeProvider {
 }
 
 /// WeChat merchant 1900000001 and Alipay app 2021000000000001 with API credentials at `url`.
-fn configure(s: &mut Settings, url: &str) {
+pub(crate) fn configure(s: &mut Settings, url: &str) {
     s.wechat = crate::wechat::settings();
     let m = &mut s.wechat.merchants[0];
     rsa_key(MERCHANT_KEY);
@@ -95,7 +95,7 @@ async fn reconcile_now(app: &TestApp) -> usize {
 }
 
 /// Creates an order that only `channel`'s account is asked about.
-async fn create(app: &TestApp, order_no: &str, fen: i64, channel: &str) {
+pub(crate) async fn create(app: &TestApp, order_no: &str, fen: i64, channel: &str) {
     let named = match channel {
         "wechat" => serde_json::json!({ "wechat_mchid": MCHID }),
         _ => serde_json::json!({ "alipay_app_id": APP_ID }),
@@ -117,7 +117,7 @@ async fn create(app: &TestApp, order_no: &str, fen: i64, channel: &str) {
 }
 
 /// `order_no` paid at the fake `channel` provider, with `transaction_id(channel, order_no)`.
-fn paid_at(fake: &FakeProvider, order_no: &str, fen: i64, channel: &str) {
+pub(crate) fn paid_at(fake: &FakeProvider, order_no: &str, fen: i64, channel: &str) {
     fake.state.set(
         order_no,
         Trade::Paid {
@@ -140,7 +140,7 @@ async fn paid_at_provider(
 }
 
 /// `POST path` with the API token.
-async fn post(app: &TestApp, path: &str) -> reqwest::Response {
+pub(crate) async fn post(app: &TestApp, path: &str) -> reqwest::Response {
     app.client
         .post(app.url(path))
         .bearer_auth(&app.api_token)
@@ -171,7 +171,7 @@ fn calls(app: &TestApp, channel: &str, call: &str, result: &str) -> u64 {
     Metrics::count(&app.metrics.provider_calls, &[channel, call, result])
 }
 
-fn transaction_id(channel: &str, order_no: &str) -> String {
+pub(crate) fn transaction_id(channel: &str, order_no: &str) -> String {
     match channel {
         "wechat" => format!("42{order_no}"),
         _ => format!("2026{order_no}"),
@@ -179,7 +179,7 @@ fn transaction_id(channel: &str, order_no: &str) -> String {
 }
 
 /// The notification of the same payment, as the provider would send it late.
-async fn notify_paid(app: &TestApp, channel: &str, order_no: &str, fen: i64) -> u16 {
+pub(crate) async fn notify_paid(app: &TestApp, channel: &str, order_no: &str, fen: i64) -> u16 {
     match channel {
         "wechat" => {
             let d = crate::wechat::paid(app, &crate::wechat::sandbox('A'), order_no, fen);

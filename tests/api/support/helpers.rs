@@ -516,6 +516,8 @@ pub struct TestApp {
     pub metrics: Arc<Metrics>,
     /// The provider queries and closes of the reconcile and expiry jobs.
     pub reconciler: Arc<paynotify::reconcile::Reconciler>,
+    /// The daily bill reconciliation.
+    pub bills: Arc<paynotify::bills::Bills>,
     handle: ServerHandle,
     /// The relay, expiry and retention jobs, when the test asked for them.
     jobs: Option<Jobs>,
@@ -616,6 +618,7 @@ async fn spawn_on(
     let store = app.store().clone();
     let metrics = app.metrics();
     let reconciler = app.reconciler();
+    let bills = app.bills();
     let handle = app.handle();
     let jobs = if with_jobs {
         Some(
@@ -636,6 +639,7 @@ async fn spawn_on(
         api_token: API_TOKEN.to_owned(),
         metrics,
         reconciler,
+        bills,
         handle,
         jobs,
     }
