@@ -314,7 +314,7 @@ fn archive(e: std::io::Error) -> BillError {
 
 // The columns a row is read by, as positions in [`ALL_COLUMNS`].
 const TIME: usize = 0;
-const MCHID: usize = 2;
+const MCHID_COLUMN: usize = 2;
 const TRANSACTION_ID: usize = 5;
 const OUT_TRADE_NO: usize = 6;
 const TRADE_STATE: usize = 9;
@@ -417,30 +417,34 @@ pub fn read_tradebill(
     mchid: &str,
     each: &mut dyn FnMut(BillLine) -> Result<(), BillError>,
 ) -> Result<BillTotals, BillError> {
-    let mut reader = csv::ReaderBuilder::new()
+    let reader = csv::ReaderBuilder::new()
         .has_headers(false)
         .flexible(true)
         // WeChat never quotes: a `"` inside 商户数据包 is data.
         .quoting(false)
         .buffer_capacity(64 * 1024)
         .from_reader(input);
-    let mut record = csv::ByteRecord::new();
-    if !next(&mut reader, &mut record)? {
+    let mut rows = Records {
+        reader,
+        record: csv::ByteRecord::new(),
+        line: 0,
+    };
+    if !rows.next()? {
         return Err(BillError::Format("the bill is empty: no header".into()));
     }
-    let columns = Columns::from_header(&record)?;
+    let columns = Columns::from_header(&rows.record)?;
     let mut totals = BillTotals::default();
     let mut fee_milli_fen = 0;
     let mut sums = Sums::default();
     loop {
-        if !next(&mut reader, &mut record)? {
+        if !rows.next()? {
             return Err(BillError::Format(
                 "the bill ends without its summary (总交易单数…)".into(),
             ));
         }
-        let line = line_of(&record);
-        let text = utf8(&record, line)?;
-        if header_name(record.get(0).unwrap_or_default(), 0, line)? == SUMMARY_COLUMNS[0] {
+        let line = rows.line;
+        let text = utf8(&rows.record, line)?;
+        if header_name(rows.record.get(0).unwrap_or_default(), 0, line)? == SUMMARY_COLUMNS[0] {
             break;
         }
         if text.len() != ALL_COLUMNS.len() {
@@ -454,25 +458,33 @@ pub fn read_tradebill(
         totals.add(&bill_line, &mut fee_milli_fen);
         each(bill_line)?;
     }
-    check_summary(&mut reader, &mut record, &sums)?;
+    check_summary(&mut rows, &sums)?;
     Ok(totals)
 }
 
-/// The next record, if any; a read error is the archive's (the CSV has no quoting to fail).
-fn next<R: Read>(
-    reader: &mut csv::Reader<R>,
-    record: &mut csv::ByteRecord,
-) -> Result<bool, BillError> {
-    reader
-        .read_byte_record(record)
-        .map_err(|e| match e.into_kind() {
-            csv::ErrorKind::Io(io) => archive(io),
-            other => BillError::Format(format!("{other:?}")),
-        })
+/// The bill's records in order, each with its line number (WeChat writes no blank lines).
+struct Records<R> {
+    reader: csv::Reader<R>,
+    record: csv::ByteRecord,
+    line: u64,
 }
 
-fn line_of(record: &csv::ByteRecord) -> u64 {
-    record.position().map_or(0, csv::Position::line)
+impl<R: Read> Records<R> {
+    /// Reads the next record into `self.record`, if any; a read error is the archive's (the
+    /// CSV has no quoting to fail).
+    fn next(&mut self) -> Result<bool, BillError> {
+        let more = self
+            .reader
+            .read_byte_record(&mut self.record)
+            .map_err(|e| match e.into_kind() {
+                csv::ErrorKind::Io(io) => archive(io),
+                other => BillError::Format(format!("line {}: {other:?}", self.line + 1)),
+            })?;
+        if more {
+            self.line += 1;
+        }
+        Ok(more)
+    }
 }
 
 /// Every field of `record` as text, or the format error naming the line and column.
@@ -508,10 +520,10 @@ fn detail(
         ))
     };
     let yuan = |column: usize| yuan_to_fen(get(column)).map_err(|_| bad(column, "is not yuan"));
-    if get(MCHID) != mchid {
+    if get(MCHID_COLUMN) != mchid {
         return Err(BillError::OtherAccount(format!(
             "line {line}: 商户号 {} in the bill of merchant {mchid}",
-            get(MCHID)
+            get(MCHID_COLUMN)
         )));
     }
     if get(CURRENCY) != "CNY" {
@@ -603,14 +615,10 @@ fn decimal(text: &str) -> Option<(i64, usize)> {
 
 /// Reads the summary row after its header (already in `record`) and checks every column
 /// against `sums`; nothing may follow it.
-fn check_summary<R: Read>(
-    reader: &mut csv::Reader<R>,
-    record: &mut csv::ByteRecord,
-    sums: &Sums,
-) -> Result<(), BillError> {
-    let header_line = line_of(record);
+fn check_summary<R: Read>(rows: &mut Records<R>, sums: &Sums) -> Result<(), BillError> {
+    let header_line = rows.line;
     let mut index = [usize::MAX; SUMMARY_COLUMNS.len()];
-    for (at, raw) in record.iter().enumerate() {
+    for (at, raw) in rows.record.iter().enumerate() {
         let name = header_name(raw, at, header_line)?;
         let Some(known) = SUMMARY_COLUMNS.iter().position(|c| *c == name) else {
             return Err(BillError::Format(format!(
@@ -630,13 +638,13 @@ fn check_summary<R: Read>(
             SUMMARY_COLUMNS[missing]
         )));
     }
-    if !next(reader, record)? {
+    if !rows.next()? {
         return Err(BillError::Format(format!(
             "the summary header on line {header_line} has no summary row after it"
         )));
     }
-    let line = line_of(record);
-    let text = utf8(record, line)?;
+    let line = rows.line;
+    let text = utf8(&rows.record, line)?;
     if text.len() != SUMMARY_COLUMNS.len() {
         return Err(BillError::Format(format!(
             "line {line}: the summary row has {} fields, its header {}",
@@ -693,10 +701,10 @@ fn check_summary<R: Read>(
             milli_text(sums.fee_milli_fen)
         )));
     }
-    if next(reader, record)? {
+    if rows.next()? {
         return Err(BillError::Format(format!(
             "line {}: more after the summary row",
-            line_of(record)
+            rows.line
         )));
     }
     Ok(())
