@@ -25,4 +25,5 @@ mod service;
 mod shutdown;
 mod support;
 mod wechat;
+mod wechat_bill;
 mod wechat_vectors;
