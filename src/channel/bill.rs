@@ -44,7 +44,7 @@ pub struct BillLine {
     /// A refund row's refund number (WeChat 商户退款单号, Alipay 退款批次号/请求号).
     pub out_refund_no: Option<String>,
     /// Positive fen: a payment's order amount (WeChat 订单金额, Alipay 订单金额), a refund's
-    /// refunded amount (WeChat 退款金额, Alipay's negative 订单金额 made positive).
+    /// refunded amount (WeChat 申请退款金额, Alipay's negative 订单金额 made positive).
     pub amount_fen: i64,
     /// The provider's fee in thousandths of a fen (WeChat states it to 0.00001 yuan); what
     /// it gives back on a refund is negative.

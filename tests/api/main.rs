@@ -26,4 +26,5 @@ mod service;
 mod shutdown;
 mod support;
 mod wechat;
+mod wechat_bill;
 mod wechat_vectors;

@@ -151,20 +151,8 @@ impl WechatApi {
         body: &str,
         now: Timestamp,
     ) -> Result<Received, Failure> {
-        const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-        let nonce = crate::random::token(ALNUM, 32)
-            .map_err(|_| Failure::Unexpected("random number generator failed".into()))?;
-        let timestamp = now.unix_seconds();
         let method = if post { "POST" } else { "GET" };
-        let message = format!("{method}\n{path}\n{timestamp}\n{nonce}\n{body}\n");
-        let signature = m
-            .key
-            .sign_base64(message.as_bytes())
-            .map_err(|e| Failure::Unexpected(format!("signing failed: {e}")))?;
-        let authorization = format!(
-            "{SIGNATURE_TYPE} mchid=\"{}\",nonce_str=\"{nonce}\",signature=\"{signature}\",timestamp=\"{timestamp}\",serial_no=\"{}\"",
-            m.merchant.mchid, m.serial
-        );
+        let authorization = Self::authorization(m, method, path, body, now)?;
         let url = format!("{}{path}", m.base);
         let client = self.merchants.plumbing().client();
         let request = if post {
@@ -179,6 +167,29 @@ impl WechatApi {
             .header("Accept", "application/json")
             .header("Authorization", authorization);
         self.merchants.plumbing().send(request).await
+    }
+
+    /// The `Authorization` header of one request: `path` with its query exactly as sent.
+    pub(super) fn authorization(
+        m: &ApiMerchant,
+        method: &str,
+        path: &str,
+        body: &str,
+        now: Timestamp,
+    ) -> Result<String, Failure> {
+        const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        let nonce = crate::random::token(ALNUM, 32)
+            .map_err(|_| Failure::Unexpected("random number generator failed".into()))?;
+        let timestamp = now.unix_seconds();
+        let message = format!("{method}\n{path}\n{timestamp}\n{nonce}\n{body}\n");
+        let signature = m
+            .key
+            .sign_base64(message.as_bytes())
+            .map_err(|e| Failure::Unexpected(format!("signing failed: {e}")))?;
+        Ok(format!(
+            "{SIGNATURE_TYPE} mchid=\"{}\",nonce_str=\"{nonce}\",signature=\"{signature}\",timestamp=\"{timestamp}\",serial_no=\"{}\"",
+            m.merchant.mchid, m.serial
+        ))
     }
 
     /// Checks a 2xx answer's signature, as a notification's: `Wechatpay-*` headers over

@@ -27,6 +27,7 @@ use crate::notice::Notice;
 use crate::time::Timestamp;
 
 mod api;
+pub mod bill;
 mod certificates;
 mod explain;
 pub mod settings;
@@ -34,6 +35,7 @@ mod verify;
 mod wire;
 
 pub use api::{API_BASE, WechatApi};
+pub use bill::{read_tradebill, verified_tradebill};
 pub use settings::{CertificateMode, PlatformKey, WechatMerchant, WechatSettings};
 
 /// WeChat Pay's freshness rule: more than five minutes either way is refused.
@@ -381,6 +383,9 @@ pub fn mount(
         channel: Arc::clone(&built),
         api: client.clone(),
     });
+    let bills = client
+        .clone()
+        .map(|api| api as Arc<dyn super::bill::BillSource>);
     let api = client.map(|api| api as Arc<dyn ProviderApi>);
     let channel = web::Data::from(built);
     let mount: super::Mount = Box::new(move |cfg: &mut web::ServiceConfig| {
@@ -400,6 +405,6 @@ pub fn mount(
         provider,
         api,
         keys: Some(keys),
-        bills: None,
+        bills,
     })
 }

@@ -1,5 +1,5 @@
 //! What the tests stand on, not tests themselves: the service on a test database of its own
-//! (`helpers`), the providers' stand-ins (`provider`), a test channel with its own signature
+//! (`helpers`), the providers' stand-ins (`provider`, WeChat's bills in `wechat_bill`), a test channel with its own signature
 //! (`test_channel`), throw-away keys (`keys`) and the agreement of verify and explain (`agree`).
 
 pub mod agree;
@@ -7,3 +7,4 @@ pub mod helpers;
 pub mod keys;
 pub mod provider;
 pub mod test_channel;
+pub mod wechat_bill;

@@ -18,6 +18,7 @@ use paynotify::time::{Clock, ManualClock};
 use serde_json::{Value, json};
 
 use crate::support::keys::{public_key_path, rsa_key};
+use crate::support::wechat_bill;
 
 pub const MERCHANT_SERIAL: &str = "3775B6A45ACD588826D15E583A95F5DD00000001";
 /// The merchant's API key pair (the service signs with its private half).
@@ -159,8 +160,8 @@ pub struct Fake {
     /// calls are spread over minutes); without it, answers are stamped with the request's
     /// timestamp.
     clock: Mutex<Option<(Arc<ManualClock>, i64)>>,
-    mchid: String,
-    appid: String,
+    pub(super) mchid: String,
+    pub(super) appid: String,
     /// The platform key WeChat signs its answers with now, and its serial.
     platform: Mutex<(String, rsa::PrivateKey)>,
     /// What `GET /v3/certificates` lists.
@@ -430,6 +431,8 @@ async fn answer(req: HttpRequest, body: web::Bytes, fake: web::Data<Fake>) -> Ht
     }
     let answer = if req.path() == "/gateway.do" {
         alipay(&fake, &body)
+    } else if req.path() == wechat_bill::DOWNLOAD_PATH {
+        wechat_bill::download(&req, &body, &fake).await
     } else {
         wechat(&req, &body, &fake)
     };
@@ -453,7 +456,11 @@ fn authorization(req: &HttpRequest) -> Option<HashMap<String, String>> {
 }
 
 /// WeChat Pay v3: `METHOD\npath?query\ntimestamp\nnonce\nbody\n` with the merchant API key.
-fn wechat_request_verifies(req: &HttpRequest, body: &[u8], fake: &Fake) -> Option<String> {
+pub(super) fn wechat_request_verifies(
+    req: &HttpRequest,
+    body: &[u8],
+    fake: &Fake,
+) -> Option<String> {
     use base64::Engine;
     let auth = authorization(req)?;
     if auth.get("mchid")? != &fake.mchid || auth.get("serial_no")? != MERCHANT_SERIAL {
@@ -478,10 +485,27 @@ fn wechat_request_verifies(req: &HttpRequest, body: &[u8], fake: &Fake) -> Optio
 }
 
 fn wechat_signed(fake: &Fake, status: u16, timestamp: &str, body: String) -> HttpResponse {
+    let signing = *fake.signing.lock().expect("signing");
+    wechat_signed_as(fake, status, timestamp, body, signing)
+}
+
+/// An answer signed as `signing` says, whatever the fake signs with otherwise.
+pub(super) fn wechat_signed_as(
+    fake: &Fake,
+    status: u16,
+    timestamp: &str,
+    body: String,
+    signing: Signing,
+) -> HttpResponse {
     let mut response =
         HttpResponse::build(actix_web::http::StatusCode::from_u16(status).expect("status"));
     let (serial, platform) = fake.platform.lock().expect("platform").clone();
-    if let Some(key) = fake.key(&platform) {
+    let key = match signing {
+        Signing::Provider => Some(&platform),
+        Signing::Forger => Some(&fake.forger),
+        Signing::Unsigned => None,
+    };
+    if let Some(key) = key {
         // WeChat stamps an answer with its own time, not the request's.
         let timestamp = fake.now().unwrap_or_else(|| timestamp.to_owned());
         let timestamp = timestamp.as_str();
@@ -504,7 +528,7 @@ fn wechat_signed(fake: &Fake, status: u16, timestamp: &str, body: String) -> Htt
     }
 }
 
-fn wechat_error(status: u16, code: &str, message: &str) -> HttpResponse {
+pub(super) fn wechat_error(status: u16, code: &str, message: &str) -> HttpResponse {
     HttpResponse::build(actix_web::http::StatusCode::from_u16(status).expect("status"))
         .json(json!({ "code": code, "message": message }))
 }
@@ -521,6 +545,9 @@ fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
         let served = fake.served_certificates.lock().expect("served").clone();
         let data: Vec<Value> = served.iter().enumerate().map(|(n, c)| c.entry(n)).collect();
         return wechat_signed(fake, 200, &timestamp, json!({ "data": data }).to_string());
+    }
+    if path == "/v3/bill/tradebill" {
+        return wechat_bill::apply(req, fake, &timestamp);
     }
     if let Some(out_refund_no) = path.strip_prefix("/v3/refund/domestic/refunds/") {
         let Some(r) = fake.refunded(out_refund_no) else {
