@@ -35,8 +35,7 @@ use zip::ZipArchive;
 use super::AlipayApi;
 use crate::channel::api::{ApiFuture, Failure};
 use crate::channel::bill::{
-    self, BillError, BillFile, BillLine, BillSource, BillTotals, Fetched, LineKind,
-    MAX_BILL_BYTES,
+    self, BillError, BillFile, BillLine, BillSource, BillTotals, Fetched, LineKind, MAX_BILL_BYTES,
 };
 use crate::money::yuan_to_fen;
 use crate::notice::ChannelId;
@@ -313,7 +312,12 @@ impl Summary {
         let figures = [
             ("交易订单总笔数", self.payments, d.payments.count, false),
             ("退款订单总笔数", self.refunds, d.refunds.count, false),
-            ("订单金额（元）", self.order_fen, both(|k| k.order_fen), true),
+            (
+                "订单金额（元）",
+                self.order_fen,
+                both(|k| k.order_fen),
+                true,
+            ),
             (
                 "商家实收（元）",
                 self.received_fen,
@@ -350,7 +354,11 @@ fn fen_text(fen: i64) -> String {
 
 fn milli_text(milli: i64) -> String {
     let sign = if milli < 0 { "-" } else { "" };
-    format!("{sign}{}.{:05}", milli.abs() / 100_000, milli.abs() % 100_000)
+    format!(
+        "{sign}{}.{:05}",
+        milli.abs() / 100_000,
+        milli.abs() % 100_000
+    )
 }
 
 /// The lines of one entry, decoded from GBK one at a time (a GBK trail byte is never `\n`,
@@ -656,17 +664,12 @@ fn detail_line(
         _ => {
             return Err(format_error(
                 n,
-                &format!(
-                    "订单金额（元） {:?} of a {} row",
-                    value(ORDER),
-                    value(KIND)
-                ),
+                &format!("订单金额（元） {:?} of a {} row", value(ORDER), value(KIND)),
             ));
         }
     };
-    let fee_stated = signed_milli_fen(value(FEE)).ok_or_else(|| {
-        format_error(n, &format!("服务费（元） {:?} is not yuan", value(FEE)))
-    })?;
+    let fee_stated = signed_milli_fen(value(FEE))
+        .ok_or_else(|| format_error(n, &format!("服务费（元） {:?} is not yuan", value(FEE))))?;
     let fee_milli_fen = match kind {
         LineKind::Payment => fee_stated.abs(),
         LineKind::Refund => -fee_stated.abs(),
@@ -676,7 +679,10 @@ fn detail_line(
         None
     } else {
         Some(beijing_time(at_text).ok_or_else(|| {
-            format_error(n, &format!("完成时间 {at_text:?} is not yyyy-MM-dd HH:mm:ss"))
+            format_error(
+                n,
+                &format!("完成时间 {at_text:?} is not yyyy-MM-dd HH:mm:ss"),
+            )
         })?)
     };
     let refund_no = value(REFUND_NO);
@@ -837,9 +843,8 @@ pub fn read_summary(input: impl Read, seller_id: &str) -> Result<Summary, BillEr
             refunds: count(REFUNDS)?,
             order_fen: fen(S_ORDER)?,
             received_fen: fen(S_RECEIVED)?,
-            fee_milli_fen: signed_milli_fen(value(S_FEE)).ok_or_else(|| {
-                bad(n, &format!("服务费（元） {:?} is not yuan", value(S_FEE)))
-            })?,
+            fee_milli_fen: signed_milli_fen(value(S_FEE))
+                .ok_or_else(|| bad(n, &format!("服务费（元） {:?} is not yuan", value(S_FEE))))?,
         });
     }
     total.ok_or_else(|| BillError::Format(format!("{SUMMARY}: no 合计 row")))
@@ -855,7 +860,15 @@ mod tests {
     const DATE: &str = "20261130";
 
     /// A detail row as Alipay writes it: ids and texts padded with a tab.
-    fn row(trade_no: &str, out_trade_no: &str, kind: &str, order: &str, refund_no: &str, fee: &str, done: &str) -> String {
+    fn row(
+        trade_no: &str,
+        out_trade_no: &str,
+        kind: &str,
+        order: &str,
+        refund_no: &str,
+        fee: &str,
+        done: &str,
+    ) -> String {
         format!(
             "{trade_no}\t,{out_trade_no}\t,{kind}\t,商品{out_trade_no},2026-11-30 09:59:00,{done},\t,\t,\t,\t,*沙箱(159****3821)\t,{order},{order},0.00,0.00,0.00,0.00,0.00,,0.00\t,0.00,{refund_no}\t,{fee},0.00,\n"
         )
@@ -868,9 +881,33 @@ mod tests {
             "#支付宝业务明细查询\n#账号：[{SELLER}0156]\n#起始日期：[2026年11月30日 00:00:00]   终止日期：[2026年12月01日 00:00:00]\n#-----------------------------------------业务明细列表----------------------------------------\n{}\n",
             DETAIL_COLUMNS.join(",")
         );
-        text += &row("2026113022001400000000000001", "ORD-1", "交易", "100.00", "", "-0.60", "2026-11-30 10:00:07");
-        text += &row("2026113022001400000000000002", "ORD-2", "交易", "0.01", "", "0.00", "2026-11-30 23:59:59");
-        text += &row("2026113022001400000000000001", "ORD-1", "退款", "-30.00", "R-1", "0.18", "2026-11-30 12:00:00");
+        text += &row(
+            "2026113022001400000000000001",
+            "ORD-1",
+            "交易",
+            "100.00",
+            "",
+            "-0.60",
+            "2026-11-30 10:00:07",
+        );
+        text += &row(
+            "2026113022001400000000000002",
+            "ORD-2",
+            "交易",
+            "0.01",
+            "",
+            "0.00",
+            "2026-11-30 23:59:59",
+        );
+        text += &row(
+            "2026113022001400000000000001",
+            "ORD-1",
+            "退款",
+            "-30.00",
+            "R-1",
+            "0.18",
+            "2026-11-30 12:00:00",
+        );
         text += "#-----------------------------------------业务明细列表结束------------------------------------\n";
         text += "#交易合计：2笔，商家实收共100.01元，商家优惠共0.00元\n";
         text += "#退款合计：1笔，商家实收退款共-30.00元，商家优惠退款共0.00元\n";
@@ -906,7 +943,10 @@ mod tests {
         let mut bytes = zip.finish().expect("zip").into_inner();
         for (stand_in, raw) in names {
             let mut at = 0;
-            while let Some(i) = bytes[at..].windows(stand_in.len()).position(|w| w == stand_in.as_slice()) {
+            while let Some(i) = bytes[at..]
+                .windows(stand_in.len())
+                .position(|w| w == stand_in.as_slice())
+            {
                 bytes[at + i..at + i + raw.len()].copy_from_slice(&raw);
                 at += i + raw.len();
             }
@@ -917,7 +957,10 @@ mod tests {
     fn bill_zip(details: &str, summary: &str) -> Vec<u8> {
         zip_of(&[
             (&format!("{SELLER}0156_{DATE}_业务明细.csv"), gbk(details)),
-            (&format!("{SELLER}0156_{DATE}_业务明细(汇总).csv"), gbk(summary)),
+            (
+                &format!("{SELLER}0156_{DATE}_业务明细(汇总).csv"),
+                gbk(summary),
+            ),
         ])
     }
 
@@ -988,7 +1031,11 @@ mod tests {
     fn the_account_is_the_pid_with_or_without_its_suffix() {
         let plain = details().replace(&format!("[{SELLER}0156]"), &format!("[{SELLER}]"));
         assert!(read_text(&plain).is_ok());
-        for other in ["20880000000000020156", "2088000000000001015", "20880000000000010157"] {
+        for other in [
+            "20880000000000020156",
+            "2088000000000001015",
+            "20880000000000010157",
+        ] {
             let text = details().replace(&format!("{SELLER}0156"), other);
             assert!(
                 matches!(read_text(&text), Err(BillError::OtherAccount(m)) if m.contains(other)),
@@ -1048,8 +1095,16 @@ mod tests {
     fn a_summary_that_disagrees_with_the_rows_names_the_figure() {
         for (from, to, figure) in [
             ("#交易合计：2笔", "#交易合计：3笔", "#交易合计 笔 is 3"),
-            ("商家实收共100.01元", "商家实收共100.02元", "商家实收 is 100.02"),
-            ("商家实收退款共-30.00元", "商家实收退款共-29.00元", "商家实收 is -29.00"),
+            (
+                "商家实收共100.01元",
+                "商家实收共100.02元",
+                "商家实收 is 100.02",
+            ),
+            (
+                "商家实收退款共-30.00元",
+                "商家实收退款共-29.00元",
+                "商家实收 is -29.00",
+            ),
         ] {
             let text = details().replace(from, to);
             match read_text(&text) {
@@ -1058,9 +1113,21 @@ mod tests {
             }
         }
         for (from, to, figure) in [
-            ("合计\t,\t,2,1", "合计\t,\t,3,1", "交易订单总笔数 is 3, the details add up to 2"),
-            ("合计\t,\t,2,1,70.01", "合计\t,\t,2,1,71.01", "订单金额（元） is 71.01, the details add up to 70.01"),
-            ("0.00,-0.42,0.00,69.59\n#", "0.00,-0.43,0.00,69.59\n#", "服务费（元） is -0.43000"),
+            (
+                "合计\t,\t,2,1",
+                "合计\t,\t,3,1",
+                "交易订单总笔数 is 3, the details add up to 2",
+            ),
+            (
+                "合计\t,\t,2,1,70.01",
+                "合计\t,\t,2,1,71.01",
+                "订单金额（元） is 71.01, the details add up to 70.01",
+            ),
+            (
+                "0.00,-0.42,0.00,69.59\n#",
+                "0.00,-0.43,0.00,69.59\n#",
+                "服务费（元） is -0.43000",
+            ),
         ] {
             let summary = summary().replace(from, to);
             match read_zip(bill_zip(&details(), &summary)) {
@@ -1068,7 +1135,10 @@ mod tests {
                 other => panic!("{from}: {other:?}"),
             }
         }
-        let text = details().replace("#退款合计：1笔，商家实收退款共-30.00元，商家优惠退款共0.00元\n", "");
+        let text = details().replace(
+            "#退款合计：1笔，商家实收退款共-30.00元，商家优惠退款共0.00元\n",
+            "",
+        );
         format_error(read_text(&text), &["#退款合计"]);
         let summary = summary().replace("合计\t", "总计\t");
         format_error(read_zip(bill_zip(&details(), &summary)), &["合计"]);
@@ -1089,7 +1159,11 @@ mod tests {
             ("0.01,0.01,", "0.011,0.01,", "订单金额（元） \"0.011\""),
             ("0.01,0.01,", "1e2,0.01,", "订单金额（元） \"1e2\""),
             ("0.01,0.01,", "0.01,0.01x,", "商家实收（元） \"0.01x\""),
-            ("-30.00,-30.00,", "30.00,-30.00,", "订单金额（元） \"30.00\" of a 退款 row"),
+            (
+                "-30.00,-30.00,",
+                "30.00,-30.00,",
+                "订单金额（元） \"30.00\" of a 退款 row",
+            ),
             ("\t,-0.60,", "\t,-0.6.0,", "服务费（元） \"-0.6.0\""),
             ("2026-11-30 23:59:59", "2026-11-30 24:00:00", "完成时间"),
         ] {
@@ -1121,7 +1195,10 @@ mod tests {
         assert!(
             matches!(read_zip(only_summary), Err(BillError::Archive(m)) if m.contains("业务明细.csv"))
         );
-        let only_details = zip_of(&[(&format!("{SELLER}0156_{DATE}_业务明细.csv"), gbk(&details()))]);
+        let only_details = zip_of(&[(
+            &format!("{SELLER}0156_{DATE}_业务明细.csv"),
+            gbk(&details()),
+        )]);
         assert!(matches!(read_zip(only_details), Err(BillError::Archive(_))));
         // A corrupt entry: its bytes changed after the zip was made.
         let mut corrupt = whole.clone();
@@ -1138,7 +1215,10 @@ mod tests {
     fn utf8_entry_names_are_found_too() {
         let mut zip = zip::ZipWriter::new(Cursor::new(Vec::new()));
         let options = zip::write::SimpleFileOptions::default();
-        for (name, text) in [("业务明细.csv", details()), ("业务明细(汇总).csv", summary())] {
+        for (name, text) in [
+            ("业务明细.csv", details()),
+            ("业务明细(汇总).csv", summary()),
+        ] {
             zip.start_file(format!("{SELLER}0156_{DATE}_{name}"), options)
                 .expect("entry");
             zip.write_all(&gbk(&text)).expect("write");
