@@ -1,6 +1,7 @@
 //! Integration tests: the real service, real PostgreSQL and SQLite, one binary.
 
 mod alipay;
+mod alipay_bill;
 mod alipay_vectors;
 mod amqp;
 mod bills;

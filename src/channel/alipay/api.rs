@@ -122,7 +122,7 @@ impl Account for ApiApp {
 }
 
 /// The Alipay OpenAPI client (`alipay.trade.query`, `alipay.trade.close`,
-/// `alipay.trade.fastpay.refund.query`) for every app with an app private key. Requests are
+/// `alipay.trade.fastpay.refund.query`, the bill's download URL: `bill.rs`) for every app with an app private key. Requests are
 /// signed RSA2 with it; answers are verified over the exact bytes of their `…_response` value
 /// with the app's Alipay public key, the one notifications are verified with.
 pub struct AlipayApi {
@@ -148,6 +148,8 @@ pub(super) struct ApiResponse {
     pub(super) out_request_no: Option<String>,
     /// Not in the documented query answer; checked when an answer carries it.
     pub(super) seller_id: Option<String>,
+    /// `alipay.data.dataservice.bill.downloadurl.query`: where the day's bill zip is.
+    pub(super) bill_download_url: Option<String>,
 }
 
 impl ApiResponse {

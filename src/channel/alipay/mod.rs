@@ -27,6 +27,7 @@ use crate::time::Timestamp;
 use wire::{Form, read_fields};
 
 mod api;
+pub mod bill;
 pub mod cert_sn;
 mod explain;
 pub mod settings;
@@ -133,7 +134,8 @@ crate::routes::notify::notify_handler!(
 #[openapi(paths(alipay))]
 pub struct NotifyApi;
 
-/// Loads the apps' keys (once, at start-up) and mounts the notify route.
+/// Loads the apps' keys (once, at start-up) and mounts the notify route; with API
+/// credentials, the API client asks about trades and fetches the daily bills.
 pub fn mount(
     settings: &AlipaySettings,
     client: &ClientSettings,
@@ -141,8 +143,9 @@ pub fn mount(
 ) -> Result<Mounted, ConfigError> {
     let built = Arc::new(Alipay::from_settings(settings, now)?);
     let provider: Arc<dyn Provider> = built.clone();
-    let api = AlipayApi::from_settings(&built, settings, client, now)?
-        .map(|api| Arc::new(api) as Arc<dyn ProviderApi>);
+    let client = AlipayApi::from_settings(&built, settings, client, now)?.map(Arc::new);
+    let api = client.clone().map(|c| c as Arc<dyn ProviderApi>);
+    let bills = client.map(|c| c as Arc<dyn super::bill::BillSource>);
     let channel = web::Data::from(built);
     let mount: super::Mount = Box::new(move |cfg: &mut web::ServiceConfig| {
         cfg.service(
@@ -156,7 +159,7 @@ pub fn mount(
         provider,
         api,
         keys: None,
-        bills: None,
+        bills,
     })
 }
 

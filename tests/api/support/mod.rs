@@ -1,8 +1,10 @@
 //! What the tests stand on, not tests themselves: the service on a test database of its own
-//! (`helpers`), the providers' stand-ins (`provider`, WeChat's bills in `wechat_bill`), a test channel with its own signature
+//! (`helpers`), the providers' stand-ins (`provider`, their bills in `wechat_bill` and
+//! `alipay_bill`), a test channel with its own signature
 //! (`test_channel`), throw-away keys (`keys`) and the agreement of verify and explain (`agree`).
 
 pub mod agree;
+pub mod alipay_bill;
 pub mod helpers;
 pub mod keys;
 pub mod provider;

@@ -17,6 +17,7 @@ use paynotify::qa::forge::rsa_sign;
 use paynotify::time::{Clock, ManualClock};
 use serde_json::{Value, json};
 
+use crate::support::alipay_bill;
 use crate::support::keys::{public_key_path, rsa_key};
 use crate::support::wechat_bill;
 
@@ -271,14 +272,6 @@ impl Fake {
         self.calls.lock().expect("calls").clone()
     }
 
-    fn key<'a>(&'a self, provider: &'a rsa::PrivateKey) -> Option<&'a rsa::PrivateKey> {
-        match *self.signing.lock().expect("signing") {
-            Signing::Provider => Some(provider),
-            Signing::Forger => Some(&self.forger),
-            Signing::Unsigned => None,
-        }
-    }
-
     /// WeChat signs its answers with the platform key `serial` from now on (a rotation).
     pub fn sign_as(&self, serial: &str, key: rsa::PrivateKey) {
         *self.platform.lock().expect("platform") = (serial.to_owned(), key);
@@ -430,9 +423,11 @@ async fn answer(req: HttpRequest, body: web::Bytes, fake: web::Data<Fake>) -> Ht
             .json(json!({"code": "SYSTEM_ERROR", "message": "系统繁忙"}));
     }
     let answer = if req.path() == "/gateway.do" {
-        alipay(&fake, &body)
+        alipay(&fake, &body, &req)
     } else if req.path() == wechat_bill::DOWNLOAD_PATH {
         wechat_bill::download(&req, &body, &fake).await
+    } else if req.path() == alipay_bill::DOWNLOAD_PATH {
+        alipay_bill::download(&req, &fake).await
     } else {
         wechat(&req, &body, &fake)
     };
@@ -720,6 +715,11 @@ fn cert_sn_refusal(fake: &Fake, params: &HashMap<String, String>) -> Option<Valu
 }
 
 fn alipay_signed(fake: &Fake, method: &str, value: &Value) -> HttpResponse {
+    let signing = *fake.signing.lock().expect("signing");
+    alipay_signed_as(fake, method, value, signing)
+}
+
+fn alipay_signed_as(fake: &Fake, method: &str, value: &Value, signing: Signing) -> HttpResponse {
     let key = format!("{}_response", method.replace('.', "_"));
     // Not serde's compact form: the signature covers these exact bytes, and re-serialising
     // the parsed answer would not give them back.
@@ -729,7 +729,12 @@ fn alipay_signed(fake: &Fake, method: &str, value: &Value) -> HttpResponse {
         Some(_) => ",\"alipay_cert_sn\":\"fakegatewayalipaycertsn000000001\"",
         None => "",
     };
-    let body = match fake.key(&fake.alipay_key) {
+    let signer = match signing {
+        Signing::Provider => Some(&fake.alipay_key),
+        Signing::Forger => Some(&fake.forger),
+        Signing::Unsigned => None,
+    };
+    let body = match signer {
         Some(signer) => format!(
             "{{\"{key}\":{value}{cert_sn},\"sign\":\"{}\"}}",
             rsa_sign(signer, value.as_bytes()).expect("sign")
@@ -741,7 +746,7 @@ fn alipay_signed(fake: &Fake, method: &str, value: &Value) -> HttpResponse {
         .body(body)
 }
 
-fn alipay(fake: &Fake, body: &[u8]) -> HttpResponse {
+fn alipay(fake: &Fake, body: &[u8], req: &HttpRequest) -> HttpResponse {
     let Some(params) = alipay_request(body, fake) else {
         fake.refused.fetch_add(1, Ordering::SeqCst);
         // Alipay's answer to a bad signature is signed; an unknown app's is not.
@@ -763,6 +768,12 @@ fn alipay(fake: &Fake, body: &[u8]) -> HttpResponse {
         .lock()
         .expect("calls")
         .push((method.clone(), no.clone()));
+    if method == "alipay.data.dataservice.bill.downloadurl.query" {
+        let host = req.connection_info().host().to_owned();
+        let signing = *fake.signing.lock().expect("signing");
+        let (value, signing) = alipay_bill::answer(fake, &biz, &host, signing);
+        return alipay_signed_as(fake, &method, &value, signing);
+    }
     let not_exist = json!({"code": "40004", "msg": "Business Failed", "sub_code": "ACQ.TRADE_NOT_EXIST", "sub_msg": "交易不存在"});
     let trade = fake.trade(&no);
     let value = match (method.as_str(), trade) {
