@@ -606,3 +606,118 @@ async fn sqlite_the_daily_run_reconciles_yesterday_and_retries_what_was_unavaila
         ]
     );
 }
+
+/// `paynotify bills reconcile` as an operator runs it: the reports printed, and the exit
+/// code the contract gives them (0 balanced, 1 mismatched, 2 unavailable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_exits_0_balanced_1_mismatched_2_unavailable() {
+    use crate::support::keys::{private_key_path, public_key_path, rsa_key};
+    use crate::support::provider::{MERCHANT_KEY, MERCHANT_SERIAL};
+
+    let fake = fake().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let platform = crate::wechat::sandbox('A');
+    rsa_key(MERCHANT_KEY);
+    rsa_key("wechat-a");
+    let config = dir.path().join("paynotify.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[database]
+url = "sqlite://{db}"
+
+[[wechat.merchants]]
+mchid = "{mchid}"
+appid = "{appid}"
+apiv3_key = "{apiv3}"
+private_key_file = "{private}"
+merchant_serial = "{serial}"
+api_base = "{url}"
+certificates = "static"
+
+[[wechat.merchants.platform_keys]]
+serial = "{platform_serial}"
+public_key_file = "{public}"
+"#,
+            db = dir.path().join("p.db").display(),
+            mchid = platform.mchid,
+            appid = platform.appid,
+            apiv3 = crate::wechat::APIV3_A,
+            private = private_key_path(MERCHANT_KEY).display(),
+            serial = MERCHANT_SERIAL,
+            url = fake.url,
+            platform_serial = platform.serial,
+            public = public_key_path("wechat-a").display(),
+        ),
+    )
+    .expect("config");
+    fake.state.set_bill("2026-11-28", bill(vec![]));
+    fake.state.set_bill(
+        "2026-11-27",
+        bill(vec![line(
+            "wechat",
+            "CLI-UNKNOWN",
+            100,
+            "2026-11-27 09:00:00",
+        )]),
+    );
+    fake.state.set_bill(
+        "2026-11-26",
+        FakeBill {
+            lines: vec![],
+            fault: Some(BillFault::WrongSignature),
+        },
+    );
+    let run = |date: &'static str, json: bool| {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_paynotify"));
+            command
+                .args([
+                    "bills",
+                    "reconcile",
+                    "--channel",
+                    "wechat",
+                    "--date",
+                    date,
+                    "--config",
+                ])
+                .arg(&config);
+            if json {
+                command.arg("--json");
+            }
+            command.output().expect("paynotify runs")
+        })
+    };
+    let out = run("2026-11-28", false).await.expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.starts_with("2026-11-28 wechat 1900000001: balanced"),
+        "{stdout}"
+    );
+
+    let out = run("2026-11-27", true).await.expect("run");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reports: Vec<Value> = serde_json::from_slice(&out.stdout).expect("--json prints JSON");
+    assert_eq!(reports[0]["status"], "mismatched");
+    assert_eq!(
+        item(&reports[0], "MISSING_HERE", "CLI-UNKNOWN")["resolution"],
+        "open"
+    );
+
+    let out = run("2026-11-26", false).await.expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{stdout}");
+    assert!(stdout.contains("unavailable (bad_signature:"), "{stdout}");
+}

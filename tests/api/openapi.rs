@@ -46,6 +46,8 @@ async fn every_endpoint_is_documented_and_the_document_is_served() {
     assert_eq!(
         paths,
         [
+            "/admin/bills",
+            "/admin/bills/reconcile",
             "/admin/callbacks",
             "/admin/certificates",
             "/admin/certificates/refresh",
