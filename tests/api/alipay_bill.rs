@@ -34,8 +34,10 @@ async fn fake() -> FakeProvider {
 
 /// The Alipay channel's bills, its app with API credentials at the fake gateway.
 fn bills(fake: &FakeProvider) -> Arc<dyn BillSource> {
-    let mut s = Settings::default();
-    s.alipay = crate::alipay::settings();
+    let mut s = Settings {
+        alipay: crate::alipay::settings(),
+        ..Settings::default()
+    };
     rsa_key(APP_KEY);
     s.alipay.apps[0].app_private_key_file = Some(private_key_path(APP_KEY));
     s.alipay.apps[0].gateway = Some(format!("{}/gateway.do", fake.url));
