@@ -36,8 +36,10 @@ async fn fake() -> FakeProvider {
 
 /// The WeChat bill source of merchant 1900000001 with API credentials at `url`.
 fn bills(url: &str, now: Timestamp) -> Arc<dyn BillSource> {
-    let mut s = Settings::default();
-    s.wechat = crate::wechat::settings();
+    let mut s = Settings {
+        wechat: crate::wechat::settings(),
+        ..Settings::default()
+    };
     let m = &mut s.wechat.merchants[0];
     rsa_key(MERCHANT_KEY);
     m.private_key_file = Some(private_key_path(MERCHANT_KEY));
@@ -183,11 +185,14 @@ async fn a_day_without_a_bill_is_no_bill() {
     );
 }
 
+/// Whether an error is the variant a fault must give.
+type IsIt = fn(&BillError) -> bool;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_bill_is_its_own_error() {
     let fake = fake().await;
     let source = bills(&fake.url, now());
-    let cases: Vec<(BillFault, fn(&BillError) -> bool, &str)> = vec![
+    let cases: Vec<(BillFault, IsIt, &str)> = vec![
         (
             BillFault::WrongHash,
             |e| matches!(e, BillError::Hash(_)),
