@@ -155,6 +155,16 @@ pub struct Retention {
     pub receipts_keep_days: u32,
 }
 
+/// What the scheduled jobs other than the relay and retention work on.
+pub struct Work {
+    /// Reconcile and order expiry.
+    pub reconciler: Arc<Reconciler>,
+    /// The platform-certificate refresh.
+    pub certificates: Arc<Certificates>,
+    /// The daily bill job and its cron expression, when `bills.enabled`.
+    pub bills: Option<(Arc<Bills>, String)>,
+}
+
 /// The running jobs: the relay loop on its own tokio interval (any period, to the
 /// millisecond), and the coarse jobs (expiry, retention, relay watchdog) on the scheduler,
 /// whose repeated jobs only keep whole seconds.
@@ -196,13 +206,16 @@ impl Jobs {
     pub async fn start(
         store: Store,
         clock: Arc<dyn Clock>,
-        reconciler: Arc<Reconciler>,
-        certificates: Arc<Certificates>,
-        bills: Option<(Arc<Bills>, String)>,
+        work: Work,
         relay: Arc<Relay>,
         relay_every: Duration,
         retention: Retention,
     ) -> Result<Self, JobSchedulerError> {
+        let Work {
+            reconciler,
+            certificates,
+            bills,
+        } = work;
         let Retention {
             keep_days,
             receipts_keep_days,

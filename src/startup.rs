@@ -14,7 +14,7 @@ use crate::certificates::Certificates;
 use crate::channel;
 use crate::config::{ConfigError, Settings};
 use crate::gate::Gate;
-use crate::jobs::{Jobs, Retention};
+use crate::jobs::{Jobs, Retention, Work};
 use crate::metrics::Metrics;
 use crate::providers;
 use crate::receipts::Receipts;
@@ -351,9 +351,11 @@ impl Application {
         Jobs::start(
             self.store.clone(),
             clock,
-            Arc::clone(&self.reconciler),
-            Arc::clone(&self.certificates),
-            self.daily_bills(settings)?,
+            Work {
+                reconciler: Arc::clone(&self.reconciler),
+                certificates: Arc::clone(&self.certificates),
+                bills: self.daily_bills(settings)?,
+            },
             relay,
             Duration::from_millis(settings.relay.interval_ms),
             Retention {

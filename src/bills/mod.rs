@@ -869,14 +869,11 @@ mod tests {
         assert!(s.validate().is_ok());
         s.timezone = "Mars/Olympus".into();
         assert!(
-            format!(
-                "{}",
-                s.validate()
-                    .err()
-                    .map(|e| e.to_string())
-                    .unwrap_or_default()
-            )
-            .contains("bills.timezone")
+            s.validate()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+                .contains("bills.timezone")
         );
         s = BillSettings {
             settle_days: 8,
