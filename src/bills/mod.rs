@@ -32,7 +32,7 @@ use crate::store::{Store, StoreError};
 use crate::time::{Clock, Timestamp};
 use report::{Item, ItemType, OurTotals, Report, Resolution, Side, Status};
 use settings::BillSettings;
-use store::{BillSide, MAX_ID, OursOnly, Scope};
+use store::{BillSide, MAX_ID, OursOnly, PendingElsewhere, Scope};
 
 /// How close to a midnight a ledger record the bill lacks must be for it to be possibly
 /// timing (the provider booked it the other side of midnight): a notification is delivered
@@ -44,6 +44,13 @@ const LEASE_SECS: i64 = 3600;
 
 /// How many days back the daily job tries an `unavailable` report again.
 const RETRY_DAYS: i64 = 7;
+
+/// The longest provider status a bill row may carry (`bill_line.status`).
+const MAX_STATUS: usize = 32;
+
+/// More differences than this in one account's day is not a day of this ledger (another
+/// merchant's orders, a wrong date): the report is unavailable and nothing is acted upon.
+pub const MAX_DIFFERENCES: usize = 10_000;
 
 /// Bill rows per insert statement.
 const LINE_BATCH: usize = 1000;
@@ -92,7 +99,14 @@ impl Bills {
         clock: Arc<dyn Clock>,
         settings: &BillSettings,
     ) -> Result<Self, crate::config::ConfigError> {
-        let token = crate::random::token(b"0123456789abcdef", 12).unwrap_or_default();
+        // The lease's owner: two instances must never share one (in containers every process
+        // is PID 1), so no token, no start.
+        let token = crate::random::token(b"0123456789abcdef", 16).map_err(|_| {
+            crate::config::value::invalid(
+                "bills",
+                "no random number generator for the run's lease owner",
+            )
+        })?;
         Ok(Self {
             sources,
             apis,
@@ -122,8 +136,9 @@ impl Bills {
     }
 
     /// The daily job: the day before `now` for every channel, then again every date of the
-    /// week before whose report of a channel is `unavailable` (a bill that was not ready,
-    /// or could not be read). The reports of this run.
+    /// week before whose report of a channel is `unavailable` (a bill that was not ready, or
+    /// could not be read) or missing although the job ran before it (a run that failed on
+    /// the database). The reports of this run.
     pub async fn daily(&self) -> Result<Vec<Report>, RunError> {
         let yesterday = self.yesterday(self.clock.now());
         let mut reports = self.reconcile(yesterday, None).await?;
@@ -132,13 +147,18 @@ impl Bills {
                 break;
             };
             let day = date.format("%Y-%m-%d").to_string();
-            let mut again: Vec<ChannelId> = Vec::new();
-            for r in self.store.bill_reports(&day, None).await? {
-                if r.status == Status::Unavailable && !again.contains(&r.channel) {
-                    again.push(r.channel);
+            let stored = self.store.bill_reports(&day, None).await?;
+            for source in &self.sources {
+                let channel = source.channel();
+                let mine: Vec<&Report> = stored.iter().filter(|r| r.channel == channel).collect();
+                let again = if mine.is_empty() {
+                    self.store.reported_before(channel, &day).await?
+                } else {
+                    mine.iter().any(|r| r.status == Status::Unavailable)
+                };
+                if !again {
+                    continue;
                 }
-            }
-            for channel in again {
                 match self.reconcile(date, Some(channel)).await {
                     Ok(mut r) => reports.append(&mut r),
                     Err(RunError::Busy { .. }) => {}
@@ -166,8 +186,8 @@ impl Bills {
     }
 
     /// Reconciles `date` for `channel` (or every channel with credentials) now; the reports,
-    /// stored. A channel whose run another instance holds is skipped with
-    /// [`RunError::Busy`] when it is the only one asked for.
+    /// stored. A channel whose run another instance holds stops it with [`RunError::Busy`]
+    /// (the channels before it are done and stored).
     pub async fn reconcile(
         &self,
         date: NaiveDate,
@@ -183,17 +203,7 @@ impl Bills {
         }
         let mut reports = Vec::new();
         for source in sources {
-            match self.run(source.as_ref(), date).await {
-                Ok(mut r) => reports.append(&mut r),
-                // Asked for every channel: the others go on.
-                Err(RunError::Busy {
-                    date,
-                    channel: busy,
-                }) if channel.is_none() => {
-                    tracing::info!(%date, channel = %busy, "bills reconciled elsewhere now; skipped");
-                }
-                Err(e) => return Err(e),
-            }
+            reports.append(&mut self.run(source.as_ref(), date).await?);
         }
         Ok(reports)
     }
@@ -202,29 +212,40 @@ impl Bills {
     async fn run(&self, source: &dyn BillSource, date: NaiveDate) -> Result<Vec<Report>, RunError> {
         let channel = source.channel();
         let day = date.format("%Y-%m-%d").to_string();
-        let now = self.clock.now();
-        if !self
-            .store
-            .claim_bill_run(
-                &day,
-                channel,
-                &self.owner,
-                now,
-                now.plus_seconds(LEASE_SECS),
-            )
-            .await?
-        {
-            return Err(RunError::Busy { date: day, channel });
-        }
+        self.lease(&day, channel).await?;
         let result = self.run_leased(source, date, &day).await;
-        if let Err(e) = self
+        match self
             .store
             .release_bill_run(&day, channel, &self.owner)
             .await
         {
-            tracing::warn!(error = %e, date = %day, %channel, "bill run lease not released; it expires");
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(date = %day, %channel, "the bill run's lease had run out before the run ended")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, date = %day, %channel, "bill run lease not released; it expires")
+            }
         }
         result
+    }
+
+    /// Takes the lease of (`day`, `channel`), or renews this instance's: before the run and
+    /// before each account, so a long run keeps it and a run that lost it stops.
+    async fn lease(&self, day: &str, channel: ChannelId) -> Result<(), RunError> {
+        let now = self.clock.now();
+        if self
+            .store
+            .claim_bill_run(day, channel, &self.owner, now, now.plus_seconds(LEASE_SECS))
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(RunError::Busy {
+                date: day.to_owned(),
+                channel,
+            })
+        }
     }
 
     async fn run_leased(
@@ -238,20 +259,27 @@ impl Bills {
         let accounts = source.accounts();
         let mut got = Vec::new();
         for account in &accounts {
+            self.lease(day, channel).await?;
             let fetched_at = self.clock.now();
-            got.push((
-                account,
-                fetched_at,
-                self.read(source, account, date, day).await?,
-            ));
+            let read = self.read(source, account, date, day).await?;
+            if matches!(read, Got::Unavailable(_)) {
+                // What was read before the bill failed a check must not stand for its rows
+                // beside another account's.
+                self.store
+                    .clear_account_lines(day, channel, account)
+                    .await?;
+            }
+            got.push((account, fetched_at, read));
         }
         let (start, end) = self.day(date);
         let mut reports = Vec::new();
         for (i, (account, fetched_at, got)) in got.into_iter().enumerate() {
+            self.lease(day, channel).await?;
             let scope = Scope {
                 date: day,
                 channel,
                 account,
+                // The channel's first account takes the orders that name none.
                 unnamed: i == 0,
                 start,
                 end,
@@ -262,7 +290,7 @@ impl Bills {
             reports.push(report);
         }
         self.settle(channel, date, day).await?;
-        // The pending items of earlier reports the later ones settled: show them as stored.
+        // Later items may have settled earlier ones: show the reports as stored.
         Ok(self
             .store
             .bill_reports(day, Some(channel))
@@ -317,6 +345,12 @@ impl Bills {
                         )));
                     }
                 }
+                if line.status.chars().count() > MAX_STATUS {
+                    return Err(BillError::Format(format!(
+                        "status {:?} is longer than {MAX_STATUS} characters",
+                        line.status
+                    )));
+                }
                 if line.kind == LineKind::Payment && line.out_trade_no.is_empty() {
                     return Err(BillError::Format(
                         "a payment row without out_trade_no".into(),
@@ -356,7 +390,8 @@ impl Bills {
         })
     }
 
-    /// One account's report: the differences between its bill rows and the ledger's day.
+    /// One account's report: the differences between its bill rows and the ledger's day,
+    /// all found before any is acted upon.
     async fn compare(
         &self,
         scope: &Scope<'_>,
@@ -375,47 +410,60 @@ impl Bills {
             ours,
             items: Vec::new(),
         };
+        let unavailable = |reason: &'static str, why: String| {
+            tracing::warn!(
+                date = scope.date,
+                channel = %scope.channel,
+                account = scope.account,
+                reason,
+                error = %why,
+                "bill unavailable: nothing compared or acted upon; the next run tries again"
+            );
+            base(Status::Unavailable, Some(why), BillTotals::default())
+        };
         let provider = match got {
-            Got::Unavailable(e) => {
-                tracing::warn!(
-                    date = scope.date,
-                    channel = %scope.channel,
-                    account = scope.account,
-                    reason = e.label(),
-                    error = %e,
-                    "bill unavailable: nothing compared or acted upon; the next run tries again"
-                );
-                return Ok(base(
-                    Status::Unavailable,
-                    Some(e.to_string()),
-                    BillTotals::default(),
-                ));
-            }
+            Got::Unavailable(e) => return Ok(unavailable(e.label(), e.to_string())),
             Got::NoBill(why) if ours == OurTotals::default() => {
                 tracing::info!(date = scope.date, channel = %scope.channel, account = scope.account, %why, "no bill and nothing in the ledger: balanced");
                 return Ok(base(Status::Balanced, None, BillTotals::default()));
             }
             Got::NoBill(why) => {
-                let e = format!(
-                    "no bill ({why}) while the ledger has {} payments and {} refunds that day",
-                    ours.count, ours.refund_count
-                );
-                tracing::warn!(date = scope.date, channel = %scope.channel, account = scope.account, reason = "no_bill", error = %e, "bill unavailable");
-                return Ok(base(Status::Unavailable, Some(e), BillTotals::default()));
+                return Ok(unavailable(
+                    "no_bill",
+                    format!(
+                        "no bill ({why}) while the ledger has {} payments and {} refunds that day",
+                        ours.count, ours.refund_count
+                    ),
+                ));
             }
             Got::Read(totals) => totals,
         };
-        let mut items = Vec::new();
+        let mut found: Vec<(LineKind, Vec<BillSide>, Vec<OursOnly>)> = Vec::new();
+        let mut count = 0;
         for kind in [LineKind::Payment, LineKind::Refund] {
-            for diff in self.store.bill_differences(scope, kind).await? {
-                if let Some(item) = self.bill_side(scope, kind, diff).await? {
-                    items.push(item);
-                }
+            let bill = self
+                .store
+                .bill_differences(scope, kind, MAX_DIFFERENCES)
+                .await?;
+            let only = self.store.ours_only(scope, kind, MAX_DIFFERENCES).await?;
+            count += bill.len() + only.len();
+            found.push((kind, bill, only));
+        }
+        if count > MAX_DIFFERENCES {
+            return Ok(unavailable(
+                "too_many",
+                format!(
+                    "too many differences: more than {MAX_DIFFERENCES} (another merchant's orders, or a wrong day?)"
+                ),
+            ));
+        }
+        let mut items = Vec::new();
+        for (kind, bill, only) in found {
+            for diff in bill {
+                items.extend(self.bill_side(scope, kind, diff).await?);
             }
-            for only in self.store.ours_only(scope, kind).await? {
-                if let Some(item) = self.ours_side(scope, kind, only).await? {
-                    items.push(item);
-                }
+            for only in only {
+                items.extend(self.ours_side(scope, kind, only).await?);
             }
         }
         for item in items.iter().filter(|i| i.resolution == Resolution::Open) {
@@ -427,9 +475,13 @@ impl Bills {
         Ok(report)
     }
 
-    /// The dates whose pending items a run of `day` may settle: `settle_days` either side.
-    fn window(&self, date: NaiveDate) -> (String, String) {
+    /// The dates `settle_days` (at least one) either side of `day`: where a timing
+    /// difference's other half can be.
+    fn neighbours(&self, day: &str) -> (String, String) {
         let span = chrono::Duration::days(self.settle_days.max(1));
+        let Ok(date) = NaiveDate::parse_from_str(day, "%Y-%m-%d") else {
+            return (day.to_owned(), day.to_owned());
+        };
         let f = |d: Option<NaiveDate>| d.unwrap_or(date).format("%Y-%m-%d").to_string();
         (
             f(date.checked_sub_signed(span)),
@@ -468,54 +520,42 @@ impl Bills {
             ours: None,
             resolution: Resolution::Open,
         };
-        match diff.ours {
-            None => {
-                item.resolution = self.recover(scope, kind, &diff).await?;
-                Ok(Some(item))
-            }
-            Some((fen, _, status)) if fen != diff.fen => {
-                item.kind = mismatch;
-                item.ours = Some(Side {
-                    status,
-                    amount_fen: fen,
-                });
-                Ok(Some(item))
-            }
-            // Both books have it, dated a day apart: timing. The other day's pending item
-            // (the ledger's side) is settled by it; else this one waits for that day's run.
-            Some((fen, _, status)) => {
-                let (from, to) = self.window_of(scope.date);
-                let elsewhere = self
-                    .store
-                    .pending_items(
-                        scope.channel,
-                        counterpart,
-                        &diff.out_trade_no,
-                        &diff.out_refund_no,
-                        (&from, &to),
-                        scope.date,
-                    )
-                    .await?;
-                for pending in &elsewhere {
-                    self.store.settle_item(scope.channel, pending, None).await?;
-                }
-                if !elsewhere.is_empty() || self.settle_days == 0 {
-                    return Ok(None);
-                }
-                item.ours = Some(Side {
-                    status,
-                    amount_fen: fen,
-                });
-                item.resolution = Resolution::Pending;
-                Ok(Some(item))
-            }
+        let Some(recorded) = diff.ours.clone() else {
+            item.resolution = self.recover(scope, kind, &diff).await?;
+            return Ok(Some(item));
+        };
+        item.ours = Some(Side {
+            status: recorded.status.clone(),
+            amount_fen: recorded.fen,
+        });
+        if recorded.fen != diff.fen {
+            item.kind = mismatch;
+            return Ok(Some(item));
         }
-    }
-
-    fn window_of(&self, day: &str) -> (String, String) {
-        NaiveDate::parse_from_str(day, "%Y-%m-%d")
-            .map(|d| self.window(d))
-            .unwrap_or_else(|_| (day.to_owned(), day.to_owned()))
+        // Both books have it, dated a day apart: timing. The ledger's side, pending in the
+        // report of its own day, is settled by this; else this waits for that day's run.
+        let (from, to) = self.neighbours(scope.date);
+        let pending: Vec<PendingElsewhere> = self
+            .store
+            .items_elsewhere(
+                scope.channel,
+                &[counterpart],
+                &diff.out_trade_no,
+                &diff.out_refund_no,
+                scope.date,
+            )
+            .await?
+            .into_iter()
+            .filter(|p| p.item.resolution == Resolution::Pending && p.date >= from && p.date <= to)
+            .collect();
+        for p in &pending {
+            self.store.settle_item(scope.channel, p, None).await?;
+        }
+        if !pending.is_empty() || self.settle_days == 0 {
+            return Ok(None);
+        }
+        item.resolution = Resolution::Pending;
+        Ok(Some(item))
     }
 
     /// A ledger row of the day the bill lacks.
@@ -525,29 +565,51 @@ impl Bills {
         kind: LineKind,
         only: OursOnly,
     ) -> Result<Option<Item>, StoreError> {
-        let (kind_here, counterpart) = match kind {
-            LineKind::Payment => (ItemType::MissingAtProvider, ItemType::MissingHere),
+        let (kind_here, provider_had) = match kind {
+            LineKind::Payment => (
+                ItemType::MissingAtProvider,
+                [ItemType::MissingHere, ItemType::AmountMismatch],
+            ),
             LineKind::Refund => (
                 ItemType::RefundMissingAtProvider,
-                ItemType::RefundMissingHere,
+                [ItemType::RefundMissingHere, ItemType::RefundAmountMismatch],
             ),
         };
-        let (from, to) = self.window_of(scope.date);
+        // Another day's bill had it (an item of that day's report says so, whatever became of
+        // it): a payment recovered from that bill, a notification that came after its run, a
+        // payment near midnight. Not missing at the provider.
         let elsewhere = self
             .store
-            .pending_items(
+            .items_elsewhere(
                 scope.channel,
-                counterpart,
+                &provider_had,
                 &only.out_trade_no,
                 &only.out_refund_no,
-                (&from, &to),
                 scope.date,
             )
             .await?;
-        // The provider's bill of a day next to this one has it (and waited for this run).
         if !elsewhere.is_empty() {
-            for pending in &elsewhere {
-                self.store.settle_item(scope.channel, pending, None).await?;
+            for e in &elsewhere {
+                let same = e
+                    .item
+                    .provider
+                    .as_ref()
+                    .is_some_and(|p| p.amount_fen == only.fen);
+                match (e.item.kind, e.item.resolution) {
+                    // The timing difference's other half: both gone.
+                    (_, Resolution::Pending) => {
+                        self.store.settle_item(scope.channel, e, None).await?
+                    }
+                    // What the bill had and the ledger lacked, the ledger has now, alike.
+                    (ItemType::MissingHere | ItemType::RefundMissingHere, Resolution::Open)
+                        if same =>
+                    {
+                        self.store
+                            .settle_item(scope.channel, e, Some(Resolution::Recovered))
+                            .await?
+                    }
+                    _ => {}
+                }
             }
             return Ok(None);
         }
@@ -558,7 +620,7 @@ impl Bills {
             kind: kind_here,
             out_trade_no: only.out_trade_no,
             out_refund_no: Some(only.out_refund_no).filter(|r| !r.is_empty()),
-            transaction_id: Some(only.transaction_id).filter(|t| !t.is_empty()),
+            transaction_id: only.transaction_id,
             provider: None,
             ours: Some(Side {
                 status: only.status,
@@ -572,9 +634,10 @@ impl Bills {
         }))
     }
 
-    /// The pending items of reports `settle_days` or more before `date`: what the runs since
-    /// did not match is reported now (the ledger's side as open, raised; a payment both books
-    /// have, a day apart, settled).
+    /// The pending items of reports `settle_days` or more before `date`, whose neighbouring
+    /// days (`settle_days` either side) have all been compared: what those runs did not
+    /// match is reported now (the ledger's side `open` and raised; a payment both books have,
+    /// a day apart, removed). A neighbour not compared yet, or unavailable, keeps them pending.
     async fn settle(
         &self,
         channel: ChannelId,
@@ -589,11 +652,10 @@ impl Bills {
         };
         let until = until.format("%Y-%m-%d").to_string();
         for pending in self.store.pending_until(channel, &until).await? {
-            if pending.date.as_str() >= day {
+            if pending.date.as_str() >= day || !self.neighbours_compared(channel, &pending).await? {
                 continue;
             }
-            let both_have_it = pending.item.provider.is_some() && pending.item.ours.is_some();
-            if both_have_it {
+            if pending.item.provider.is_some() && pending.item.ours.is_some() {
                 self.store.settle_item(channel, &pending, None).await?;
             } else {
                 self.store
@@ -601,14 +663,41 @@ impl Bills {
                     .await?;
                 self.raise(&pending.date, channel, &pending.account, &pending.item)
                     .await?;
-                self.metrics.bill_item(channel, pending.item.kind.as_str());
             }
         }
         Ok(())
     }
 
+    /// Whether every day `settle_days` either side of a pending item's has a report of its
+    /// account that was compared (not unavailable).
+    async fn neighbours_compared(
+        &self,
+        channel: ChannelId,
+        pending: &PendingElsewhere,
+    ) -> Result<bool, StoreError> {
+        let Ok(date) = NaiveDate::parse_from_str(&pending.date, "%Y-%m-%d") else {
+            return Ok(false);
+        };
+        for k in (-self.settle_days..=self.settle_days).filter(|k| *k != 0) {
+            let Some(other) = date.checked_add_signed(chrono::Duration::days(k)) else {
+                return Ok(false);
+            };
+            let other = other.format("%Y-%m-%d").to_string();
+            match self
+                .store
+                .report_status(&other, channel, &pending.account)
+                .await?
+            {
+                Some(Status::Balanced | Status::Mismatched) => {}
+                Some(Status::Unavailable) | None => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+
     /// The provider's bill has a payment (refund) the ledger lacks: asked about at the
-    /// provider, and its signed answer applied through the ledger.
+    /// provider, and its signed answer applied through the ledger. An order unknown here is
+    /// not asked about (another system's, under the same merchant): it stays open.
     async fn recover(
         &self,
         scope: &Scope<'_>,
@@ -618,6 +707,10 @@ impl Bills {
         let Some(api) = self.apis.iter().find(|a| a.channel() == scope.channel) else {
             return Ok(Resolution::Open);
         };
+        if self.store.order(&diff.out_trade_no).await?.is_none() {
+            tracing::warn!(order_no = %diff.out_trade_no, channel = %scope.channel, date = scope.date, "the bill has a payment of an order unknown here");
+            return Ok(Resolution::Open);
+        }
         let now = self.clock.now();
         let notice: Option<Box<Notice>> = match kind {
             LineKind::Payment => match api.query(scope.account, &diff.out_trade_no, now).await {
@@ -651,7 +744,7 @@ impl Bills {
         };
         Ok(match outcome {
             Outcome::Applied | Outcome::Duplicate => {
-                if outcome == Outcome::Applied {
+                if outcome == Outcome::Applied && kind == LineKind::Payment {
                     self.metrics.payment_recovered(scope.channel);
                 }
                 tracing::info!(
@@ -732,19 +825,23 @@ pub fn yesterday_in(zone: chrono_tz::Tz, now: Timestamp) -> NaiveDate {
     today.pred_opt().unwrap_or(today)
 }
 
-/// `[start, end)` of `date` in `zone`: from its midnight to the next (the first instant of
-/// the day where a zone's clock skips midnight).
+/// `[start, end)` of `date` in `zone`: from its midnight to the next. Where a zone's clock
+/// skips midnight, the day starts at the first hour that exists.
 pub fn day_in(zone: chrono_tz::Tz, date: NaiveDate) -> (Timestamp, Timestamp) {
-    let midnight = |d: NaiveDate| {
-        let local = d.and_time(chrono::NaiveTime::MIN);
-        let at = zone
-            .from_local_datetime(&local)
-            .earliest()
-            .map_or_else(|| local.and_utc(), |t| t.with_timezone(&chrono::Utc));
+    let start = |d: NaiveDate| {
+        let at = (0..3)
+            .find_map(|hour| {
+                let local = d.and_hms_opt(hour, 0, 0)?;
+                zone.from_local_datetime(&local).earliest()
+            })
+            .map_or_else(
+                || d.and_time(chrono::NaiveTime::MIN).and_utc(),
+                |t| t.with_timezone(&chrono::Utc),
+            );
         Timestamp::new(at)
     };
     let next = date.succ_opt().unwrap_or(date);
-    (midnight(date), midnight(next))
+    (start(date), start(next))
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
 //! The bill tables: the lease of a run, the bill's detail rows while it is compared, the
 //! set-based comparison with the ledger, and the reports and their items.
 //!
-//! The comparison is three statements per account, whatever the bill's size: the bill's
-//! rows that the ledger lacks or disagrees with (an outer join on the callback tables' keys),
-//! the ledger's rows of the day that no bill row names (an anti-join on `bill_line`'s key),
-//! and the ledger's totals of the day. Only the differences come back to the process.
+//! The comparison is a few statements per account, whatever the bill's size: for payments
+//! and for refunds, the bill's rows that the ledger lacks or disagrees with (an outer join on
+//! the callback tables' keys) and the ledger's rows of the day that no bill row names (an
+//! anti-join on `bill_line`'s key), and the ledger's totals of the day. Only the differences
+//! come back to the process (at most a limit of them), and each is then looked up in the
+//! other reports' items by its key.
 
 use diesel::dsl::sql;
 use diesel::prelude::*;
@@ -47,8 +49,17 @@ pub struct BillSide {
     pub transaction_id: String,
     pub fen: i64,
     pub status: String,
-    /// The ledger's record of it: amount, when it was recorded, its status.
-    pub ours: Option<(i64, Timestamp, String)>,
+    pub ours: Option<Recorded>,
+}
+
+/// The ledger's record of a payment or refund.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    pub fen: i64,
+    /// When the ledger recorded it (`created_at`): what dates it.
+    pub at: Timestamp,
+    /// `PAID`, or the refund's status.
+    pub status: String,
 }
 
 /// A ledger row of the day that no bill row of the day names.
@@ -57,7 +68,8 @@ pub struct OursOnly {
     pub out_trade_no: String,
     /// `""` for a payment.
     pub out_refund_no: String,
-    pub transaction_id: String,
+    /// A payment's; a refund's row does not record it.
+    pub transaction_id: Option<String>,
     pub fen: i64,
     pub at: Timestamp,
     pub status: String,
@@ -97,7 +109,7 @@ struct ReportRow {
     ours_refund_fen: i64,
 }
 
-#[derive(Queryable, Insertable)]
+#[derive(Clone, Queryable, Insertable)]
 #[diesel(table_name = bill_item)]
 struct ItemRow {
     bill_date: String,
@@ -210,20 +222,44 @@ impl Store {
         }
     }
 
-    /// Gives the lease back, and empties the run's bill rows.
+    /// Gives the lease back and empties the run's bill rows, if `owner` still holds it
+    /// (whether it did): a run whose lease ran out leaves the rows to whoever took it over.
     pub async fn release_bill_run(
         &self,
         date: &str,
         channel: ChannelId,
         owner: &str,
-    ) -> Result<(), StoreError> {
-        self.clear_bill_lines(date, channel).await?;
-        with_conn!(self, conn => {
+    ) -> Result<bool, StoreError> {
+        let released = with_conn!(self, conn => {
             diesel::delete(
                 bill_run::table
                     .filter(bill_run::bill_date.eq(date))
                     .filter(bill_run::channel.eq(channel.as_str()))
                     .filter(bill_run::locked_by.eq(owner)),
+            )
+            .execute(conn)
+            .await?
+        });
+        if released > 0 {
+            self.clear_bill_lines(date, channel).await?;
+        }
+        Ok(released > 0)
+    }
+
+    /// Removes one account's bill rows of (`date`, `channel`): a bill that failed a check
+    /// after some of its rows were stored.
+    pub async fn clear_account_lines(
+        &self,
+        date: &str,
+        channel: ChannelId,
+        account: &str,
+    ) -> Result<(), StoreError> {
+        with_conn!(self, conn => {
+            diesel::delete(
+                bill_line::table
+                    .filter(bill_line::bill_date.eq(date))
+                    .filter(bill_line::channel.eq(channel.as_str()))
+                    .filter(bill_line::account.eq(account)),
             )
             .execute(conn)
             .await?;
@@ -316,12 +352,14 @@ impl Store {
     }
 
     /// The account's bill rows of `kind` the ledger lacks, records with another amount, or
-    /// records on another day.
+    /// records on another day: at most `limit` + 1 (one more says there are too many).
     pub async fn bill_differences(
         &self,
         scope: &Scope<'_>,
         kind: LineKind,
+        limit: usize,
     ) -> Result<Vec<BillSide>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX - 1) + 1;
         let channel = scope.channel.as_str();
         let lines = bill_line::table
             .filter(bill_line::bill_date.eq(scope.date))
@@ -364,6 +402,7 @@ impl Store {
                         pay_callback::created_at.nullable(),
                         sql::<diesel::sql_types::Nullable<diesel::sql_types::Text>>("NULL"),
                     ))
+                    .limit(limit)
                     .load(conn)
                     .await?
             }),
@@ -393,6 +432,7 @@ impl Store {
                         refund_callback::created_at.nullable(),
                         refund_callback::status.nullable(),
                     ))
+                    .limit(limit)
                     .load(conn)
                     .await?
             }),
@@ -415,21 +455,25 @@ impl Store {
                     transaction_id,
                     fen,
                     status,
-                    ours: our_fen
-                        .zip(our_at)
-                        .map(|(f, at)| (f, at, our_status.unwrap_or_else(|| "PAID".to_owned()))),
+                    ours: our_fen.zip(our_at).map(|(fen, at)| Recorded {
+                        fen,
+                        at,
+                        status: our_status.unwrap_or_else(|| "PAID".to_owned()),
+                    }),
                 },
             )
             .collect())
     }
 
     /// The account's ledger rows of `kind` recorded that day that no bill row of the day
-    /// (of any account of the channel) names.
+    /// (of any account of the channel) names: at most `limit` + 1.
     pub async fn ours_only(
         &self,
         scope: &Scope<'_>,
         kind: LineKind,
+        limit: usize,
     ) -> Result<Vec<OursOnly>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX - 1) + 1;
         let channel = scope.channel.as_str();
         let rows: Vec<(String, String, String, i64, Timestamp, String)> = match kind {
             LineKind::Payment => with_conn!(self, conn => {
@@ -471,6 +515,7 @@ impl Store {
                         pay_callback::created_at,
                         sql::<diesel::sql_types::Text>("'PAID'"),
                     ))
+                    .limit(limit)
                     .load(conn)
                     .await?
             }),
@@ -513,6 +558,7 @@ impl Store {
                         refund_callback::created_at,
                         refund_callback::status,
                     ))
+                    .limit(limit)
                     .load(conn)
                     .await?
             }),
@@ -521,9 +567,10 @@ impl Store {
             .into_iter()
             .map(
                 |(out_trade_no, out_refund_no, transaction_id, fen, at, status)| OursOnly {
+                    // A refund's row holds its refund id there, not the payment's.
+                    transaction_id: (kind == LineKind::Payment).then_some(transaction_id),
                     out_trade_no,
                     out_refund_no,
-                    transaction_id,
                     fen,
                     at,
                     status,
@@ -696,23 +743,7 @@ impl Store {
             let mine = items
                 .iter()
                 .filter(|i| i.channel == r.channel && i.account == r.account)
-                .filter_map(|i| {
-                    ItemRow {
-                        bill_date: i.bill_date.clone(),
-                        channel: i.channel.clone(),
-                        account: i.account.clone(),
-                        item_type: i.item_type.clone(),
-                        out_trade_no: i.out_trade_no.clone(),
-                        out_refund_no: i.out_refund_no.clone(),
-                        transaction_id: i.transaction_id.clone(),
-                        provider_status: i.provider_status.clone(),
-                        provider_fen: i.provider_fen,
-                        ours_status: i.ours_status.clone(),
-                        ours_fen: i.ours_fen,
-                        resolution: i.resolution.clone(),
-                    }
-                    .item()
-                })
+                .filter_map(|i| i.clone().item())
                 .collect();
             reports.push(Report {
                 date: r.bill_date,
@@ -740,26 +771,23 @@ impl Store {
         Ok(reports)
     }
 
-    /// The pending items of `channel` of type `kind` for one payment or refund, in reports
-    /// of dates in `[from, to]` other than `except`.
-    pub async fn pending_items(
+    /// The items of `channel` of the `kinds` for one payment or refund, in the reports of
+    /// every date but `except`, whatever their resolution.
+    pub async fn items_elsewhere(
         &self,
         channel: ChannelId,
-        kind: ItemType,
+        kinds: &[ItemType],
         out_trade_no: &str,
         out_refund_no: &str,
-        (from, to): (&str, &str),
         except: &str,
     ) -> Result<Vec<PendingElsewhere>, StoreError> {
+        let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
         let rows: Vec<ItemRow> = with_conn!(self, conn => {
             bill_item::table
                 .filter(bill_item::channel.eq(channel.as_str()))
-                .filter(bill_item::resolution.eq(Resolution::Pending.as_str()))
                 .filter(bill_item::out_trade_no.eq(out_trade_no))
                 .filter(bill_item::out_refund_no.eq(out_refund_no))
-                .filter(bill_item::item_type.eq(kind.as_str()))
-                .filter(bill_item::bill_date.ge(from))
-                .filter(bill_item::bill_date.le(to))
+                .filter(bill_item::item_type.eq_any(&kinds))
                 .filter(bill_item::bill_date.ne(except))
                 .load(conn)
                 .await?
@@ -775,6 +803,43 @@ impl Store {
                 })
             })
             .collect())
+    }
+
+    /// The status of the report of (`date`, `channel`, `account`), if there is one.
+    pub async fn report_status(
+        &self,
+        date: &str,
+        channel: ChannelId,
+        account: &str,
+    ) -> Result<Option<Status>, StoreError> {
+        let status: Option<String> = with_conn!(self, conn => {
+            bill_report::table
+                .filter(bill_report::bill_date.eq(date))
+                .filter(bill_report::channel.eq(channel.as_str()))
+                .filter(bill_report::account.eq(account))
+                .select(bill_report::status)
+                .first(conn)
+                .await
+                .optional()?
+        });
+        Ok(status.as_deref().and_then(Status::parse))
+    }
+
+    /// Whether `channel` has a report of a date before `date` (the daily job ran then).
+    pub async fn reported_before(
+        &self,
+        channel: ChannelId,
+        date: &str,
+    ) -> Result<bool, StoreError> {
+        let earlier: i64 = with_conn!(self, conn => {
+            bill_report::table
+                .filter(bill_report::channel.eq(channel.as_str()))
+                .filter(bill_report::bill_date.lt(date))
+                .count()
+                .get_result(conn)
+                .await?
+        });
+        Ok(earlier > 0)
     }
 
     /// The pending items of `channel` in reports dated `until` or before.

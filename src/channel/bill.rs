@@ -238,9 +238,88 @@ pub async fn download(
 /// (a zip or gzip bomb), not read.
 pub const MAX_BILL_BYTES: u64 = 4 << 30;
 
+/// The longest line a bill may have (a row is a few hundred bytes): a parser holds one line
+/// at a time, so this bounds its memory whatever the file.
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
+
+/// A reader that fails once [`MAX_LINE_BYTES`] pass without a line end: what a parser reads
+/// its file through.
+pub struct LineCap<R> {
+    inner: R,
+    since_newline: usize,
+    line: u64,
+}
+
+impl<R> LineCap<R> {
+    pub fn new(inner: R) -> Self {
+        Self {
+            inner,
+            since_newline: 0,
+            line: 1,
+        }
+    }
+}
+
+/// [`LineCap`]'s refusal, inside the `io::Error` a parser sees: see [`line_too_long`].
+#[derive(Debug)]
+pub struct LineTooLong(u64);
+
+impl std::fmt::Display for LineTooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "line {} is longer than {MAX_LINE_BYTES} bytes", self.0)
+    }
+}
+
+impl std::error::Error for LineTooLong {}
+
+impl<R: std::io::Read> std::io::Read for LineCap<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        for &b in &buf[..n] {
+            if b == b'\n' {
+                self.since_newline = 0;
+                self.line += 1;
+            } else {
+                self.since_newline += 1;
+                if self.since_newline > MAX_LINE_BYTES {
+                    return Err(std::io::Error::other(LineTooLong(self.line)));
+                }
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// The format error of an `io::Error` that is [`LineCap`]'s refusal.
+pub fn line_too_long(e: &std::io::Error) -> Option<BillError> {
+    e.get_ref()
+        .and_then(|inner| inner.downcast_ref::<LineTooLong>())
+        .map(|too_long| BillError::Format(too_long.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_line_longer_than_the_cap_is_a_format_error() {
+        use std::io::Read;
+        let mut fine = format!("{}\n{}\n", "a".repeat(MAX_LINE_BYTES), "b".repeat(10)).into_bytes();
+        let mut out = Vec::new();
+        assert!(LineCap::new(fine.as_slice()).read_to_end(&mut out).is_ok());
+        fine.truncate(MAX_LINE_BYTES);
+        let long = [b"ok\n".as_slice(), &vec![b'x'; MAX_LINE_BYTES + 1]].concat();
+        let e = LineCap::new(long.as_slice())
+            .read_to_end(&mut out)
+            .err()
+            .and_then(|e| line_too_long(&e));
+        assert_eq!(
+            e,
+            Some(BillError::Format(format!(
+                "line 2 is longer than {MAX_LINE_BYTES} bytes"
+            )))
+        );
+    }
 
     #[test]
     fn fees_round_half_away_from_zero() {

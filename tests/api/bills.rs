@@ -14,7 +14,7 @@ use crate::reconcile::{
     APP_ID, MCHID, configure, create, fake, notify_paid, paid_at, transaction_id,
 };
 use crate::support::helpers::{Backend, TestApp, spawn_app_with};
-use crate::support::provider::{BillFault, FakeBill, FakeLine, FakeProvider};
+use crate::support::provider::{BillFault, FakeBill, FakeLine, FakeProvider, Refunded};
 
 const DAY: &str = "2026-11-30";
 const NEXT: &str = "2026-12-01";
@@ -263,8 +263,30 @@ async fn a_day_with_differences(backend: Backend, channel: &str) {
     paid_here(&app, channel, "DF-AMOUNT", 19900).await;
     // Recorded here, absent from the bill (at 16:00 Beijing: not near a midnight).
     paid_here(&app, channel, "DF-HERE", 3000).await;
-    // A refund the provider made that the ledger never heard of.
+    // A refund the provider made that the ledger never heard of; its refund query knows it.
     paid_here(&app, channel, "DF-REFUND", 8000).await;
+    fake.state.refund(
+        "DF-REFUND-R1",
+        Refunded {
+            out_trade_no: "DF-REFUND".into(),
+            transaction_id: transaction_id(channel, "DF-REFUND"),
+            refund_fen: 1000,
+            total: 8000,
+        },
+    );
+    // A refund recorded here for another amount, and one the bill does not have.
+    paid_here(&app, channel, "DF-REFUND2", 5000).await;
+    record(
+        &app,
+        &refund(channel, "DF-REFUND2", "DF-REFUND2-R", 1000, 5000),
+    )
+    .await;
+    paid_here(&app, channel, "DF-REFUND3", 4000).await;
+    record(
+        &app,
+        &refund(channel, "DF-REFUND3", "DF-REFUND3-R", 500, 4000),
+    )
+    .await;
     fake.state.set_bill(
         DAY,
         bill(vec![
@@ -278,12 +300,24 @@ async fn a_day_with_differences(backend: Backend, channel: &str) {
                 1000,
                 "2026-11-30 13:00:00",
             ),
+            line(channel, "DF-REFUND2", 5000, "2026-11-30 12:00:03"),
+            refund_line(
+                channel,
+                "DF-REFUND2",
+                "DF-REFUND2-R",
+                900,
+                "2026-11-30 13:00:01",
+            ),
+            line(channel, "DF-REFUND3", 4000, "2026-11-30 12:00:04"),
         ]),
     );
+    fake.state.set_bill(NEXT, bill(vec![]));
+    // The morning after, as the daily job runs: what is recovered now is recorded today.
+    app.clock.set(beijing(1, 10, 30, 0, 0));
     let reports = reconcile(&app, DAY, channel).await;
     let r = &reports[0];
     assert_eq!(r["status"], "mismatched", "{r}");
-    assert_eq!(r["items"].as_array().map(Vec::len), Some(4), "{r}");
+    assert_eq!(r["items"].as_array().map(Vec::len), Some(6), "{r}");
 
     let lost = item(r, "MISSING_HERE", "DF-LOST");
     assert_eq!(lost["resolution"], "recovered", "{lost}");
@@ -308,16 +342,34 @@ async fn a_day_with_differences(backend: Backend, channel: &str) {
     assert_eq!(here["provider"], Value::Null);
     assert_eq!(here["ours"]["amount_fen"], 3000);
 
-    let refund = item(r, "REFUND_MISSING_HERE", "DF-REFUND");
-    assert_eq!(refund["out_refund_no"], "DF-REFUND-R1");
-    assert_eq!(refund["provider"]["amount_fen"], 1000);
-    // The provider's refund query does not know it: not evidence, left for a person.
-    assert_eq!(refund["resolution"], "open");
-    assert_eq!(app.status_of("DF-REFUND").await, "PAID");
+    let refund_here = item(r, "REFUND_MISSING_HERE", "DF-REFUND");
+    assert_eq!(refund_here["out_refund_no"], "DF-REFUND-R1");
+    assert_eq!(refund_here["provider"]["amount_fen"], 1000);
+    if channel == "wechat" {
+        // WeChat's signed refund answer goes through the ledger like its notification.
+        assert_eq!(refund_here["resolution"], "recovered");
+        assert_eq!(
+            app.refund_state("DF-REFUND").await,
+            ("PAID".to_owned(), 1000)
+        );
+    } else {
+        // Alipay's answer lacks what its notification carries: left for a person.
+        assert_eq!(refund_here["resolution"], "open");
+        assert_eq!(app.refund_state("DF-REFUND").await, ("PAID".to_owned(), 0));
+    }
+    let refund_amount = item(r, "REFUND_AMOUNT_MISMATCH", "DF-REFUND2");
+    assert_eq!(refund_amount["provider"]["amount_fen"], 900);
+    assert_eq!(refund_amount["ours"]["amount_fen"], 1000);
+    let refund_there = item(r, "REFUND_MISSING_AT_PROVIDER", "DF-REFUND3");
+    assert_eq!(refund_there["out_refund_no"], "DF-REFUND3-R");
+    assert_eq!(refund_there["ours"]["amount_fen"], 500);
+    assert_eq!(refund_there["resolution"], "open");
 
     let raised = vec![
         format!("DF-AMOUNT:{channel}:bill:{DAY}:AMOUNT_MISMATCH"),
         format!("DF-HERE:{channel}:bill:{DAY}:MISSING_AT_PROVIDER"),
+        format!("DF-REFUND2:{channel}:bill:{DAY}:REFUND_AMOUNT_MISMATCH:DF-REFUND2-R"),
+        format!("DF-REFUND3:{channel}:bill:{DAY}:REFUND_MISSING_AT_PROVIDER:DF-REFUND3-R"),
     ];
     assert_eq!(anomalies(&app).await, raised);
 
@@ -339,7 +391,7 @@ async fn a_day_with_differences(backend: Backend, channel: &str) {
     for kind in [
         "AMOUNT_MISMATCH",
         "MISSING_AT_PROVIDER",
-        "REFUND_MISSING_HERE",
+        "REFUND_AMOUNT_MISMATCH",
     ] {
         assert_eq!(
             Metrics::count(&app.metrics.bill_items, &[channel, kind]),
@@ -347,6 +399,13 @@ async fn a_day_with_differences(backend: Backend, channel: &str) {
             "{kind}"
         );
     }
+
+    // The next day: what was recovered today (and the WeChat refund) the ledger records on
+    // 12-01, and 12-01's bill lacks; the bill of 11-30 had them, so nothing is missing.
+    let next = reconcile(&app, NEXT, channel).await;
+    assert_eq!(next[0]["status"], "balanced", "{}", next[0]);
+    assert_eq!(next[0]["items"], serde_json::json!([]), "{}", next[0]);
+    assert_eq!(anomalies(&app).await, raised);
 }
 
 async fn midnight_is_pending_then_settled(backend: Backend, channel: &str) {
@@ -394,7 +453,26 @@ async fn midnight_is_pending_then_settled(backend: Backend, channel: &str) {
     assert_eq!(settled[0]["items"], serde_json::json!([]), "{}", settled[0]);
     assert!(anomalies(&app).await.is_empty());
 
-    // settle_days later, what no bill had is reported, once.
+    // settle_days later, what no bill had is reported, once; but not while the day after
+    // it could not be compared (its bill may have it).
+    fake.state.set_bill(
+        AFTER,
+        FakeBill {
+            lines: vec![],
+            fault: Some(BillFault::SummaryOff),
+        },
+    );
+    assert_eq!(
+        reconcile(&app, AFTER, channel).await[0]["status"],
+        "unavailable"
+    );
+    let kept = stored(&app, NEXT).await;
+    assert_eq!(
+        item(&kept[0], "MISSING_AT_PROVIDER", "MN-NEVER")["resolution"],
+        "pending"
+    );
+    assert!(anomalies(&app).await.is_empty());
+    fake.state.set_bill(AFTER, bill(vec![]));
     let after = reconcile(&app, AFTER, channel).await;
     assert_eq!(after[0]["status"], "balanced");
     let reported = stored(&app, NEXT).await;
@@ -465,6 +543,25 @@ async fn a_bad_bill_is_never_acted_upon(backend: Backend, channel: &str) {
         );
         // The run's rows are gone with it.
         assert_eq!(app.db.count("bill_line").await, 0, "{fault:?}");
+    }
+    // Rows the format allows that the comparison cannot take: the same payment twice, an id
+    // longer than the ledger's.
+    let long = "L".repeat(65);
+    for rows in [
+        vec![lines[0].clone(), lines[0].clone()],
+        vec![
+            lines[0].clone(),
+            line(channel, &long, 100, "2026-11-30 11:00:01"),
+        ],
+    ] {
+        fake.state.set_bill(DAY, bill(rows.clone()));
+        let r = &reconcile(&app, DAY, channel).await[0];
+        assert_eq!(r["status"], "unavailable", "{rows:?}: {r}");
+        let reason = r["reason"].as_str().unwrap_or_default();
+        assert!(reason.starts_with("format:"), "{rows:?}: {reason}");
+        assert_eq!(app.status_of("BAD-LOST").await, "WAIT_PAY");
+        assert!(anomalies(&app).await.is_empty());
+        assert_eq!(app.db.count("bill_line").await, 0);
     }
     // The next run, with the bill as it should be, acts.
     fake.state.set_bill(DAY, bill(lines));

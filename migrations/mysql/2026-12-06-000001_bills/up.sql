@@ -38,7 +38,7 @@ CREATE TABLE bill_item (
     resolution       VARCHAR(16)  NOT NULL,
     PRIMARY KEY (bill_date, channel, account, item_type, out_trade_no, out_refund_no)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin ROW_FORMAT=DYNAMIC;
-CREATE INDEX bill_item_pending ON bill_item (channel, resolution, out_trade_no);
+CREATE INDEX bill_item_key ON bill_item (channel, out_trade_no);
 
 -- The detail rows of the bills being compared, while a run of (bill date, channel) lasts:
 -- the comparison is set-based SQL over them. Emptied when the run ends.

@@ -384,12 +384,20 @@ impl<R: BufRead> Lines<R> {
 
     fn next(&mut self) -> Result<Option<(u64, Cow<'_, str>)>, BillError> {
         self.buf.clear();
-        let n = self
-            .input
+        let n = (&mut self.input)
+            .take(bill::MAX_LINE_BYTES as u64 + 1)
             .read_until(b'\n', &mut self.buf)
             .map_err(|e| BillError::Archive(format!("{}: {e}", self.entry)))?;
         if n == 0 {
             return Ok(None);
+        }
+        if n > bill::MAX_LINE_BYTES && self.buf.last() != Some(&b'\n') {
+            return Err(BillError::Format(format!(
+                "{} line {} is longer than {} bytes",
+                self.entry,
+                self.number + 1,
+                bill::MAX_LINE_BYTES
+            )));
         }
         self.read += n as u64;
         if self.read > MAX_BILL_BYTES {

@@ -301,6 +301,9 @@ impl<R: Read> Read for Capped<R> {
 
 /// What reading the gzip came to: cut off, corrupt, or too large.
 fn archive(e: std::io::Error) -> BillError {
+    if let Some(too_long) = bill::line_too_long(&e) {
+        return too_long;
+    }
     if let Some(too_large) = e.get_ref().and_then(|i| i.downcast_ref::<TooLarge>()) {
         return BillError::Archive(too_large.to_string());
     }
@@ -423,7 +426,7 @@ pub fn read_tradebill(
         // WeChat never quotes: a `"` inside 商户数据包 is data.
         .quoting(false)
         .buffer_capacity(64 * 1024)
-        .from_reader(input);
+        .from_reader(bill::LineCap::new(input));
     let mut rows = Records {
         reader,
         record: csv::ByteRecord::new(),
