@@ -4,13 +4,13 @@
 # is kept under fuzz/artifacts/TARGET/ (reproduce: cargo +nightly fuzz run TARGET FILE).
 # Needs the nightly toolchain (rustup toolchain install nightly); cargo-fuzz is installed from
 # crates.io when missing. The corpus grows in fuzz/corpus/TARGET (not committed).
-#   CHAOS_FUZZ_SECS, CHAOS_FUZZ_TARGETS (default: all four), CHAOS_FUZZ_TARGET_DIR (where the
+#   CHAOS_FUZZ_SECS, CHAOS_FUZZ_TARGETS (default: all five), CHAOS_FUZZ_TARGET_DIR (where the
 #   instrumented build goes; default $CARGO_TARGET_DIR, else fuzz/target).
 set -uo pipefail
 CHAOS_DIR=$(cd "$(dirname "$0")" && pwd)
 REPO_DIR=$(cd "$CHAOS_DIR/../.." && pwd)
 SECS=${CHAOS_FUZZ_SECS:-$([ "${CHAOS_FAST:-0}" = 1 ] && echo 15 || echo 60)}
-read -r -a TARGETS <<<"${CHAOS_FUZZ_TARGETS:-wechat alipay money config}"
+read -r -a TARGETS <<<"${CHAOS_FUZZ_TARGETS:-wechat alipay money config bills}"
 log() { echo "[$(date +%T)] fuzz: $*" >&2; }
 if [ -n "${CHAOS_FUZZ_TARGET_DIR:-}" ]; then
   export CARGO_TARGET_DIR=$CHAOS_FUZZ_TARGET_DIR
