@@ -962,37 +962,26 @@ mod tests {
     #[test]
     fn settings_mistakes_name_the_key() {
         use crate::config::value::Validate;
-        let mut s = BillSettings::default();
-        assert!(s.validate().is_ok());
-        s.timezone = "Mars/Olympus".into();
-        assert!(
+        let names = |s: BillSettings, key: &str| {
             s.validate()
                 .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default()
-                .contains("bills.timezone")
-        );
-        s = BillSettings {
+                .is_some_and(|e| e.to_string().contains(key))
+        };
+        assert!(BillSettings::default().validate().is_ok());
+        let zone = BillSettings {
+            timezone: "Mars/Olympus".into(),
+            ..BillSettings::default()
+        };
+        assert!(names(zone, "bills.timezone"));
+        let settle = BillSettings {
             settle_days: 8,
             ..BillSettings::default()
         };
-        assert!(
-            s.validate()
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default()
-                .contains("bills.settle_days")
-        );
-        s = BillSettings {
+        assert!(names(settle, "bills.settle_days"));
+        let timeout = BillSettings {
             download_timeout_secs: 0,
             ..BillSettings::default()
         };
-        assert!(
-            s.validate()
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default()
-                .contains("bills.download_timeout_secs")
-        );
+        assert!(names(timeout, "bills.download_timeout_secs"));
     }
 }

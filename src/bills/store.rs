@@ -169,6 +169,23 @@ impl ItemRow {
     }
 }
 
+/// Keeps the rows of orders that name `scope.account` on the channel (`order_account`,
+/// left-joined), and for the channel's first account those of orders that name none.
+macro_rules! of_account {
+    ($query:expr, $scope:expr) => {
+        if $scope.unnamed {
+            $query.filter(
+                order_account::account
+                    .nullable()
+                    .eq($scope.account)
+                    .or(order_account::account.nullable().is_null()),
+            )
+        } else {
+            $query.filter(order_account::account.nullable().eq($scope.account))
+        }
+    };
+}
+
 /// `CAST(COALESCE(SUM(column), 0) AS …)`: PostgreSQL sums a BIGINT as NUMERIC, MySQL as
 /// DECIMAL; each is cast back.
 fn sum_of(dialect: Dialect, column: &str) -> String {
@@ -496,16 +513,7 @@ impl Store {
                     .filter(pay_callback::created_at.lt(scope.end))
                     .filter(bill_line::out_trade_no.nullable().is_null())
                     .into_boxed();
-                query = if scope.unnamed {
-                    query.filter(
-                        order_account::account
-                            .nullable()
-                            .eq(scope.account)
-                            .or(order_account::account.nullable().is_null()),
-                    )
-                } else {
-                    query.filter(order_account::account.nullable().eq(scope.account))
-                };
+                query = of_account!(query, scope);
                 query
                     .select((
                         pay_callback::out_trade_no,
@@ -539,16 +547,7 @@ impl Store {
                     .filter(refund_callback::created_at.lt(scope.end))
                     .filter(bill_line::out_trade_no.nullable().is_null())
                     .into_boxed();
-                query = if scope.unnamed {
-                    query.filter(
-                        order_account::account
-                            .nullable()
-                            .eq(scope.account)
-                            .or(order_account::account.nullable().is_null()),
-                    )
-                } else {
-                    query.filter(order_account::account.nullable().eq(scope.account))
-                };
+                query = of_account!(query, scope);
                 query
                     .select((
                         refund_callback::out_trade_no,
@@ -593,16 +592,7 @@ impl Store {
                 .filter(pay_callback::created_at.ge(scope.start))
                 .filter(pay_callback::created_at.lt(scope.end))
                 .into_boxed();
-            query = if scope.unnamed {
-                query.filter(
-                    order_account::account
-                        .nullable()
-                        .eq(scope.account)
-                        .or(order_account::account.nullable().is_null()),
-                )
-            } else {
-                query.filter(order_account::account.nullable().eq(scope.account))
-            };
+            query = of_account!(query, scope);
             query
                 .select((
                     sql::<BigInt>("COUNT(*)"),
@@ -622,16 +612,7 @@ impl Store {
                 .filter(refund_callback::created_at.ge(scope.start))
                 .filter(refund_callback::created_at.lt(scope.end))
                 .into_boxed();
-            query = if scope.unnamed {
-                query.filter(
-                    order_account::account
-                        .nullable()
-                        .eq(scope.account)
-                        .or(order_account::account.nullable().is_null()),
-                )
-            } else {
-                query.filter(order_account::account.nullable().eq(scope.account))
-            };
+            query = of_account!(query, scope);
             query
                 .select((
                     sql::<BigInt>("COUNT(*)"),
