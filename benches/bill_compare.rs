@@ -110,12 +110,12 @@ fn main() {
         };
         let compared = Instant::now();
         let differences = store
-            .bill_differences(&scope, LineKind::Payment)
+            .bill_differences(&scope, LineKind::Payment, paynotify::bills::MAX_DIFFERENCES)
             .await
             .expect("differences");
         let after_differences = compared.elapsed();
         let ours_only = store
-            .ours_only(&scope, LineKind::Payment)
+            .ours_only(&scope, LineKind::Payment, paynotify::bills::MAX_DIFFERENCES)
             .await
             .expect("ours only");
         let after_ours = compared.elapsed();
