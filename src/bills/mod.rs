@@ -272,6 +272,11 @@ impl Bills {
             got.push((account, fetched_at, read));
         }
         let (start, end) = self.day(date);
+        // Orders that name no account may have been paid through any of them: compared only
+        // when every account's bill was read (else the rerun of the day compares them).
+        let all_read = got
+            .iter()
+            .all(|(_, _, g)| !matches!(g, Got::Unavailable(_)));
         let mut reports = Vec::new();
         for (i, (account, fetched_at, got)) in got.into_iter().enumerate() {
             self.lease(day, channel).await?;
@@ -280,7 +285,7 @@ impl Bills {
                 channel,
                 account,
                 // The channel's first account takes the orders that name none.
-                unnamed: i == 0,
+                unnamed: i == 0 && all_read,
                 start,
                 end,
             };
