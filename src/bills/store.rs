@@ -186,6 +186,31 @@ macro_rules! of_account {
     };
 }
 
+/// `(count, sum of $amount)` of the account's rows of a callback table recorded on the
+/// scope's day: one statement.
+macro_rules! day_totals {
+    ($store:expr, $scope:expr, $table:ident, $amount:literal) => {{
+        let totals: (i64, i64) = with_conn!($store, conn, dialect => {
+            let mut query = $table::table
+                .left_join(
+                    order_account::table.on(order_account::order_no
+                        .eq($table::out_trade_no)
+                        .and(order_account::channel.eq($table::channel))),
+                )
+                .filter($table::channel.eq($scope.channel.as_str()))
+                .filter($table::created_at.ge($scope.start))
+                .filter($table::created_at.lt($scope.end))
+                .into_boxed();
+            query = of_account!(query, $scope);
+            query
+                .select((sql::<BigInt>("COUNT(*)"), sql::<BigInt>(&sum_of(dialect, $amount))))
+                .first(conn)
+                .await?
+        });
+        totals
+    }};
+}
+
 /// `CAST(COALESCE(SUM(column), 0) AS …)`: PostgreSQL sums a BIGINT as NUMERIC, MySQL as
 /// DECIMAL; each is cast back.
 fn sum_of(dialect: Dialect, column: &str) -> String {
@@ -580,47 +605,9 @@ impl Store {
 
     /// The ledger's payments and refunds of the account that day: counts and sums.
     pub async fn ours_totals(&self, scope: &Scope<'_>) -> Result<OurTotals, StoreError> {
-        let channel = scope.channel.as_str();
-        let (count, amount_fen): (i64, i64) = with_conn!(self, conn, dialect => {
-            let mut query = pay_callback::table
-                .left_join(
-                    order_account::table.on(order_account::order_no
-                        .eq(pay_callback::out_trade_no)
-                        .and(order_account::channel.eq(pay_callback::channel))),
-                )
-                .filter(pay_callback::channel.eq(channel))
-                .filter(pay_callback::created_at.ge(scope.start))
-                .filter(pay_callback::created_at.lt(scope.end))
-                .into_boxed();
-            query = of_account!(query, scope);
-            query
-                .select((
-                    sql::<BigInt>("COUNT(*)"),
-                    sql::<BigInt>(&sum_of(dialect, "pay_callback.amount_fen")),
-                ))
-                .first(conn)
-                .await?
-        });
-        let (refund_count, refund_fen): (i64, i64) = with_conn!(self, conn, dialect => {
-            let mut query = refund_callback::table
-                .left_join(
-                    order_account::table.on(order_account::order_no
-                        .eq(refund_callback::out_trade_no)
-                        .and(order_account::channel.eq(refund_callback::channel))),
-                )
-                .filter(refund_callback::channel.eq(channel))
-                .filter(refund_callback::created_at.ge(scope.start))
-                .filter(refund_callback::created_at.lt(scope.end))
-                .into_boxed();
-            query = of_account!(query, scope);
-            query
-                .select((
-                    sql::<BigInt>("COUNT(*)"),
-                    sql::<BigInt>(&sum_of(dialect, "refund_callback.refund_fen")),
-                ))
-                .first(conn)
-                .await?
-        });
+        let (count, amount_fen) = day_totals!(self, scope, pay_callback, "pay_callback.amount_fen");
+        let (refund_count, refund_fen) =
+            day_totals!(self, scope, refund_callback, "refund_callback.refund_fen");
         Ok(OurTotals {
             count,
             amount_fen,
