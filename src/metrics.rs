@@ -227,6 +227,7 @@ pub enum ProviderCall {
     Query,
     Close,
     RefundQuery,
+    Refund,
 }
 
 impl ProviderCall {
@@ -235,6 +236,7 @@ impl ProviderCall {
             Self::Query => "query",
             Self::Close => "close",
             Self::RefundQuery => "refund_query",
+            Self::Refund => "refund",
         }
     }
 }
@@ -430,7 +432,7 @@ impl Metrics {
         );
         let provider_calls = counter(
             "paynotify_provider_calls_total",
-            "Calls to a provider's API (query, close, refund_query) by channel and answer",
+            "Calls to a provider's API (query, close, refund_query, refund) by channel and answer",
             &["channel", "call", "result"],
         );
         let payments_recovered = counter(

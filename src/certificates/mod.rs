@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::channel::api::{
-    ApiFuture, CloseAnswer, Failure, ProviderApi, RefundAnswer, TradeAnswer,
+    ApiFuture, CloseAnswer, Failure, ProviderApi, RefundAnswer, RefundCall, RefundReply,
+    TradeAnswer,
 };
 use crate::channel::platform::{KeySource, KnownKey};
 use crate::metrics::{Metrics, RefreshResult};
@@ -347,6 +348,12 @@ impl KeyedAnswer for CloseAnswer {
     }
 }
 
+impl KeyedAnswer for RefundReply {
+    fn names_unknown_key(&self) -> bool {
+        matches!(self, Self::Failed(Failure::UnknownKey(_)))
+    }
+}
+
 impl KeyedAnswer for RefundAnswer {
     fn names_unknown_key(&self) -> bool {
         matches!(self, Self::Failed(Failure::UnknownKey(_)))
@@ -417,6 +424,18 @@ impl ProviderApi for Relearning {
         Box::pin(self.asked(account, now, move |now| {
             self.inner
                 .refund_query(account, out_trade_no, out_refund_no, now)
+        }))
+    }
+
+    /// Sent again after a refresh: the provider deduplicates on the refund number.
+    fn refund<'a>(
+        &'a self,
+        account: &'a str,
+        call: &'a RefundCall,
+        now: Timestamp,
+    ) -> ApiFuture<'a, RefundReply> {
+        Box::pin(self.asked(account, now, move |now| {
+            self.inner.refund(account, call, now)
         }))
     }
 }

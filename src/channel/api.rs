@@ -113,8 +113,9 @@ pub enum RefundAnswer {
     /// the notification's business content covers (Alipay's answer lacks the trade's running
     /// refund total, so it reports the refund without a notice).
     Refunded(Option<Box<Notice>>),
-    /// Not final yet, or final without money moving (WeChat `CLOSED`/`ABNORMAL`); the status.
-    NotRefunded(String),
+    /// Not final yet, or final without money moving (WeChat `CLOSED`/`ABNORMAL`): what it
+    /// means and the provider's own status.
+    NotRefunded(RefundState, String),
     NotFound,
     Failed(Failure),
 }
@@ -123,8 +124,64 @@ impl RefundAnswer {
     pub fn label(&self) -> &'static str {
         match self {
             Self::Refunded(_) => "refunded",
-            Self::NotRefunded(_) => "not_refunded",
+            Self::NotRefunded(..) => "not_refunded",
             Self::NotFound => "not_found",
+            Self::Failed(f) => f.label(),
+        }
+    }
+}
+
+/// A refund as a provider holds it (WeChat `status`; Alipay's refund is done or not yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefundState {
+    /// Accepted, money not moved yet (a bank-card refund may take days).
+    Processing,
+    /// Done: the money went back.
+    Success,
+    /// Closed without money moving (WeChat `CLOSED`): final.
+    Closed,
+    /// Stuck at the provider until someone acts in its merchant platform (WeChat
+    /// `ABNORMAL`): not final, money may still move.
+    Abnormal,
+}
+
+/// One refund to send: the order's own payment, this refund's number and amount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundCall {
+    pub out_trade_no: String,
+    /// The payment's provider id (WeChat `transaction_id`, Alipay `trade_no`).
+    pub transaction_id: String,
+    /// The idempotency key at the provider (WeChat `out_refund_no`, Alipay `out_request_no`).
+    pub out_refund_no: String,
+    pub amount_fen: i64,
+    /// The payment's amount (WeChat `amount.total`).
+    pub total_fen: i64,
+    pub reason: Option<String>,
+}
+
+/// A provider's answer to "refund this".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefundReply {
+    /// The provider holds the refund under this number (created now, or before: both
+    /// providers deduplicate on it). `notice` when it is done and the signed answer carries
+    /// every field its notification's business content covers.
+    Accepted {
+        state: RefundState,
+        refund_id: Option<String>,
+        notice: Option<Box<Notice>>,
+    },
+    /// The provider refused in so many words (insufficient balance, not refundable, …):
+    /// nothing was created under this number. Its documented `code` and message.
+    Refused { code: String, message: String },
+    /// No usable answer: the refund may or may not exist; send it again.
+    Failed(Failure),
+}
+
+impl RefundReply {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Accepted { .. } => "accepted",
+            Self::Refused { .. } => "refused",
             Self::Failed(f) => f.label(),
         }
     }
@@ -160,6 +217,15 @@ pub trait ProviderApi: Send + Sync + 'static {
         out_refund_no: &'a str,
         now: Timestamp,
     ) -> ApiFuture<'a, RefundAnswer>;
+
+    /// Sends `call`; sending the same call again is safe (the provider deduplicates on its
+    /// refund number), and is what a [`RefundReply::Failed`] asks for.
+    fn refund<'a>(
+        &'a self,
+        account: &'a str,
+        call: &'a RefundCall,
+        now: Timestamp,
+    ) -> ApiFuture<'a, RefundReply>;
 }
 
 /// Why a call says nothing about the trade itself: the provider has no such trade (or refund),
@@ -190,6 +256,19 @@ impl From<Miss> for CloseAnswer {
     fn from(miss: Miss) -> Self {
         match miss {
             Miss::NotFound => Self::NotFound,
+            Miss::Failed(f) => Self::Failed(f),
+        }
+    }
+}
+
+/// A refund of a trade the provider does not have: refused, nothing created.
+impl From<Miss> for RefundReply {
+    fn from(miss: Miss) -> Self {
+        match miss {
+            Miss::NotFound => Self::Refused {
+                code: "NOT_FOUND".into(),
+                message: "the provider has no such trade".into(),
+            },
             Miss::Failed(f) => Self::Failed(f),
         }
     }
@@ -283,6 +362,13 @@ pub trait ProviderClient: Send + Sync + 'static {
         out_refund_no: &str,
         now: Timestamp,
     ) -> impl Future<Output = Result<RefundAnswer, Miss>> + Send;
+
+    fn refund(
+        &self,
+        account: &Self::Account,
+        call: &RefundCall,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<RefundReply, Miss>> + Send;
 }
 
 /// One [`ProviderApi`] call of a [`ProviderClient`]: the three differ only in their name, the
@@ -314,6 +400,17 @@ impl<C: ProviderClient> ProviderApi for C {
     forward!(query(out_trade_no) -> TradeAnswer);
     forward!(close(out_trade_no) -> CloseAnswer);
     forward!(refund_query(out_trade_no, out_refund_no) -> RefundAnswer);
+
+    fn refund<'a>(
+        &'a self,
+        account: &'a str,
+        call: &'a RefundCall,
+        now: Timestamp,
+    ) -> ApiFuture<'a, RefundReply> {
+        Box::pin(with_account(self, account, move |a| {
+            ProviderClient::refund(self, a, call, now)
+        }))
+    }
 }
 
 /// Looks the account `id` up and makes `call` with it: the call's answer, or the answer its

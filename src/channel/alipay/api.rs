@@ -10,7 +10,8 @@ use serde::Deserialize;
 
 use super::{Alipay, AlipayApp, AlipaySettings, App, cert_sn};
 use crate::channel::api::{
-    Account, Accounts, CloseAnswer, Failure, Miss, ProviderClient, RefundAnswer, TradeAnswer,
+    Account, Accounts, CloseAnswer, Failure, Miss, ProviderClient, RefundAnswer, RefundCall,
+    RefundReply, RefundState, TradeAnswer,
 };
 use crate::channel::keys::{self, RsaVerifier};
 use crate::config::value::{ConfigError, invalid};
@@ -398,9 +399,21 @@ impl ProviderClient for AlipayApi {
         // Alipay has no such refund request).
         match r.refund_status.as_deref() {
             Some("REFUND_SUCCESS") => Ok(RefundAnswer::Refunded(None)),
-            Some(other) => Ok(RefundAnswer::NotRefunded(other.to_owned())),
+            Some(other) => Ok(RefundAnswer::NotRefunded(
+                RefundState::Processing,
+                other.to_owned(),
+            )),
             None => Err(Miss::NotFound),
         }
+    }
+
+    async fn refund(
+        &self,
+        _a: &ApiApp,
+        _call: &RefundCall,
+        _now: Timestamp,
+    ) -> Result<RefundReply, Miss> {
+        Err(Failure::Unexpected("alipay.trade.refund is not written yet".into()).into())
     }
 }
 

@@ -13,7 +13,7 @@ use super::wire::{
 use super::{Merchant, SIGNATURE_TYPE, TIMESTAMP_WINDOW_SECS, WechatPay, WechatSettings};
 use crate::channel::api::{
     Account, Accounts, CloseAnswer, Failure, Miss, ProviderClient, Received, RefundAnswer,
-    TradeAnswer,
+    RefundCall, RefundReply, RefundState, TradeAnswer,
 };
 use crate::channel::keys;
 use crate::config::value::{ConfigError, invalid};
@@ -438,7 +438,12 @@ impl ProviderClient for WechatApi {
             .into());
         }
         if q.status != "SUCCESS" {
-            return Ok(RefundAnswer::NotRefunded(q.status));
+            let state = match q.status.as_str() {
+                "CLOSED" => RefundState::Closed,
+                "ABNORMAL" => RefundState::Abnormal,
+                _ => RefundState::Processing,
+            };
+            return Ok(RefundAnswer::NotRefunded(state, q.status));
         }
         if q.amount.refund <= 0 || q.amount.total <= 0 {
             return Err(Failure::Unexpected(
@@ -467,5 +472,14 @@ impl ProviderClient for WechatApi {
         };
         let notice = notice.checked().map_err(Failure::Unexpected)?;
         Ok(RefundAnswer::Refunded(Some(Box::new(notice))))
+    }
+
+    async fn refund(
+        &self,
+        _m: &ApiMerchant,
+        _call: &RefundCall,
+        _now: Timestamp,
+    ) -> Result<RefundReply, Miss> {
+        Err(Failure::Unexpected("the refund call is not written yet".into()).into())
     }
 }
