@@ -14,6 +14,7 @@ use tokio::sync::Mutex;
 use tokio_cron_scheduler::{Job, JobScheduler, JobSchedulerError};
 
 use crate::bills::Bills;
+use crate::refunds::Refunds;
 use crate::certificates::Certificates;
 use crate::reconcile::Reconciler;
 use crate::relay::Relay;
@@ -110,6 +111,15 @@ pub async fn refresh_certificates(certificates: &Arc<Certificates>) {
     }
 }
 
+/// The refund job: refunds without an answer sent again, refunds not final queried.
+pub async fn drive_refunds(refunds: &Refunds) {
+    match refunds.drive_due().await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(refunds = n, "refunds followed up"),
+        Err(e) => tracing::warn!(error = %e, "refund job failed; next run retries"),
+    }
+}
+
 /// The daily bill job: yesterday's bills of every channel, and the week's unavailable ones
 /// again; each report was logged where it was made.
 pub async fn reconcile_bills(bills: &Bills) {
@@ -163,6 +173,8 @@ pub struct Work {
     pub certificates: Arc<Certificates>,
     /// The daily bill job and its cron expression, when `bills.enabled`.
     pub bills: Option<(Arc<Bills>, String)>,
+    /// Refunds started through paynotify: sent again, queried (`[refunds]`).
+    pub refunds: Arc<Refunds>,
 }
 
 /// The running jobs: the relay loop on its own tokio interval (any period, to the
@@ -215,6 +227,7 @@ impl Jobs {
             reconciler,
             certificates,
             bills,
+            refunds,
         } = work;
         let Retention {
             keep_days,
@@ -271,6 +284,18 @@ impl Jobs {
                         unless_busy(&busy, async move {
                             refresh_certificates(&certificates).await;
                         })
+                    },
+                )?)
+                .await?;
+        }
+        if refunds.sends() {
+            let busy = Arc::new(Mutex::new(()));
+            scheduler
+                .add(Job::new_repeated_async(
+                    refunds.scan_every(),
+                    move |_, _| {
+                        let refunds = Arc::clone(&refunds);
+                        unless_busy(&busy, async move { drive_refunds(&refunds).await })
                     },
                 )?)
                 .await?;

@@ -20,6 +20,7 @@ pub mod qa;
 pub mod random;
 pub mod receipts;
 pub mod reconcile;
+pub mod refunds;
 pub mod relay;
 pub mod routes;
 pub mod startup;

@@ -174,6 +174,9 @@ pub struct Metrics {
     pub provider_calls: IntCounterVec,
     /// Payments applied from a provider's answer: notifications that never came.
     pub payments_recovered: IntCounterVec,
+    /// Refunds started through paynotify, by channel; and their final statuses by result.
+    pub refunds_started: IntCounterVec,
+    pub refunds_final: IntCounterVec,
     /// What became of expired orders, by [`ExpiryResult`].
     pub expiry: IntCounterVec,
     /// Payment groups applied together (group apply), and the payments they carried.
@@ -435,6 +438,16 @@ impl Metrics {
             "Calls to a provider's API (query, close, refund_query, refund) by channel and answer",
             &["channel", "call", "result"],
         );
+        let refunds_started = counter(
+            "paynotify_refunds_started_total",
+            "Refunds recorded and sent through POST /orders/{no}/refunds, by channel",
+            &["channel"],
+        );
+        let refunds_final = counter(
+            "paynotify_refunds_final_total",
+            "Refunds started through paynotify that a provider's answer made final: success, closed, refused",
+            &["channel", "result"],
+        );
         let payments_recovered = counter(
             "paynotify_payments_recovered_total",
             "Payments applied from a provider's signed answer: notifications that never came",
@@ -476,6 +489,8 @@ impl Metrics {
             bill_items,
             provider_calls,
             payments_recovered,
+            refunds_started,
+            refunds_final,
             expiry,
             notifications,
             rejections,
@@ -539,6 +554,19 @@ impl Metrics {
     pub fn bill_item(&self, channel: ChannelId, kind: &'static str) {
         self.bill_items
             .with_label_values(&[channel.as_str(), kind])
+            .inc();
+    }
+
+    /// Counts a refund recorded and sent through `POST /orders/{no}/refunds`.
+    pub fn refund_started(&self, channel: &str) {
+        self.refunds_started.with_label_values(&[channel]).inc();
+    }
+
+    /// Counts a refund request's final status as its provider's answer brought it
+    /// (`success`, `closed`, `refused`).
+    pub fn refund_final(&self, channel: &str, result: &'static str) {
+        self.refunds_final
+            .with_label_values(&[channel, result])
             .inc();
     }
 

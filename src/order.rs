@@ -87,6 +87,43 @@ pub struct Order {
     pub expire_at: Timestamp,
 }
 
+/// A refund started through paynotify (`refund_request.status`). Final: `SUCCESS`, `CLOSED`,
+/// and `ABNORMAL` with the provider's refusal code (nothing was created under its number).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RefundStatus {
+    /// Recorded and sent (or being sent again): the provider's answer is not known yet.
+    Submitting,
+    Processing,
+    Success,
+    Closed,
+    Abnormal,
+}
+
+impl RefundStatus {
+    pub const ALL: [RefundStatus; 5] = [
+        Self::Submitting,
+        Self::Processing,
+        Self::Success,
+        Self::Closed,
+        Self::Abnormal,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Submitting => "SUBMITTING",
+            Self::Processing => "PROCESSING",
+            Self::Success => "SUCCESS",
+            Self::Closed => "CLOSED",
+            Self::Abnormal => "ABNORMAL",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|status| status.as_str() == s)
+    }
+}
+
 /// A new order, already validated by the HTTP layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewOrder {
@@ -111,5 +148,8 @@ mod tests {
             assert_eq!(OrderStatus::parse(s.as_str()), Some(s));
         }
         assert_eq!(OrderStatus::parse("paid"), None);
+        for s in super::RefundStatus::ALL {
+            assert_eq!(super::RefundStatus::parse(s.as_str()), Some(s));
+        }
     }
 }

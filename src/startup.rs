@@ -9,6 +9,7 @@ use actix_web::dev::{Server, ServerHandle};
 use actix_web::{App, HttpServer, web};
 
 use crate::bills::Bills;
+use crate::refunds::Refunds;
 use crate::body_deadline;
 use crate::certificates::Certificates;
 use crate::channel;
@@ -134,6 +135,7 @@ pub struct Application {
     reconciler: Arc<Reconciler>,
     certificates: Arc<Certificates>,
     bills: Arc<Bills>,
+    refunds: Arc<Refunds>,
 }
 
 impl Application {
@@ -226,6 +228,13 @@ impl Application {
             )?;
             Some(Arc::new(gate))
         };
+        let refunds = Arc::new(Refunds::new(
+            apis.clone(),
+            store.clone(),
+            Arc::clone(&metrics),
+            Arc::clone(&options.clock),
+            &settings.refunds,
+        ));
         let reconciler = Arc::new(Reconciler::new(
             apis,
             store.clone(),
@@ -255,6 +264,7 @@ impl Application {
             providers: operated,
             certificates: Arc::clone(&certificates),
             bills: Arc::clone(&bills),
+            refunds: Arc::clone(&refunds),
         });
         let limits = routes::Limits {
             max_body: settings.server.max_body_bytes,
@@ -303,6 +313,7 @@ impl Application {
             reconciler,
             certificates,
             bills,
+            refunds,
         })
     }
 
@@ -326,6 +337,11 @@ impl Application {
     /// The daily bill reconciliation (`[bills]`).
     pub fn bills(&self) -> Arc<Bills> {
         Arc::clone(&self.bills)
+    }
+
+    /// Refunds started through paynotify (`[refunds]`).
+    pub fn refunds(&self) -> Arc<Refunds> {
+        Arc::clone(&self.refunds)
     }
 
     /// The provider queries and closes the reconcile and expiry jobs run.
@@ -355,6 +371,7 @@ impl Application {
                 reconciler: Arc::clone(&self.reconciler),
                 certificates: Arc::clone(&self.certificates),
                 bills: self.daily_bills(settings)?,
+                refunds: Arc::clone(&self.refunds),
             },
             relay,
             Duration::from_millis(settings.relay.interval_ms),

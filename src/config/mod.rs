@@ -45,6 +45,8 @@ pub struct Settings {
     pub certificates: crate::certificates::settings::CertificateSettings,
     /// `[bills]`: the daily bill reconciliation (src/bills).
     pub bills: crate::bills::settings::BillSettings,
+    /// `[refunds]`: refunds started through paynotify, followed to the end (src/refunds).
+    pub refunds: crate::refunds::settings::RefundSettings,
     pub log: LogSettings,
 }
 
@@ -52,7 +54,7 @@ impl Settings {
     /// Every section with its name, in the order of the fields: what [`Settings::validate`]
     /// checks and what a mistyped environment variable is matched against. A new section
     /// (a provider's, say) is its field above and one line here.
-    pub(crate) fn sections(&self) -> [(&'static str, &dyn value::Validate); 14] {
+    pub(crate) fn sections(&self) -> [(&'static str, &dyn value::Validate); 15] {
         [
             ("server", &self.server),
             ("database", &self.database),
@@ -67,6 +69,7 @@ impl Settings {
             ("reconcile", &self.reconcile),
             ("certificates", &self.certificates),
             ("bills", &self.bills),
+            ("refunds", &self.refunds),
             ("log", &self.log),
         ]
     }

@@ -6,6 +6,7 @@ pub mod health;
 pub mod notify;
 pub mod openapi;
 pub mod orders;
+pub mod refunds;
 
 use std::future::{Ready, ready};
 
@@ -48,6 +49,8 @@ pub struct AppState {
     pub certificates: Arc<crate::certificates::Certificates>,
     /// The daily bill reconciliation (`[bills]`).
     pub bills: Arc<crate::bills::Bills>,
+    /// Refunds started through paynotify (`[refunds]`).
+    pub refunds: Arc<crate::refunds::Refunds>,
 }
 
 /// Extra routes mounted beside the built-in ones (tests mount a double channel this way).
@@ -88,6 +91,8 @@ pub fn configure(
         .route("/orders", web::post().to(orders::create))
         .route("/orders/{order_no}", web::get().to(orders::get))
         .route("/orders/{order_no}/close", web::post().to(orders::close))
+        .route("/orders/{order_no}/refunds", web::post().to(refunds::start))
+        .route("/orders/{order_no}/refunds", web::get().to(refunds::list))
         .route("/admin/messages", web::get().to(admin::messages))
         .route(
             "/admin/messages/{id}/redrive",

@@ -5,7 +5,7 @@ use actix_web::HttpResponse;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{ErrorBody, admin, bills, health, orders};
+use super::{ErrorBody, admin, bills, health, orders, refunds};
 use crate::providers::PROVIDERS;
 
 struct BearerToken;
@@ -27,6 +27,8 @@ impl Modify for BearerToken {
         orders::create,
         orders::get,
         orders::close,
+        refunds::start,
+        refunds::list,
         admin::messages,
         admin::redrive,
         admin::callbacks,
@@ -44,7 +46,7 @@ impl Modify for BearerToken {
         health::metrics,
         document,
     ),
-    components(schemas(ErrorBody, health::Readiness, admin::Reconciled, crate::reconcile::Said, crate::channel::platform::KnownKey, crate::channel::platform::KeyOrigin, crate::bills::report::Report)),
+    components(schemas(ErrorBody, health::Readiness, admin::Reconciled, crate::reconcile::Said, crate::channel::platform::KnownKey, crate::channel::platform::KeyOrigin, crate::bills::report::Report, crate::refunds::View, crate::order::RefundStatus, refunds::RefundRequest)),
     modifiers(&BearerToken)
 )]
 pub struct ApiDoc;

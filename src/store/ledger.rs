@@ -11,7 +11,7 @@ use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::group::{GroupResult, Payment};
-use super::schema::{orders, pay_callback, refund_callback};
+use super::schema::{orders, pay_callback, refund_callback, refund_request};
 use super::statements::{
     InsertMessage, InsertPayCallback, InsertRefundCallback, InsertStatusCallback, MESSAGE_KEY,
     MarkPaid, PRIMARY, PayFirst, unless_exists,
@@ -19,7 +19,7 @@ use super::statements::{
 use super::types::Payload;
 use super::{Store, StoreError, with_conn};
 use crate::notice::{AnomalyReason, Digest, Notice, NoticeKind, Outcome, Refund, RefundAmount};
-use crate::order::{Order, OrderStatus};
+use crate::order::{Order, OrderStatus, RefundStatus};
 use crate::outbox::Message;
 use crate::time::Timestamp;
 
@@ -142,6 +142,30 @@ macro_rules! insert_anomaly {
     }};
 }
 
+/// A refund the ledger counts (applied now, or a repeat of one it applied): the refund
+/// started through paynotify under that number, if any, is `SUCCESS` in the same
+/// transaction, whichever arrived first — the notification or the provider's answer.
+macro_rules! refund_request_done {
+    ($conn:expr, $n:expr, $refund:expr, $now:expr) => {
+        diesel::update(
+            refund_request::table
+                .filter(refund_request::out_refund_no.eq(&$refund.out_refund_no))
+                .filter(refund_request::order_no.eq(&$n.out_trade_no))
+                .filter(refund_request::channel.eq($n.channel.as_str()))
+                .filter(refund_request::status.ne(RefundStatus::Success.as_str())),
+        )
+        .set((
+            refund_request::status.eq(RefundStatus::Success.as_str()),
+            refund_request::refund_id.eq(&$refund.refund_id),
+            refund_request::error_code.eq(None::<String>),
+            refund_request::error_message.eq(None::<String>),
+            refund_request::updated_at.eq($now),
+        ))
+        .execute($conn)
+        .await?
+    };
+}
+
 /// Why a payment that did not move the order is an anomaly; `None` when it is the payment
 /// the order already records (a repeat that outlived its callback row).
 pub fn payment_anomaly(order: &Order, n: &Notice) -> Option<AnomalyReason> {
@@ -247,7 +271,7 @@ impl Store {
         match &notice.kind {
             NoticeKind::Paid => self.apply_payment(notice, &notice.digest(), now).await,
             NoticeKind::Refunded(refund) => {
-                self.apply_refund(notice, refund, &notice.digest(), now)
+                self.apply_refund(notice, refund, &notice.digest(), None, now)
                     .await
             }
             NoticeKind::Closed => self.record_status(notice, now).await,
@@ -341,11 +365,28 @@ impl Store {
         outcome_of(result)
     }
 
+    /// Applies a refund whose running total (Alipay) was made from what the order had
+    /// refunded when it was read, plus `share`: applied only while that still holds, so the
+    /// refund adds exactly `share`; otherwise [`Outcome::Contended`] and nothing is written.
+    pub async fn apply_share(
+        &self,
+        notice: &Notice,
+        share: i64,
+        now: Timestamp,
+    ) -> Result<Outcome, StoreError> {
+        let NoticeKind::Refunded(refund) = &notice.kind else {
+            return self.apply(notice, now).await;
+        };
+        self.apply_refund(notice, refund, &notice.digest(), Some(share), now)
+            .await
+    }
+
     async fn apply_refund(
         &self,
         n: &Notice,
         refund: &Refund,
         digest: &Digest,
+        share: Option<i64>,
         now: Timestamp,
     ) -> Result<Outcome, StoreError> {
         let channel = n.channel.as_str();
@@ -372,7 +413,11 @@ impl Store {
                         .select(refund_callback::digest)
                         .first(conn)
                         .await?;
-                    return Ok(if seen == digest.as_str() { Outcome::Duplicate } else { Outcome::Conflict });
+                    if seen != digest.as_str() {
+                        return Ok(Outcome::Conflict);
+                    }
+                    refund_request_done!(conn, n, refund, now);
+                    return Ok(Outcome::Duplicate);
                 }
                 let Some(before) = load_order!(conn, &n.out_trade_no)? else {
                     return Err(Abort::With(Outcome::UnknownOrder));
@@ -393,6 +438,9 @@ impl Store {
                     }
                 }
                 let RefundPlan { fen, action } = plan_refund(&before, n, refund);
+                if share.is_some_and(|share| share != fen) {
+                    return Err(Abort::With(Outcome::Contended));
+                }
                 if matches!(refund.amount, RefundAmount::RunningTotal(_)) {
                     // Record this refund's own share, not the running total.
                     diesel::update(refund_callback::table.find(refund_key))
@@ -404,6 +452,7 @@ impl Store {
                     RefundAction::AlreadyCounted => {
                         let message = Message::order_refunded(n, refund, 0, &before);
                         InsertMessage::pending(&message, now).execute(conn).await?;
+                        refund_request_done!(conn, n, refund, now);
                         Ok(Outcome::Applied)
                     }
                     RefundAction::Apply { refunded_was } => {
@@ -440,6 +489,7 @@ impl Store {
                         };
                         let message = Message::order_refunded(n, refund, fen, &after);
                         InsertMessage::pending(&message, now).execute(conn).await?;
+                        refund_request_done!(conn, n, refund, now);
                         Ok(Outcome::Applied)
                     }
                     RefundAction::Anomaly { reason, keyed_by_refund_no } => {

@@ -224,6 +224,31 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::store::types::UtcTs;
+
+    /// Refunds started through paynotify (`src/refunds`).
+    refund_request (out_refund_no) {
+        out_refund_no -> Text,
+        order_no -> Text,
+        channel -> Text,
+        account -> Text,
+        transaction_id -> Text,
+        amount_fen -> BigInt,
+        total_fen -> BigInt,
+        reason -> Nullable<Text>,
+        status -> Text,
+        refund_id -> Nullable<Text>,
+        error_code -> Nullable<Text>,
+        error_message -> Nullable<Text>,
+        attempts -> Integer,
+        next_attempt_at -> UtcTs,
+        created_at -> UtcTs,
+        updated_at -> UtcTs,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(
     bill_report,
     bill_item,
@@ -235,6 +260,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     order_account,
     pay_callback,
     refund_callback,
+    refund_request,
     status_callback,
     local_message,
     idempotency_key,

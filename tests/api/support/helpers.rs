@@ -518,6 +518,8 @@ pub struct TestApp {
     pub reconciler: Arc<paynotify::reconcile::Reconciler>,
     /// The daily bill reconciliation.
     pub bills: Arc<paynotify::bills::Bills>,
+    /// Refunds started through paynotify (the job's work: `refunds.drive_due()`).
+    pub refunds: Arc<paynotify::refunds::Refunds>,
     handle: ServerHandle,
     /// The relay, expiry and retention jobs, when the test asked for them.
     jobs: Option<Jobs>,
@@ -619,6 +621,7 @@ async fn spawn_on(
     let metrics = app.metrics();
     let reconciler = app.reconciler();
     let bills = app.bills();
+    let refunds = app.refunds();
     let handle = app.handle();
     let jobs = if with_jobs {
         Some(
@@ -640,6 +643,7 @@ async fn spawn_on(
         metrics,
         reconciler,
         bills,
+        refunds,
         handle,
         jobs,
     }
