@@ -14,9 +14,9 @@ use tokio::sync::Mutex;
 use tokio_cron_scheduler::{Job, JobScheduler, JobSchedulerError};
 
 use crate::bills::Bills;
-use crate::refunds::Refunds;
 use crate::certificates::Certificates;
 use crate::reconcile::Reconciler;
+use crate::refunds::Refunds;
 use crate::relay::Relay;
 use crate::store::Store;
 use crate::time::Clock;

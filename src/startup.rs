@@ -9,7 +9,6 @@ use actix_web::dev::{Server, ServerHandle};
 use actix_web::{App, HttpServer, web};
 
 use crate::bills::Bills;
-use crate::refunds::Refunds;
 use crate::body_deadline;
 use crate::certificates::Certificates;
 use crate::channel;
@@ -20,6 +19,7 @@ use crate::metrics::Metrics;
 use crate::providers;
 use crate::receipts::Receipts;
 use crate::reconcile::Reconciler;
+use crate::refunds::Refunds;
 use crate::relay::{Relay, Sink, sinks};
 use crate::routes::{self, AppState, ExtraRoutes};
 use crate::store::{Store, StoreError};

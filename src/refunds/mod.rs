@@ -97,7 +97,9 @@ pub enum StartError {
     UnknownOrder,
     #[error("the order is {}: only a PAID order can be refunded", .0.as_str())]
     NotRefundable(OrderStatus),
-    #[error("amount_fen is more than is left to refund ({left_fen} fen: paid − refunded − refunds in flight)")]
+    #[error(
+        "amount_fen is more than is left to refund ({left_fen} fen: paid − refunded − refunds in flight)"
+    )]
     OverRemainder { left_fen: i64 },
     #[error("out_refund_no is another refund's (another order or amount)")]
     OtherRequest,
@@ -304,10 +306,14 @@ impl Refunds {
                     status: RefundStatus::Abnormal,
                     refund_id: row.refund_id.as_deref(),
                     error: Some((&code, &message)),
-                    next_attempt_at: now,
+                    next_attempt_at: None,
                     now,
                 };
-                if self.store.move_refund(&row.out_refund_no, from, &to).await? {
+                if self
+                    .store
+                    .move_refund(&row.out_refund_no, from, &to)
+                    .await?
+                {
                     self.metrics.refund_final(&row.channel, "refused");
                 }
             }
@@ -336,11 +342,10 @@ impl Refunds {
             RefundState::Abnormal => RefundStatus::Abnormal,
             RefundState::Closed => RefundStatus::Closed,
         };
-        let next_attempt_at = if from == RefundStatus::Submitting {
-            now.plus_seconds(secs(self.settings.query_after_secs))
-        } else {
-            row.next_attempt_at.max(now)
-        };
+        // Accepted now: first asked about after query_after_secs; asked before: when the
+        // job's claim said.
+        let next_attempt_at = (from == RefundStatus::Submitting)
+            .then(|| now.plus_seconds(secs(self.settings.query_after_secs)));
         let to = RefundMove {
             status,
             refund_id,
@@ -348,7 +353,10 @@ impl Refunds {
             next_attempt_at,
             now,
         };
-        let moved = self.store.move_refund(&row.out_refund_no, from, &to).await?;
+        let moved = self
+            .store
+            .move_refund(&row.out_refund_no, from, &to)
+            .await?;
         if moved && status == RefundStatus::Closed {
             tracing::warn!(out_refund_no = %row.out_refund_no, order_no = %row.order_no, "the provider closed the refund: no money moved");
             self.metrics.refund_final(&row.channel, "closed");
@@ -393,10 +401,12 @@ impl Refunds {
                     status: RefundStatus::Submitting,
                     refund_id: row.refund_id.as_deref(),
                     error: None,
-                    next_attempt_at: now,
+                    next_attempt_at: Some(now),
                     now,
                 };
-                self.store.move_refund(&row.out_refund_no, from, &to).await?;
+                self.store
+                    .move_refund(&row.out_refund_no, from, &to)
+                    .await?;
             }
             RefundAnswer::Failed(failure) => {
                 tracing::warn!(out_refund_no = %row.out_refund_no, result = failure.label(), detail = failure.detail(), "no usable answer to the refund query; asked again later");

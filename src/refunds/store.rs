@@ -69,7 +69,9 @@ pub enum Recorded {
     /// Not `PAID` (or paid through another channel than the one it names now).
     NotRefundable(OrderStatus),
     /// More than is left: paid − refunded − refunds in flight.
-    OverRemainder { left_fen: i64 },
+    OverRemainder {
+        left_fen: i64,
+    },
 }
 
 /// The statuses whose money may still move: counted against the remainder.
@@ -226,7 +228,11 @@ impl Store {
     }
 
     /// The requests not final whose next call is due, oldest due first.
-    pub async fn refunds_due(&self, now: Timestamp, limit: i64) -> Result<Vec<RefundRow>, StoreError> {
+    pub async fn refunds_due(
+        &self,
+        now: Timestamp,
+        limit: i64,
+    ) -> Result<Vec<RefundRow>, StoreError> {
         with_conn!(self, conn => {
             Ok(refund_request::table
                 .filter(in_flight!())
@@ -278,11 +284,16 @@ impl Store {
                 refund_request::refund_id.eq(to.refund_id),
                 refund_request::error_code.eq(to.error.map(|e| e.0)),
                 refund_request::error_message.eq(to.error.map(|e| e.1)),
-                refund_request::next_attempt_at.eq(to.next_attempt_at),
                 refund_request::updated_at.eq(to.now),
             ))
             .execute(conn)
             .await?;
+            if moved == 1 && let Some(next) = to.next_attempt_at {
+                diesel::update(refund_request::table.find(out_refund_no))
+                    .set(refund_request::next_attempt_at.eq(next))
+                    .execute(conn)
+                    .await?;
+            }
             Ok(moved == 1)
         })
     }
@@ -295,6 +306,7 @@ pub struct RefundMove<'a> {
     pub refund_id: Option<&'a str>,
     /// A refusal's code and message.
     pub error: Option<(&'a str, &'a str)>,
-    pub next_attempt_at: Timestamp,
+    /// When the job calls next; `None` leaves the time the job's claim set.
+    pub next_attempt_at: Option<Timestamp>,
     pub now: Timestamp,
 }
