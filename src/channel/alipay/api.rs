@@ -1,4 +1,4 @@
-//! The OpenAPI client: trade query, close and refund query, each answer verified.
+//! The OpenAPI client: trade query, close, refund and refund query, each answer verified.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,8 +16,8 @@ use crate::channel::api::{
 use crate::channel::keys::{self, RsaVerifier};
 use crate::config::value::{ConfigError, invalid};
 use crate::https::ClientSettings;
-use crate::money::yuan_to_fen;
-use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind};
+use crate::money::{fen_to_yuan, yuan_to_fen};
+use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 use crate::time::Timestamp;
 
 /// Alipay's production OpenAPI gateway.
@@ -123,7 +123,8 @@ impl Account for ApiApp {
 }
 
 /// The Alipay OpenAPI client (`alipay.trade.query`, `alipay.trade.close`,
-/// `alipay.trade.fastpay.refund.query`, the bill's download URL: `bill.rs`) for every app with an app private key. Requests are
+/// `alipay.trade.refund`, `alipay.trade.fastpay.refund.query`, the bill's download URL:
+/// `bill.rs`) for every app with an app private key. Requests are
 /// signed RSA2 with it; answers are verified over the exact bytes of their `…_response` value
 /// with the app's Alipay public key, the one notifications are verified with.
 pub struct AlipayApi {
@@ -151,6 +152,14 @@ pub(super) struct ApiResponse {
     pub(super) seller_id: Option<String>,
     /// `alipay.data.dataservice.bill.downloadurl.query`: where the day's bill zip is.
     pub(super) bill_download_url: Option<String>,
+    /// `alipay.trade.refund`: `Y` when money moved with this call; `N` when it was refunded
+    /// before under the same `out_request_no`, or not yet.
+    pub(super) fund_change: Option<String>,
+    /// `alipay.trade.refund`: the trade's refunded total so far (yuan), as a refund
+    /// notification's `refund_fee`.
+    pub(super) refund_fee: Option<String>,
+    /// `alipay.trade.refund`: when the refund was paid out (Beijing time).
+    pub(super) gmt_refund_pay: Option<String>,
 }
 
 impl ApiResponse {
@@ -200,6 +209,15 @@ impl ApiResponse {
             Failure::Unexpected(what)
         }
     }
+}
+
+/// An answer's time, Beijing `yyyy-MM-dd HH:mm:ss` (perhaps with fractions of a second).
+pub(super) fn beijing_time(text: &str) -> Option<Timestamp> {
+    let naive = NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f").ok()?;
+    let at = FixedOffset::east_opt(8 * 3600)?
+        .from_local_datetime(&naive)
+        .single()?;
+    Some(Timestamp::new(at.with_timezone(&chrono::Utc)))
 }
 
 /// Alipay's times: Beijing, `yyyy-MM-dd HH:mm:ss`.
@@ -407,14 +425,132 @@ impl ProviderClient for AlipayApi {
         }
     }
 
+    /// `alipay.trade.refund` of the order's own payment, `out_request_no` the refund's
+    /// number (Alipay deduplicates on it). The answer is signed, business errors included.
     async fn refund(
         &self,
-        _a: &ApiApp,
-        _call: &RefundCall,
-        _now: Timestamp,
+        a: &ApiApp,
+        call: &RefundCall,
+        now: Timestamp,
     ) -> Result<RefundReply, Miss> {
-        Err(Failure::Unexpected("alipay.trade.refund is not written yet".into()).into())
+        let r = self
+            .call(a, "alipay.trade.refund", &refund_biz(call), now)
+            .await?;
+        Ok(refund_reply(&a.app, call, r)?)
     }
+}
+
+/// The `biz_content` of a refund: `refund_reason` only when there is one.
+pub(super) fn refund_biz(call: &RefundCall) -> serde_json::Value {
+    let mut biz = serde_json::json!({
+        "out_trade_no": call.out_trade_no,
+        "trade_no": call.transaction_id,
+        "refund_amount": fen_to_yuan(call.amount_fen),
+        "out_request_no": call.out_refund_no,
+    });
+    if let Some(reason) = &call.reason {
+        biz["refund_reason"] = serde_json::Value::String(reason.clone());
+    }
+    biz
+}
+
+/// What a verified answer to `alipay.trade.refund` means. `10000` with `fund_change` `Y`:
+/// done now, with the notice of its refund notification. `N` (or none): Alipay holds the
+/// refund, refunded before under this number or not yet; a refund query tells which.
+/// `20000` and `ACQ.SYSTEM_ERROR`: no answer, send it again. Any other code is Alipay's
+/// signed refusal, in its `sub_code` and `sub_msg`.
+pub(super) fn refund_reply(
+    app: &App,
+    call: &RefundCall,
+    r: ApiResponse,
+) -> Result<RefundReply, Failure> {
+    if r.retry_later() {
+        return Ok(RefundReply::Failed(r.failure()));
+    }
+    if r.code != "10000" {
+        return Ok(RefundReply::Refused {
+            code: r.sub_code.unwrap_or(r.code),
+            message: r.sub_msg.unwrap_or(r.msg),
+        });
+    }
+    // Every id the answer carries is checked: a signed answer about another trade (replayed
+    // from elsewhere) says nothing about this refund.
+    let names_another =
+        |answered: &Option<String>, asked: &str| answered.as_deref().is_some_and(|no| no != asked);
+    if r.out_trade_no.as_deref() != Some(call.out_trade_no.as_str())
+        || names_another(&r.trade_no, &call.transaction_id)
+        || names_another(&r.out_request_no, &call.out_refund_no)
+    {
+        return Err(Failure::Unexpected(format!(
+            "asked to make refund {} of {} ({}), answered about {:?} ({:?}, {:?})",
+            call.out_refund_no,
+            call.out_trade_no,
+            call.transaction_id,
+            r.out_trade_no,
+            r.trade_no,
+            r.out_request_no
+        )));
+    }
+    let refund_id = format!("{}:{}", call.transaction_id, call.out_refund_no);
+    if r.fund_change.as_deref() != Some("Y") {
+        return Ok(RefundReply::Accepted {
+            state: RefundState::Processing,
+            refund_id: Some(refund_id),
+            notice: None,
+        });
+    }
+    let notice = refunded_notice(app, call, &r, refund_id.clone())?;
+    Ok(RefundReply::Accepted {
+        state: RefundState::Success,
+        refund_id: Some(refund_id),
+        notice: Some(Box::new(notice)),
+    })
+}
+
+/// A refund done now (`fund_change` `Y`): the notice its partial-refund notification decodes
+/// to (`refund_fee`, `out_biz_no` = `out_request_no`), so the same digest. The answer names
+/// neither seller nor app nor the trade's total: the seller is the asking app's (checked
+/// against `seller_id` when the answer carries one), the app the one that asked, the total
+/// the payment's that the call names.
+fn refunded_notice(
+    app: &App,
+    call: &RefundCall,
+    r: &ApiResponse,
+    refund_id: String,
+) -> Result<Notice, Failure> {
+    let bad = |m: String| Failure::Unexpected(m);
+    let refunded_total = r
+        .refund_fee
+        .as_deref()
+        .ok_or_else(|| bad("fund_change Y without refund_fee".into()))
+        .and_then(|t| yuan_to_fen(t).map_err(|e| bad(format!("refund_fee: {e}"))))?;
+    if refunded_total <= 0 {
+        return Err(bad("refund_fee must be positive".into()));
+    }
+    let seller_id = r
+        .seller_id
+        .clone()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| app.seller_id.clone());
+    let notice = Notice {
+        channel: ChannelId::Alipay,
+        kind: NoticeKind::Refunded(Refund {
+            out_refund_no: call.out_refund_no.clone(),
+            refund_id,
+            amount: RefundAmount::RunningTotal(refunded_total),
+        }),
+        merchant_matches: seller_id == app.seller_id,
+        merchant: MerchantIds {
+            merchant_id: seller_id,
+            app_id: Some(app.app_id.clone()),
+        },
+        out_trade_no: call.out_trade_no.clone(),
+        transaction_id: call.transaction_id.clone(),
+        amount_fen: call.total_fen,
+        currency: "CNY".to_owned(),
+        occurred_at: r.gmt_refund_pay.as_deref().and_then(beijing_time),
+    };
+    notice.checked().map_err(bad)
 }
 
 /// A paid answer's payment, or why the answer does not show one.
@@ -483,13 +619,7 @@ pub(super) fn paid_notice(app: &App, r: ApiResponse) -> Result<Notice, Failure> 
     if total <= 0 {
         return Err(bad("total_amount must be positive".into()));
     }
-    let occurred_at = r.send_pay_date.as_deref().and_then(|text| {
-        let naive = NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S").ok()?;
-        let at = FixedOffset::east_opt(8 * 3600)?
-            .from_local_datetime(&naive)
-            .single()?;
-        Some(Timestamp::new(at.with_timezone(&chrono::Utc)))
-    });
+    let occurred_at = r.send_pay_date.as_deref().and_then(beijing_time);
     let seller_id = r
         .seller_id
         .filter(|s| !s.is_empty())

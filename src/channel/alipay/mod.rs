@@ -165,9 +165,12 @@ pub fn mount(
 
 #[cfg(test)]
 mod tests {
-    use super::api::{beijing, signed_response};
+    use super::api::{
+        ApiResponse, beijing, beijing_time, refund_biz, refund_reply, signed_response,
+    };
     use super::*;
-    use crate::channel::api::Failure;
+    use crate::channel::api::{Failure, RefundCall, RefundReply, RefundState};
+    use crate::notice::{NoticeKind, Refund, RefundAmount};
     use chrono::TimeZone;
     use rsa::pkcs8::{EncodePublicKey, LineEnding};
     use rsa::{Generate, PrivateKey};
@@ -224,5 +227,186 @@ mod tests {
             .single()
             .expect("time");
         assert_eq!(beijing(Timestamp::new(at)), "2026-12-01 00:30:05");
+    }
+
+    fn call() -> RefundCall {
+        RefundCall {
+            out_trade_no: "O1".into(),
+            transaction_id: "2026O1".into(),
+            out_refund_no: "R1".into(),
+            amount_fen: 3000,
+            total_fen: 10000,
+            reason: None,
+        }
+    }
+
+    fn app() -> App {
+        App {
+            app_id: "2021000000000001".into(),
+            seller_id: "2088000000000001".into(),
+            key: key_pair().1,
+        }
+    }
+
+    fn answer(value: serde_json::Value) -> ApiResponse {
+        serde_json::from_value(value).expect("answer")
+    }
+
+    #[test]
+    fn a_refund_names_the_payment_in_yuan_and_omits_an_absent_reason() {
+        let mut call = call();
+        assert_eq!(
+            refund_biz(&call),
+            serde_json::json!({
+                "out_trade_no": "O1",
+                "trade_no": "2026O1",
+                "refund_amount": "30.00",
+                "out_request_no": "R1"
+            })
+        );
+        call.reason = Some("退货".into());
+        assert_eq!(refund_biz(&call)["refund_reason"], "退货");
+    }
+
+    #[test]
+    fn a_refund_answered_with_money_moved_carries_its_notification_s_notice() {
+        let app = app();
+        let done = serde_json::json!({
+            "code": "10000", "msg": "Success", "out_trade_no": "O1", "trade_no": "2026O1",
+            "buyer_logon_id": "159****3821", "fund_change": "Y", "refund_fee": "50.00",
+            "gmt_refund_pay": "2026-11-30 11:00:00"
+        });
+        let Ok(RefundReply::Accepted {
+            state: RefundState::Success,
+            refund_id: Some(refund_id),
+            notice: Some(notice),
+        }) = refund_reply(&app, &call(), answer(done.clone()))
+        else {
+            panic!("accepted, done, with its notice");
+        };
+        assert_eq!(refund_id, "2026O1:R1");
+        assert_eq!(
+            notice.kind,
+            NoticeKind::Refunded(Refund {
+                out_refund_no: "R1".into(),
+                refund_id: "2026O1:R1".into(),
+                amount: RefundAmount::RunningTotal(5000),
+            })
+        );
+        assert_eq!(notice.merchant.merchant_id, app.seller_id);
+        assert_eq!(notice.merchant.app_id.as_deref(), Some(app.app_id.as_str()));
+        assert!(notice.merchant_matches);
+        assert_eq!(notice.occurred_at, beijing_time("2026-11-30 11:00:00"));
+
+        let mut not_yet = done.clone();
+        not_yet["fund_change"] = "N".into();
+        let mut absent = done.clone();
+        absent
+            .as_object_mut()
+            .expect("object")
+            .remove("fund_change");
+        for value in [not_yet, absent] {
+            assert_eq!(
+                refund_reply(&app, &call(), answer(value)),
+                Ok(RefundReply::Accepted {
+                    state: RefundState::Processing,
+                    refund_id: Some("2026O1:R1".into()),
+                    notice: None,
+                })
+            );
+        }
+        // Money moved, but no running total to key the notice on.
+        let mut no_fee = done.clone();
+        no_fee.as_object_mut().expect("object").remove("refund_fee");
+        assert!(matches!(
+            refund_reply(&app, &call(), answer(no_fee)),
+            Err(Failure::Unexpected(_))
+        ));
+        // A signed answer about another trade or refund says nothing about this one.
+        for (key, other) in [
+            ("out_trade_no", "O2"),
+            ("trade_no", "2026O2"),
+            ("out_request_no", "R2"),
+        ] {
+            let mut value = done.clone();
+            value[key] = other.into();
+            assert!(
+                matches!(
+                    refund_reply(&app, &call(), answer(value)),
+                    Err(Failure::Unexpected(_))
+                ),
+                "{key}"
+            );
+        }
+        let mut unnamed = done;
+        unnamed
+            .as_object_mut()
+            .expect("object")
+            .remove("out_trade_no");
+        assert!(matches!(
+            refund_reply(&app, &call(), answer(unnamed)),
+            Err(Failure::Unexpected(_))
+        ));
+    }
+
+    #[test]
+    fn a_refund_error_is_a_refusal_unless_alipay_says_try_later() {
+        let app = app();
+        let error = |code: &str, sub_code: &str| {
+            answer(serde_json::json!({
+                "code": code, "msg": "Business Failed", "sub_code": sub_code, "sub_msg": "说明"
+            }))
+        };
+        for sub_code in [
+            "ACQ.SELLER_BALANCE_NOT_ENOUGH",
+            "ACQ.TRADE_NOT_ALLOW_REFUND",
+            "ACQ.REFUND_AMT_NOT_EQUAL_TOTAL",
+            "ACQ.TRADE_NOT_EXIST",
+        ] {
+            assert_eq!(
+                refund_reply(&app, &call(), error("40004", sub_code)),
+                Ok(RefundReply::Refused {
+                    code: sub_code.into(),
+                    message: "说明".into()
+                })
+            );
+        }
+        assert_eq!(
+            refund_reply(
+                &app,
+                &call(),
+                answer(serde_json::json!({"code": "40002", "msg": "Invalid Arguments"}))
+            ),
+            Ok(RefundReply::Refused {
+                code: "40002".into(),
+                message: "Invalid Arguments".into()
+            })
+        );
+        for (code, sub_code) in [("40004", "ACQ.SYSTEM_ERROR"), ("20000", "isp.unknow-error")] {
+            assert!(
+                matches!(
+                    refund_reply(&app, &call(), error(code, sub_code)),
+                    Ok(RefundReply::Failed(Failure::Unreachable(_)))
+                ),
+                "{code} {sub_code}"
+            );
+        }
+    }
+
+    #[test]
+    fn answer_times_are_beijing_time_with_or_without_fractions() {
+        let at = chrono::Utc
+            .with_ymd_and_hms(2026, 11, 30, 3, 0, 0)
+            .single()
+            .expect("time");
+        assert_eq!(
+            beijing_time("2026-11-30 11:00:00"),
+            Some(Timestamp::new(at))
+        );
+        assert_eq!(
+            beijing_time("2026-11-30 11:00:00.123"),
+            Some(Timestamp::new(at + chrono::Duration::milliseconds(123)))
+        );
+        assert_eq!(beijing_time("2026-11-30T11:00:00"), None);
     }
 }

@@ -1,4 +1,4 @@
-//! The API v3 client: query, close and refund query, each answer verified.
+//! The API v3 client: query, close, refund and refund query, each answer verified.
 
 use std::sync::Arc;
 
@@ -41,9 +41,9 @@ impl Account for ApiMerchant {
     const MISSING: &'static str = "API credentials for mchid";
 }
 
-/// The WeChat Pay API v3 client: query by `out_trade_no`, close, refund query, for every
-/// merchant with API credentials. Requests are signed with the merchant's API private key;
-/// answers are verified with that merchant's platform keys, as notifications are.
+/// The WeChat Pay API v3 client: query by `out_trade_no`, close, refund, refund query, for
+/// every merchant with API credentials. Requests are signed with the merchant's API private
+/// key; answers are verified with that merchant's platform keys, as notifications are.
 pub struct WechatApi {
     pub(super) channel: Arc<WechatPay>,
     pub(super) merchants: Accounts<ApiMerchant>,
@@ -438,48 +438,233 @@ impl ProviderClient for WechatApi {
             .into());
         }
         if q.status != "SUCCESS" {
-            let state = match q.status.as_str() {
-                "CLOSED" => RefundState::Closed,
-                "ABNORMAL" => RefundState::Abnormal,
-                _ => RefundState::Processing,
-            };
-            return Ok(RefundAnswer::NotRefunded(state, q.status));
+            return Ok(RefundAnswer::NotRefunded(refund_state(&q.status), q.status));
         }
-        if q.amount.refund <= 0 || q.amount.total <= 0 {
-            return Err(Failure::Unexpected(
-                "amount.refund and amount.total must be positive".into(),
-            )
-            .into());
-        }
-        // The same fields as REFUND.SUCCESS decodes to, so the same digest.
-        let notice = Notice {
-            channel: ChannelId::Wechat,
-            kind: NoticeKind::Refunded(Refund {
-                out_refund_no: q.out_refund_no,
-                refund_id: q.refund_id,
-                amount: RefundAmount::This(q.amount.refund),
-            }),
-            merchant_matches: true,
-            merchant: MerchantIds {
-                merchant_id: m.merchant.mchid.clone(),
-                app_id: None,
-            },
-            out_trade_no: q.out_trade_no,
-            transaction_id: q.transaction_id,
-            amount_fen: q.amount.total,
-            currency: "CNY".to_owned(),
-            occurred_at: parse_time(q.success_time.as_deref()),
-        };
-        let notice = notice.checked().map_err(Failure::Unexpected)?;
+        let notice = refund_notice(m, q)?;
         Ok(RefundAnswer::Refunded(Some(Box::new(notice))))
     }
 
+    /// `POST /v3/refund/domestic/refunds` for the order's own payment (`transaction_id`).
+    /// paynotify has no setting for its public URL, so no `notify_url` is sent: WeChat
+    /// notifies the refund URL registered in the merchant platform, which must end in
+    /// [`super::REFUND_ROUTE`].
     async fn refund(
         &self,
-        _m: &ApiMerchant,
-        _call: &RefundCall,
-        _now: Timestamp,
+        m: &ApiMerchant,
+        call: &RefundCall,
+        now: Timestamp,
     ) -> Result<RefundReply, Miss> {
-        Err(Failure::Unexpected("the refund call is not written yet".into()).into())
+        let body = refund_body(call).to_string();
+        let r = self
+            .call(m, true, "/v3/refund/domestic/refunds", &body, now)
+            .await?;
+        if !(200..300).contains(&r.status) {
+            return Ok(refund_error(&r));
+        }
+        self.verify(m, &r, now)?;
+        let q: QueriedRefund = serde_json::from_slice(&r.body)
+            .map_err(|e| Failure::Unexpected(format!("refund answer: {e}")))?;
+        // A signed answer about another refund (replayed from elsewhere) says nothing about
+        // this one.
+        if q.out_refund_no != call.out_refund_no
+            || q.transaction_id != call.transaction_id
+            || q.out_trade_no != call.out_trade_no
+        {
+            return Err(Failure::Unexpected(format!(
+                "asked to make refund {} of {} ({}), answered about {} of {} ({})",
+                call.out_refund_no,
+                call.out_trade_no,
+                call.transaction_id,
+                q.out_refund_no,
+                q.out_trade_no,
+                q.transaction_id
+            ))
+            .into());
+        }
+        let state = refund_state(&q.status);
+        let refund_id = Some(q.refund_id.clone());
+        let notice = match state {
+            RefundState::Success => Some(Box::new(refund_notice(m, q)?)),
+            _ => None,
+        };
+        Ok(RefundReply::Accepted {
+            state,
+            refund_id,
+            notice,
+        })
+    }
+}
+
+/// A refund's `status` as [`RefundState`]; one this client does not know is not final.
+pub(super) fn refund_state(status: &str) -> RefundState {
+    match status {
+        "SUCCESS" => RefundState::Success,
+        "CLOSED" => RefundState::Closed,
+        "ABNORMAL" => RefundState::Abnormal,
+        _ => RefundState::Processing,
+    }
+}
+
+/// A `SUCCESS` refund object's notice (the refund query's or the refund call's answer): the
+/// same fields as REFUND.SUCCESS decodes to, so the same digest.
+pub(super) fn refund_notice(m: &ApiMerchant, q: QueriedRefund) -> Result<Notice, Failure> {
+    if q.amount.refund <= 0 || q.amount.total <= 0 {
+        return Err(Failure::Unexpected(
+            "amount.refund and amount.total must be positive".into(),
+        ));
+    }
+    let notice = Notice {
+        channel: ChannelId::Wechat,
+        kind: NoticeKind::Refunded(Refund {
+            out_refund_no: q.out_refund_no,
+            refund_id: q.refund_id,
+            amount: RefundAmount::This(q.amount.refund),
+        }),
+        merchant_matches: true,
+        merchant: MerchantIds {
+            merchant_id: m.merchant.mchid.clone(),
+            app_id: None,
+        },
+        out_trade_no: q.out_trade_no,
+        transaction_id: q.transaction_id,
+        amount_fen: q.amount.total,
+        currency: "CNY".to_owned(),
+        occurred_at: parse_time(q.success_time.as_deref()),
+    };
+    notice.checked().map_err(Failure::Unexpected)
+}
+
+/// The body of a refund request: `reason` only when there is one.
+pub(super) fn refund_body(call: &RefundCall) -> serde_json::Value {
+    let mut body = serde_json::json!({
+        "transaction_id": call.transaction_id,
+        "out_refund_no": call.out_refund_no,
+        "amount": {
+            "refund": call.amount_fen,
+            "total": call.total_fen,
+            "currency": "CNY",
+        },
+    });
+    if let Some(reason) = &call.reason {
+        body["reason"] = serde_json::Value::String(reason.clone());
+    }
+    body
+}
+
+/// What a non-2xx answer to a refund means. 429, 5xx, `SYSTEM_ERROR` and `FREQUENCY_LIMITED`:
+/// no answer, send the same refund again later. Any other 4xx with a `code` is a refusal
+/// (`NOT_ENOUGH`, `INVALID_REQUEST`, `PARAM_ERROR`, `RESOURCE_NOT_EXISTS`, …). WeChat never
+/// signs its error bodies, so a refusal is taken on its documented word: it creates nothing,
+/// and a refund sent again under the same number answers the refund WeChat holds, if any.
+pub(super) fn refund_error(r: &Received) -> RefundReply {
+    let code = match WechatApi::error_code(r) {
+        Ok(code) => code,
+        Err(failure) => return RefundReply::Failed(failure),
+    };
+    let message = serde_json::from_slice::<ApiError>(&r.body)
+        .map(|e| e.message)
+        .unwrap_or_default();
+    match code.as_str() {
+        "SYSTEM_ERROR" | "FREQUENCY_LIMITED" => RefundReply::Failed(Failure::Unreachable(format!(
+            "HTTP {} {code}: {message}",
+            r.status
+        ))),
+        _ => RefundReply::Refused { code, message },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn received(status: u16, body: &str) -> Received {
+        Received {
+            status,
+            headers: reqwest::header::HeaderMap::new(),
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    fn error(code: &str) -> String {
+        serde_json::json!({ "code": code, "message": "说明" }).to_string()
+    }
+
+    #[test]
+    fn a_refund_error_is_a_refusal_only_in_wechat_s_documented_words() {
+        for (status, code) in [
+            (403, "NOT_ENOUGH"),
+            (400, "INVALID_REQUEST"),
+            (400, "PARAM_ERROR"),
+            (404, "RESOURCE_NOT_EXISTS"),
+        ] {
+            assert_eq!(
+                refund_error(&received(status, &error(code))),
+                RefundReply::Refused {
+                    code: code.into(),
+                    message: "说明".into()
+                },
+                "{status} {code}"
+            );
+        }
+        // Busy, rate limited, down: no answer, the same refund is sent again.
+        for (status, body) in [
+            (500, error("SYSTEM_ERROR")),
+            (503, String::new()),
+            (429, error("FREQUENCY_LIMITED")),
+            (400, error("SYSTEM_ERROR")),
+            (403, error("FREQUENCY_LIMITED")),
+        ] {
+            assert!(
+                matches!(
+                    refund_error(&received(status, &body)),
+                    RefundReply::Failed(Failure::Unreachable(_))
+                ),
+                "{status} {body}"
+            );
+        }
+        for body in ["", "<html>Bad Request</html>", "{\"message\":\"no code\"}"] {
+            assert!(
+                matches!(
+                    refund_error(&received(400, body)),
+                    RefundReply::Failed(Failure::Unexpected(_))
+                ),
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn refund_statuses() {
+        for (status, state) in [
+            ("SUCCESS", RefundState::Success),
+            ("PROCESSING", RefundState::Processing),
+            ("CLOSED", RefundState::Closed),
+            ("ABNORMAL", RefundState::Abnormal),
+            ("SOMETHING_NEW", RefundState::Processing),
+        ] {
+            assert_eq!(refund_state(status), state, "{status}");
+        }
+    }
+
+    #[test]
+    fn a_refund_request_names_the_payment_and_omits_an_absent_reason() {
+        let mut call = RefundCall {
+            out_trade_no: "O1".into(),
+            transaction_id: "42O1".into(),
+            out_refund_no: "R1".into(),
+            amount_fen: 30,
+            total_fen: 100,
+            reason: None,
+        };
+        assert_eq!(
+            refund_body(&call),
+            serde_json::json!({
+                "transaction_id": "42O1",
+                "out_refund_no": "R1",
+                "amount": { "refund": 30, "total": 100, "currency": "CNY" }
+            })
+        );
+        call.reason = Some("退货".into());
+        assert_eq!(refund_body(&call)["reason"], "退货");
     }
 }
