@@ -49,7 +49,7 @@ pub(crate) fn settings() -> AlipaySettings {
     }
 }
 
-fn sandbox() -> Sandbox {
+pub(crate) fn sandbox() -> Sandbox {
     Sandbox {
         app_id: APP.into(),
         seller_id: SELLER.into(),
