@@ -14,7 +14,9 @@ use crate::reconcile::{
     APP_ID, MCHID, configure, create, fake, notify_paid, paid_at, transaction_id,
 };
 use crate::support::helpers::{Backend, TestApp, spawn_app_with};
-use crate::support::provider::{BillFault, FakeBill, FakeLine, FakeProvider, Refunded};
+use crate::support::provider::{
+    BillFault, FakeBill, FakeLine, FakeProvider, RefundStatus, Refunded,
+};
 
 const DAY: &str = "2026-11-30";
 const NEXT: &str = "2026-12-01";
@@ -272,6 +274,7 @@ async fn a_day_with_differences(backend: Backend, channel: &str) {
             transaction_id: transaction_id(channel, "DF-REFUND"),
             refund_fen: 1000,
             total: 8000,
+            status: RefundStatus::Success,
         },
     );
     // A refund recorded here for another amount, and one the bill does not have.

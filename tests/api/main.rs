@@ -22,6 +22,7 @@ mod qa;
 mod readme;
 mod receipts;
 mod reconcile;
+mod refund_calls;
 mod relay;
 mod service;
 mod shutdown;

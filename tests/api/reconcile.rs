@@ -619,7 +619,7 @@ async fn refund_queries_answer_with_what_the_refund_notification_would_carry() {
     use paynotify::channel::api::RefundAnswer;
     use paynotify::notice::ChannelId;
 
-    use crate::support::provider::Refunded;
+    use crate::support::provider::{RefundStatus, Refunded};
 
     paynotify::telemetry::init_for_tests();
     let fake = fake().await;
@@ -643,6 +643,7 @@ async fn refund_queries_answer_with_what_the_refund_notification_would_carry() {
                 transaction_id: transaction_id.into(),
                 refund_fen: 30,
                 total: 100,
+                status: RefundStatus::Success,
             },
         );
     }

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use crate::support::alipay_bill;
 use crate::support::keys::{public_key_path, rsa_key};
+use crate::support::refunds;
 use crate::support::wechat_bill;
 
 pub const MERCHANT_SERIAL: &str = "3775B6A45ACD588826D15E583A95F5DD00000001";
@@ -71,13 +72,47 @@ pub enum Lie {
     OtherMerchant,
 }
 
-/// A refund that succeeded at the provider.
+/// A refund the provider holds, by refund number.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refunded {
     pub out_trade_no: String,
     pub transaction_id: String,
     pub refund_fen: i64,
     pub total: i64,
+    pub status: RefundStatus,
+}
+
+/// A refund's status at the provider, in WeChat's words (Alipay's refund is done, or not
+/// yet: `REFUND_SUCCESS` only for [`RefundStatus::Success`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefundStatus {
+    Success,
+    /// Accepted, the money not moved yet (Alipay: `fund_change` `N`).
+    Processing,
+    /// Closed without money moving.
+    Closed,
+    /// Stuck until someone acts in the merchant platform.
+    Abnormal,
+}
+
+impl RefundStatus {
+    /// WeChat's `status`.
+    pub fn wechat(self) -> &'static str {
+        match self {
+            Self::Success => "SUCCESS",
+            Self::Processing => "PROCESSING",
+            Self::Closed => "CLOSED",
+            Self::Abnormal => "ABNORMAL",
+        }
+    }
+}
+
+/// Why the provider refuses every new refund, whatever it asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The merchant's balance does not cover it: WeChat `403 NOT_ENOUGH`, Alipay
+    /// `40004 ACQ.SELLER_BALANCE_NOT_ENOUGH`.
+    BalanceNotEnough,
 }
 
 /// One detail row of a fake bill: a payment, or a refund when `out_refund_no` is set.
@@ -141,6 +176,15 @@ pub struct Fake {
     pub trades: Mutex<HashMap<String, Trade>>,
     /// Refunds by refund number (WeChat `out_refund_no`, Alipay `out_request_no`).
     pub refunds: Mutex<HashMap<String, Refunded>>,
+    /// The status a refund created from now on gets ([`RefundStatus::Success`] unless set).
+    pub new_refund_status: Mutex<RefundStatus>,
+    /// Every new refund refused so, while set.
+    pub refund_refusal: Mutex<Option<Refusal>>,
+    /// How many refund creates still record the refund and then answer only after
+    /// [`refunds::HANG_SECS`] (the caller times out while the refund exists).
+    pub hang_refund_creates: AtomicUsize,
+    /// Refunds created by refund calls (each number once).
+    pub refunds_created: AtomicUsize,
     /// Answer every request with 503.
     pub down: AtomicBool,
     /// Answer every request only after three seconds.
@@ -204,6 +248,40 @@ impl Fake {
             .lock()
             .expect("refunds")
             .insert(out_refund_no.to_owned(), refund);
+    }
+
+    /// Refunds created from now on get `status`.
+    pub fn new_refunds(&self, status: RefundStatus) {
+        *self.new_refund_status.lock().expect("status") = status;
+    }
+
+    /// New refunds are refused with `refusal` from now on (`None`: accepted again).
+    pub fn refuse_refunds(&self, refusal: Option<Refusal>) {
+        *self.refund_refusal.lock().expect("refusal") = refusal;
+    }
+
+    /// The next `creates` refund creates record the refund, then answer only after
+    /// [`refunds::HANG_SECS`].
+    pub fn hang_after_creating(&self, creates: usize) {
+        self.hang_refund_creates.store(creates, Ordering::SeqCst);
+    }
+
+    /// How many refunds refund calls created.
+    pub fn refunds_created(&self) -> usize {
+        self.refunds_created.load(Ordering::SeqCst)
+    }
+
+    /// Refund `out_refund_no` is `status` now (the bank finished, or gave up); a trade whose
+    /// refunds reach its total is refunded in full.
+    pub fn settle_refund(&self, out_refund_no: &str, status: RefundStatus) {
+        let mut refunds = self.refunds.lock().expect("refunds");
+        let refund = refunds
+            .get_mut(out_refund_no)
+            .expect("a refund the provider holds");
+        refund.status = status;
+        let refund = refund.clone();
+        let mut trades = self.trades.lock().expect("trades");
+        refunds::refunded_in_full(&refunds, &mut trades, &refund);
     }
 
     fn refunded(&self, out_refund_no: &str) -> Option<Refunded> {
@@ -368,6 +446,10 @@ impl FakeProvider {
             bill_downloads: Mutex::new(Vec::new()),
             trades: Mutex::new(HashMap::new()),
             refunds: Mutex::new(HashMap::new()),
+            new_refund_status: Mutex::new(RefundStatus::Success),
+            refund_refusal: Mutex::new(None),
+            hang_refund_creates: AtomicUsize::new(0),
+            refunds_created: AtomicUsize::new(0),
             down: AtomicBool::new(false),
             stall: AtomicBool::new(false),
             signing: Mutex::new(Signing::Provider),
@@ -423,13 +505,13 @@ async fn answer(req: HttpRequest, body: web::Bytes, fake: web::Data<Fake>) -> Ht
             .json(json!({"code": "SYSTEM_ERROR", "message": "系统繁忙"}));
     }
     let answer = if req.path() == "/gateway.do" {
-        alipay(&fake, &body, &req)
+        alipay(&fake, &body, &req).await
     } else if req.path() == wechat_bill::DOWNLOAD_PATH {
         wechat_bill::download(&req, &body, &fake).await
     } else if req.path() == alipay_bill::DOWNLOAD_PATH {
         alipay_bill::download(&req, &fake).await
     } else {
-        wechat(&req, &body, &fake)
+        wechat(&req, &body, &fake).await
     };
     fake.time_passes();
     answer
@@ -479,7 +561,12 @@ pub(super) fn wechat_request_verifies(
         .then(|| timestamp.clone())
 }
 
-fn wechat_signed(fake: &Fake, status: u16, timestamp: &str, body: String) -> HttpResponse {
+pub(super) fn wechat_signed(
+    fake: &Fake,
+    status: u16,
+    timestamp: &str,
+    body: String,
+) -> HttpResponse {
     let signing = *fake.signing.lock().expect("signing");
     wechat_signed_as(fake, status, timestamp, body, signing)
 }
@@ -528,7 +615,7 @@ pub(super) fn wechat_error(status: u16, code: &str, message: &str) -> HttpRespon
         .json(json!({ "code": code, "message": message }))
 }
 
-fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
+async fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
     let Some(timestamp) = wechat_request_verifies(req, body, fake) else {
         fake.refused.fetch_add(1, Ordering::SeqCst);
         return wechat_error(401, "SIGN_ERROR", "签名错误");
@@ -544,23 +631,14 @@ fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
     if path == "/v3/bill/tradebill" {
         return wechat_bill::apply(req, fake, &timestamp);
     }
+    if path == refunds::WECHAT_PATH && req.method() == actix_web::http::Method::POST {
+        return refunds::wechat_create(body, fake, &timestamp).await;
+    }
     if let Some(out_refund_no) = path.strip_prefix("/v3/refund/domestic/refunds/") {
         let Some(r) = fake.refunded(out_refund_no) else {
             return wechat_error(404, "RESOURCE_NOT_EXISTS", "退款单不存在");
         };
-        let answer = json!({
-            "refund_id": format!("5030{out_refund_no}"),
-            "out_refund_no": out_refund_no,
-            "transaction_id": r.transaction_id,
-            "out_trade_no": r.out_trade_no,
-            "channel": "ORIGINAL",
-            "user_received_account": "支付用户零钱",
-            "success_time": "2026-11-30T11:00:00+08:00",
-            "create_time": "2026-11-30T10:59:00+08:00",
-            "status": "SUCCESS",
-            "funds_account": "AVAILABLE",
-            "amount": { "total": r.total, "refund": r.refund_fen, "payer_total": r.total, "payer_refund": r.refund_fen, "settlement_refund": r.refund_fen, "settlement_total": r.total, "discount_refund": 0, "currency": "CNY" }
-        });
+        let answer = refunds::wechat_refund(out_refund_no, &r);
         return wechat_signed(fake, 200, &timestamp, answer.to_string());
     }
     let Some(rest) = path.strip_prefix("/v3/pay/transactions/out-trade-no/") else {
@@ -714,7 +792,7 @@ fn cert_sn_refusal(fake: &Fake, params: &HashMap<String, String>) -> Option<Valu
     }
 }
 
-fn alipay_signed(fake: &Fake, method: &str, value: &Value) -> HttpResponse {
+pub(super) fn alipay_signed(fake: &Fake, method: &str, value: &Value) -> HttpResponse {
     let signing = *fake.signing.lock().expect("signing");
     alipay_signed_as(fake, method, value, signing)
 }
@@ -746,7 +824,7 @@ fn alipay_signed_as(fake: &Fake, method: &str, value: &Value, signing: Signing) 
         .body(body)
 }
 
-fn alipay(fake: &Fake, body: &[u8], req: &HttpRequest) -> HttpResponse {
+async fn alipay(fake: &Fake, body: &[u8], req: &HttpRequest) -> HttpResponse {
     let Some(params) = alipay_request(body, fake) else {
         fake.refused.fetch_add(1, Ordering::SeqCst);
         // Alipay's answer to a bad signature is signed; an unknown app's is not.
@@ -773,6 +851,9 @@ fn alipay(fake: &Fake, body: &[u8], req: &HttpRequest) -> HttpResponse {
         let signing = *fake.signing.lock().expect("signing");
         let (value, signing) = alipay_bill::answer(fake, &biz, &host, signing);
         return alipay_signed_as(fake, &method, &value, signing);
+    }
+    if method == "alipay.trade.refund" {
+        return refunds::alipay_create(&biz, fake).await;
     }
     let not_exist = json!({"code": "40004", "msg": "Business Failed", "sub_code": "ACQ.TRADE_NOT_EXIST", "sub_msg": "交易不存在"});
     let trade = fake.trade(&no);
@@ -806,6 +887,12 @@ fn alipay(fake: &Fake, body: &[u8], req: &HttpRequest) -> HttpResponse {
             match fake.refunded(request_no) {
                 // An unknown refund request: 10000 without refund_status.
                 None => json!({"code": "10000", "msg": "Success"}),
+                // Alipay: "未返回该字段表示退款请求未收到或者退款失败".
+                Some(r) if r.status != RefundStatus::Success => json!({
+                    "code": "10000", "msg": "Success", "out_trade_no": r.out_trade_no,
+                    "trade_no": r.transaction_id, "out_request_no": request_no,
+                    "total_amount": yuan(r.total), "refund_amount": yuan(r.refund_fen)
+                }),
                 Some(r) => json!({
                     "code": "10000", "msg": "Success", "out_trade_no": r.out_trade_no,
                     "trade_no": r.transaction_id, "out_request_no": request_no,
