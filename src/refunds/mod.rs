@@ -32,7 +32,7 @@ const MAX_MESSAGE_CHARS: usize = 256;
 
 /// A refund as `POST`/`GET /orders/{order_no}/refunds` show it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct View {
+pub struct RefundView {
     pub out_refund_no: String,
     pub order_no: String,
     pub channel: String,
@@ -55,7 +55,7 @@ pub struct View {
     pub updated_at: Timestamp,
 }
 
-impl From<RefundRow> for View {
+impl From<RefundRow> for RefundView {
     fn from(row: RefundRow) -> Self {
         Self {
             status: row.status(),
@@ -86,9 +86,9 @@ pub struct Ask {
 pub enum Started {
     /// Recorded and sent now (`202`): its status is what the provider answered, or
     /// `SUBMITTING` when it did not answer.
-    Sent(View),
+    Sent(RefundView),
     /// The same request again (`200`): the stored refund, nothing sent.
-    Stored(View),
+    Stored(RefundView),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -231,12 +231,12 @@ impl Refunds {
     }
 
     /// `GET /orders/{order_no}/refunds`: `None` for an unknown order.
-    pub async fn list(&self, order_no: &str) -> Result<Option<Vec<View>>, StoreError> {
+    pub async fn list(&self, order_no: &str) -> Result<Option<Vec<RefundView>>, StoreError> {
         if self.store.order(order_no).await?.is_none() {
             return Ok(None);
         }
         let rows = self.store.refunds_of(order_no).await?;
-        Ok(Some(rows.into_iter().map(View::from).collect()))
+        Ok(Some(rows.into_iter().map(RefundView::from).collect()))
     }
 
     /// The job: every due request not final, one call each — sent again while no answer
@@ -394,19 +394,10 @@ impl Refunds {
                     .await?;
             }
             RefundAnswer::NotFound => {
-                // The provider holds nothing under this number (Alipay: "not received, or
-                // failed"): sending it again is safe, and the only way on.
-                tracing::warn!(out_refund_no = %row.out_refund_no, "the provider has no refund under this number; it is sent again");
-                let to = RefundMove {
-                    status: RefundStatus::Submitting,
-                    refund_id: row.refund_id.as_deref(),
-                    error: None,
-                    next_attempt_at: Some(now),
-                    now,
-                };
-                self.store
-                    .move_refund(&row.out_refund_no, from, &to)
-                    .await?;
+                // The provider holds nothing done under this number (Alipay: "not received,
+                // or failed"): the same request again is safe, and the only way to know.
+                tracing::info!(out_refund_no = %row.out_refund_no, "the provider reports no refund under this number; sending it again");
+                return self.send(row).await;
             }
             RefundAnswer::Failed(failure) => {
                 tracing::warn!(out_refund_no = %row.out_refund_no, result = failure.label(), detail = failure.detail(), "no usable answer to the refund query; asked again later");

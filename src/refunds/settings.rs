@@ -56,10 +56,12 @@ impl Validate for RefundSettings {
 mod tests {
     use super::*;
 
+    type Change = fn(&mut RefundSettings);
+
     #[test]
     fn each_out_of_range_value_names_its_key() {
         assert!(RefundSettings::default().validate().is_ok());
-        let cases: [(&str, fn(&mut RefundSettings)); 5] = [
+        let cases: [(&str, Change); 5] = [
             ("refunds.query_every_secs", |s| s.query_every_secs = 0),
             ("refunds.query_after_secs", |s| s.query_after_secs = 86_401),
             ("refunds.max_retry_secs", |s| s.max_retry_secs = 1),

@@ -4,7 +4,7 @@ use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 
 use super::{ApiError, AppState, Authorized, ErrorBody};
-use crate::refunds::{Ask, StartError, Started, View};
+use crate::refunds::{Ask, RefundView, StartError, Started};
 
 /// At most 80 characters (WeChat's `reason`; Alipay's `refund_reason` allows 256).
 const MAX_REASON: usize = 80;
@@ -55,8 +55,8 @@ impl RefundRequest {
     params(("order_no" = String, Path)),
     request_body = RefundRequest,
     responses(
-        (status = 202, description = "Recorded and sent: SUBMITTING (no answer yet), PROCESSING, SUCCESS, CLOSED, or ABNORMAL (with error_code when the provider refused)", body = View),
-        (status = 200, description = "The same out_refund_no with the same order and amount: the stored refund, nothing sent", body = View),
+        (status = 202, description = "Recorded and sent: SUBMITTING (no answer yet), PROCESSING, SUCCESS, CLOSED, or ABNORMAL (with error_code when the provider refused)", body = RefundView),
+        (status = 200, description = "The same out_refund_no with the same order and amount: the stored refund, nothing sent", body = RefundView),
         (status = 400, description = "Malformed body, amount_fen ≤ 0, bad out_refund_no", body = ErrorBody),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
         (status = 404, description = "No such order", body = ErrorBody),
@@ -96,7 +96,7 @@ pub async fn start(
 #[utoipa::path(get, path = "/orders/{order_no}/refunds", tag = "orders",
     params(("order_no" = String, Path)),
     responses(
-        (status = 200, description = "The order's refunds started through paynotify, oldest first", body = Vec<View>),
+        (status = 200, description = "The order's refunds started through paynotify, oldest first", body = Vec<RefundView>),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
         (status = 404, description = "No such order", body = ErrorBody)),
     security(("bearer" = [])))]

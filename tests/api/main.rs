@@ -23,6 +23,7 @@ mod readme;
 mod receipts;
 mod reconcile;
 mod refund_calls;
+mod refunds;
 mod relay;
 mod service;
 mod shutdown;

@@ -67,7 +67,32 @@ async fn every_endpoint_is_documented_and_the_document_is_served() {
             "/orders",
             "/orders/{order_no}",
             "/orders/{order_no}/close",
+            "/orders/{order_no}/refunds",
             "/readyz",
+        ]
+    );
+    // A refund shows exactly the keys of interface.md ("Refunds started through paynotify").
+    let refund = &served["components"]["schemas"]["RefundView"]["properties"];
+    let mut keys: Vec<&String> = refund
+        .as_object()
+        .expect("RefundView schema")
+        .keys()
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "amount_fen",
+            "channel",
+            "created_at",
+            "error_code",
+            "error_message",
+            "order_no",
+            "out_refund_no",
+            "reason",
+            "refund_id",
+            "status",
+            "updated_at"
         ]
     );
     let order = &served["components"]["schemas"]["Order"]["properties"];
