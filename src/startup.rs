@@ -234,6 +234,7 @@ impl Application {
             Arc::clone(&metrics),
             Arc::clone(&options.clock),
             &settings.refunds,
+            Duration::from_millis(settings.reconcile.timeout_ms),
         ));
         let reconciler = Arc::new(Reconciler::new(
             apis,

@@ -116,6 +116,9 @@ pub struct Refunds {
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
     settings: RefundSettings,
+    /// How long one provider call may take (`reconcile.timeout_ms`): a refund is never sent
+    /// again sooner, so two sends of one request do not overlap.
+    call_secs: i64,
 }
 
 /// How long after its `attempts`-th unanswered send a refund is sent again: 5 s, doubling,
@@ -137,6 +140,7 @@ impl Refunds {
         metrics: Arc<Metrics>,
         clock: Arc<dyn Clock>,
         settings: &RefundSettings,
+        call_timeout: std::time::Duration,
     ) -> Self {
         Self {
             apis,
@@ -144,6 +148,7 @@ impl Refunds {
             metrics,
             clock,
             settings: settings.clone(),
+            call_secs: i64::try_from(call_timeout.as_secs()).unwrap_or(i64::MAX / 4),
         }
     }
 
@@ -165,6 +170,7 @@ impl Refunds {
 
     fn retry_after(&self, attempts: i32) -> i64 {
         retry_after(attempts, secs(self.settings.max_retry_secs))
+            .max(self.call_secs.saturating_add(FIRST_RETRY_SECS))
     }
 
     /// The account the order's payment is refunded through: the one it names on its
@@ -300,6 +306,52 @@ impl Refunds {
                     .await?;
             }
             RefundReply::Refused { code, message } => {
+                // A refusal frees the amount, so it must be true: a signed answer naming the
+                // refund (an earlier send created it) wins, and no answer leaves it unknown.
+                let confirm = api
+                    .refund_query(&row.account, &row.order_no, &row.out_refund_no, now)
+                    .await;
+                self.metrics.provider_call(
+                    api.channel(),
+                    ProviderCall::RefundQuery,
+                    confirm.label(),
+                );
+                match confirm {
+                    RefundAnswer::NotFound => {}
+                    RefundAnswer::Failed(failure) => {
+                        tracing::warn!(out_refund_no = %row.out_refund_no, code, result = failure.label(), "a refusal the refund query could not confirm; the refund is sent again");
+                        return Ok(());
+                    }
+                    RefundAnswer::Refunded(Some(notice)) => {
+                        if !self.applied(&row, &notice, None).await? {
+                            self.moved(
+                                &row,
+                                from,
+                                RefundState::Processing,
+                                row.refund_id.as_deref(),
+                                now,
+                            )
+                            .await?;
+                        }
+                        return Ok(());
+                    }
+                    RefundAnswer::Refunded(None) => {
+                        return self
+                            .moved(
+                                &row,
+                                from,
+                                RefundState::Processing,
+                                row.refund_id.as_deref(),
+                                now,
+                            )
+                            .await;
+                    }
+                    RefundAnswer::NotRefunded(state, _) => {
+                        return self
+                            .moved(&row, from, state, row.refund_id.as_deref(), now)
+                            .await;
+                    }
+                }
                 let message: String = message.chars().take(MAX_MESSAGE_CHARS).collect();
                 tracing::warn!(out_refund_no = %row.out_refund_no, order_no = %row.order_no, code, message, "the provider refused the refund; nothing was created under its number");
                 let to = RefundMove {
@@ -407,14 +459,26 @@ impl Refunds {
     }
 
     /// A provider answered "done" without the trade's running total its notification
-    /// carries (Alipay's refund query): the refund as that notification would carry it when
-    /// the order's refunds came in the order the ledger has them — what it had refunded,
-    /// plus this — applied only while that holds.
+    /// carries (Alipay's refund query): when it is the order's only refund in flight, the
+    /// refund as that notification carries it — what the order had refunded, plus this —
+    /// applied only while the order still has that refunded amount.
     async fn apply_share(&self, row: &RefundRow) -> Result<bool, StoreError> {
         let (Some(refund_id), Some(channel)) = (&row.refund_id, ChannelId::parse(&row.channel))
         else {
             return Ok(false);
         };
+        // Only alone is the running total certain: with another refund of the order in
+        // flight, the provider may have done them in either order; then the notification
+        // (or the other refund finishing first) decides.
+        if self
+            .store
+            .others_in_flight(&row.order_no, &row.out_refund_no)
+            .await?
+            > 0
+        {
+            tracing::info!(out_refund_no = %row.out_refund_no, order_no = %row.order_no, "done at the provider; another refund of the order is in flight, so its notification decides");
+            return Ok(false);
+        }
         let Some(order) = self.store.order(&row.order_no).await? else {
             return Ok(false);
         };

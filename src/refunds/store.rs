@@ -227,6 +227,23 @@ impl Store {
         })
     }
 
+    /// How many other refunds of the order are in flight.
+    pub async fn others_in_flight(
+        &self,
+        order_no: &str,
+        out_refund_no: &str,
+    ) -> Result<i64, StoreError> {
+        with_conn!(self, conn => {
+            Ok(refund_request::table
+                .filter(refund_request::order_no.eq(order_no))
+                .filter(refund_request::out_refund_no.ne(out_refund_no))
+                .filter(in_flight!())
+                .count()
+                .get_result(conn)
+                .await?)
+        })
+    }
+
     /// The requests not final whose next call is due, oldest due first.
     pub async fn refunds_due(
         &self,
@@ -274,10 +291,16 @@ impl Store {
         to: &RefundMove<'_>,
     ) -> Result<bool, StoreError> {
         with_conn!(self, conn => {
+            // An acceptance also moves a request a concurrent send saw refused: the signed
+            // acceptance is the provider's last word.
+            let refused_too = to.error.is_none();
             let moved = diesel::update(
-                refund_request::table
-                    .find(out_refund_no)
-                    .filter(refund_request::status.eq(from.as_str())),
+                refund_request::table.find(out_refund_no).filter(
+                    refund_request::status.eq(from.as_str()).or(refund_request::status
+                        .eq(RefundStatus::Abnormal.as_str())
+                        .and(refund_request::error_code.is_not_null())
+                        .and(refused_too.into_sql::<diesel::sql_types::Bool>())),
+                ),
             )
             .set((
                 refund_request::status.eq(to.status.as_str()),

@@ -250,6 +250,11 @@ pub fn plan_refund(order: &Order, n: &Notice, refund: &Refund) -> RefundPlan {
     RefundPlan { fen, action }
 }
 
+/// `refund_callback.status`: a refund the ledger counted, and one it recorded as a
+/// `PAYMENT_ANOMALY` instead.
+pub const REFUND_COUNTED: &str = "SUCCESS";
+pub const REFUND_ANOMALY: &str = "ANOMALY";
+
 /// `status_callback.status` of a provider's close of its unpaid trade.
 pub const STATUS_CLOSED: &str = "CLOSED";
 
@@ -399,7 +404,7 @@ impl Store {
             out_trade_no: &n.out_trade_no,
             refund_id: &refund.refund_id,
             refund_fen: reported,
-            status: "SUCCESS",
+            status: REFUND_COUNTED,
             digest: digest.as_str(),
             created_at: now,
         };
@@ -408,15 +413,19 @@ impl Store {
             conn.transaction::<_, Abort, _>(async |conn| {
                 let written = callback.execute(conn).await;
                 if unless_exists(written, PRIMARY)? == 0 {
-                    let seen: String = refund_callback::table
+                    let (seen, status): (String, String) = refund_callback::table
                         .find(refund_key)
-                        .select(refund_callback::digest)
+                        .select((refund_callback::digest, refund_callback::status))
                         .first(conn)
                         .await?;
                     if seen != digest.as_str() {
                         return Ok(Outcome::Conflict);
                     }
-                    refund_request_done!(conn, n, refund, now);
+                    // A repeat of a refund the ledger counted; one it recorded as an anomaly
+                    // counted nothing, so its request is not done.
+                    if status == REFUND_COUNTED {
+                        refund_request_done!(conn, n, refund, now);
+                    }
                     return Ok(Outcome::Duplicate);
                 }
                 let Some(before) = load_order!(conn, &n.out_trade_no)? else {
@@ -493,6 +502,10 @@ impl Store {
                         Ok(Outcome::Applied)
                     }
                     RefundAction::Anomaly { reason, keyed_by_refund_no } => {
+                        diesel::update(refund_callback::table.find(refund_key))
+                            .set(refund_callback::status.eq(REFUND_ANOMALY))
+                            .execute(conn)
+                            .await?;
                         let key = if keyed_by_refund_no {
                             &refund.out_refund_no
                         } else {

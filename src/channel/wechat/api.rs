@@ -551,11 +551,23 @@ pub(super) fn refund_body(call: &RefundCall) -> serde_json::Value {
     body
 }
 
+/// The error codes WeChat documents for 申请退款 that mean "not created": a refusal.
+const REFUSALS: [&str; 8] = [
+    "NOT_ENOUGH",
+    "INVALID_REQUEST",
+    "PARAM_ERROR",
+    "RESOURCE_NOT_EXISTS",
+    "NO_AUTH",
+    "USER_ACCOUNT_ABNORMAL",
+    "MCH_NOT_EXISTS",
+    "SIGN_ERROR",
+];
+
 /// What a non-2xx answer to a refund means. 429, 5xx, `SYSTEM_ERROR` and `FREQUENCY_LIMITED`:
-/// no answer, send the same refund again later. Any other 4xx with a `code` is a refusal
-/// (`NOT_ENOUGH`, `INVALID_REQUEST`, `PARAM_ERROR`, `RESOURCE_NOT_EXISTS`, …). WeChat never
-/// signs its error bodies, so a refusal is taken on its documented word: it creates nothing,
-/// and a refund sent again under the same number answers the refund WeChat holds, if any.
+/// no answer, send the same refund again later. A 4xx with one of WeChat's documented refusal
+/// codes ([`REFUSALS`]) is a refusal; any other code is no usable answer. WeChat never signs
+/// its error bodies, so the refunds room confirms a refusal with the refund query (a signed
+/// answer naming the refund wins) before it treats the refund as not created.
 pub(super) fn refund_error(r: &Received) -> RefundReply {
     let code = match WechatApi::error_code(r) {
         Ok(code) => code,
@@ -569,7 +581,11 @@ pub(super) fn refund_error(r: &Received) -> RefundReply {
             "HTTP {} {code}: {message}",
             r.status
         ))),
-        _ => RefundReply::Refused { code, message },
+        known if REFUSALS.contains(&known) => RefundReply::Refused { code, message },
+        _ => RefundReply::Failed(Failure::Unexpected(format!(
+            "HTTP {} {code}: {message}",
+            r.status
+        ))),
     }
 }
 
@@ -622,6 +638,11 @@ mod tests {
                 "{status} {body}"
             );
         }
+        // A code WeChat does not document for refunds is no answer: sent again, never freed.
+        assert!(matches!(
+            refund_error(&received(400, &error("SOMETHING_NEW"))),
+            RefundReply::Failed(Failure::Unexpected(_))
+        ));
         for body in ["", "<html>Bad Request</html>", "{\"message\":\"no code\"}"] {
             assert!(
                 matches!(
