@@ -89,7 +89,7 @@ ensure_mysql
 ensure_redis
 ensure_rabbitmq
 echo "tests/run.sh: PostgreSQL for tests at ${PG_URL%%@*}@…"
-cargo test --locked "$@"
+cargo test --locked --workspace "$@"
 
 # The fast part of the fault suite (docs/reliability.md): two instances on one database,
 # database faults on PostgreSQL and on MariaDB, an SQLite storm, on database servers, Redis and

@@ -1,0 +1,214 @@
+//! A stock keeper that consumes paynotify's events: one unit of `--sku` leaves stock once
+//! per `ORDER_PAID` and comes back once per `ORDER_REFUNDED`, however often paynotify
+//! delivers them. Every effect is applied through [`apply_once`] in one SQLite transaction
+//! with its inbox row, and acknowledged only after that commit.
+//!
+//! ```text
+//! cargo run -p paynotify-consumer --example inventory -- --sink redis
+//! cargo run -p paynotify-consumer --example inventory -- --sink amqp --amqp-url amqp://guest:guest@127.0.0.1:5672/%2f
+//! cargo run -p paynotify-consumer --example inventory -- --sink http --listen 127.0.0.1:9090 --secret S
+//! ```
+//!
+//! The tables it keeps (`--database`, default `inventory.db`): `stock(sku, on_hand)`, and
+//! `stock_move(message_id, sku, delta)`, one row per applied event (deliberately without a
+//! unique key: a double application would show there).
+
+use std::sync::Arc;
+
+use clap::{Parser, ValueEnum};
+use diesel::sqlite::SqliteConnection;
+use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
+use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
+use paynotify_consumer::{Event, Failure, Outcome, apply_once, inbox, topics};
+use tokio::sync::Mutex;
+
+type Sqlite = SyncConnectionWrapper<SqliteConnection>;
+
+/// The inbox's consumer name: one per consuming service.
+const CONSUMER: &str = "inventory";
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Sink {
+    Redis,
+    Amqp,
+    Http,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Keeps stock from paynotify's ORDER_PAID / ORDER_REFUNDED events, once each")]
+struct Args {
+    /// The sink paynotify's relay writes to (its `relay.sink`).
+    #[arg(long, value_enum)]
+    sink: Sink,
+    /// The SQLite file holding stock, stock moves and the inbox.
+    #[arg(long, default_value = "inventory.db")]
+    database: String,
+    /// The SKU every order takes one unit of.
+    #[arg(long, default_value = "SKU-1")]
+    sku: String,
+    /// Units of `--sku` when the database is new.
+    #[arg(long, default_value_t = 100)]
+    initial_stock: i64,
+    /// `--sink redis`: the stream's Redis.
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
+    /// `--sink redis`: paynotify's `relay.redis_stream`.
+    #[arg(long, default_value = "paynotify:events")]
+    stream: String,
+    /// `--sink redis`: the consumer group.
+    #[arg(long, default_value = "inventory")]
+    group: String,
+    /// `--sink redis`: this process's name in the group (default: inventory-{pid}).
+    #[arg(long)]
+    name: Option<String>,
+    /// `--sink amqp`: the broker (paynotify's `relay.amqp_url`).
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
+    amqp_url: String,
+    /// `--sink amqp`: paynotify's `relay.amqp_exchange`.
+    #[arg(long, default_value = "paynotify.events")]
+    exchange: String,
+    /// `--sink amqp`: this consumer's queue.
+    #[arg(long, default_value = "inventory")]
+    queue: String,
+    /// `--sink http`: where paynotify's `relay.http_url` points.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    listen: String,
+    /// `--sink http`: paynotify's `relay.http_secret`.
+    #[arg(long, env = "PAYNOTIFY_HTTP_SECRET", default_value = "")]
+    secret: String,
+}
+
+/// The stock keeper: one SQLite connection (SQLite has one writer anyway).
+struct Inventory {
+    db: Mutex<Sqlite>,
+    sku: String,
+}
+
+impl Inventory {
+    async fn open(path: &str, sku: &str, initial: i64) -> anyhow::Result<Self> {
+        let mut db = Sqlite::establish(path).await?;
+        db.batch_execute(
+            "PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL; \
+             CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, on_hand INTEGER NOT NULL); \
+             CREATE TABLE IF NOT EXISTS stock_move (message_id TEXT NOT NULL, sku TEXT NOT NULL, \
+                 delta INTEGER NOT NULL);",
+        )
+        .await?;
+        inbox::create_table(&mut db).await?;
+        diesel::sql_query("INSERT INTO stock (sku, on_hand) VALUES (?, ?) ON CONFLICT DO NOTHING")
+            .bind::<diesel::sql_types::Text, _>(sku.to_owned())
+            .bind::<diesel::sql_types::BigInt, _>(initial)
+            .execute(&mut db)
+            .await?;
+        Ok(Self {
+            db: Mutex::new(db),
+            sku: sku.to_owned(),
+        })
+    }
+
+    /// Applies one event once; `Ok` only after its transaction committed (or it was
+    /// applied before).
+    async fn handle(&self, event: Event) -> Result<(), Failure> {
+        let delta: i64 = match event.topic.as_str() {
+            topics::ORDER_PAID => -1,
+            topics::ORDER_REFUNDED => 1,
+            // Recorded as processed all the same: a redelivery is a duplicate.
+            _ => 0,
+        };
+        let message_id = event.message_id();
+        let sku = self.sku.clone();
+        let mut db = self.db.lock().await;
+        let outcome = apply_once(&mut *db, CONSUMER, &message_id, async |tx| {
+            if delta != 0 {
+                diesel::sql_query("UPDATE stock SET on_hand = on_hand + ? WHERE sku = ?")
+                    .bind::<diesel::sql_types::BigInt, _>(delta)
+                    .bind::<diesel::sql_types::Text, _>(sku.clone())
+                    .execute(tx)
+                    .await?;
+                diesel::sql_query(
+                    "INSERT INTO stock_move (message_id, sku, delta) VALUES (?, ?, ?)",
+                )
+                .bind::<diesel::sql_types::Text, _>(message_id.clone())
+                .bind::<diesel::sql_types::Text, _>(sku.clone())
+                .bind::<diesel::sql_types::BigInt, _>(delta)
+                .execute(tx)
+                .await?;
+            }
+            Ok::<i64, diesel::result::Error>(delta)
+        })
+        .await?;
+        match outcome {
+            Outcome::Applied(delta) => println!("applied {message_id} delta={delta}"),
+            Outcome::Duplicate(delta) => println!("duplicate {message_id} delta={delta}"),
+        }
+        Ok(())
+    }
+}
+
+async fn shutdown() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let inventory = Arc::new(Inventory::open(&args.database, &args.sku, args.initial_stock).await?);
+    let handler = move |event: Event| {
+        let inventory = inventory.clone();
+        async move { inventory.handle(event).await }
+    };
+    match args.sink {
+        Sink::Redis => {
+            use paynotify_consumer::redis_streams::{StreamConsumer, StreamSettings};
+            let name = args
+                .name
+                .unwrap_or_else(|| format!("inventory-{}", std::process::id()));
+            let settings = StreamSettings::new(&args.stream, &args.group, &name);
+            StreamConsumer::new(&args.redis_url, settings)?
+                .run(handler, shutdown())
+                .await?;
+        }
+        Sink::Amqp => {
+            use paynotify_consumer::amqp::{QueueConsumer, QueueSettings};
+            let mut settings = QueueSettings::new(&args.queue);
+            settings.exchange = args.exchange.clone();
+            QueueConsumer::new(&args.amqp_url, settings)?
+                .run(handler, shutdown())
+                .await?;
+        }
+        Sink::Http => {
+            use paynotify_consumer::http::{Verifier, resource};
+            anyhow::ensure!(
+                !args.secret.is_empty(),
+                "--sink http needs --secret (paynotify's relay.http_secret)"
+            );
+            let verifier = Verifier::new(args.secret.as_bytes());
+            let handler = Arc::new(handler);
+            let listen = args.listen.clone();
+            println!("listening on http://{listen}/events");
+            actix_web::HttpServer::new(move || {
+                let handler = handler.clone();
+                actix_web::App::new().service(resource(
+                    "/events",
+                    verifier.clone(),
+                    move |e: Event| {
+                        let handler = handler.clone();
+                        async move { handler(e).await }
+                    },
+                ))
+            })
+            .workers(1)
+            .bind(&listen)?
+            .run()
+            .await?;
+        }
+    }
+    Ok(())
+}

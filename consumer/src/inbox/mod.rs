@@ -1,0 +1,299 @@
+//! The inbox: one `processed_message` row per `(consumer, message_id)`, written in the
+//! same transaction as the handler's effects.
+//!
+//! [`apply_once`] opens a transaction, inserts the row first (so a concurrent redelivery of
+//! the same message waits on the row's lock instead of running the handler beside it),
+//! runs the handler on the same connection, stores its result beside the row and commits.
+//! A redelivery finds the row, rolls back its empty transaction and returns the stored
+//! result as [`Outcome::Duplicate`] without running the handler. A handler error rolls the
+//! row back with everything else: the next delivery runs the handler again.
+//!
+//! The table is the consumer's, in the consumer's database ([`create_table`] makes it; the
+//! same DDL is in `consumer/sql/`). [`purge`] empties it past the deduplication window.
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use chrono::NaiveDateTime;
+use diesel::QueryResult;
+use diesel_async::AsyncConnection;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// How long a processed message is remembered by default: the relay's retries of one
+/// message end within about two hours (16 attempts, backoff capped at 10 minutes), and
+/// paynotify keeps sent rows 7 days. A dead letter redriven later than the window is
+/// applied again; keep the window longer than anything you would redrive.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The longest `consumer` name, in characters (the column is `VARCHAR(100)`).
+pub const CONSUMER_MAX: usize = 100;
+/// The longest message id, in characters (the column is `VARCHAR(300)`).
+pub const MESSAGE_ID_MAX: usize = 300;
+
+/// Rows [`purge`] deletes per statement.
+const PURGE_BATCH: i64 = 1000;
+
+/// What [`apply_once`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<T> {
+    /// The handler ran now and its transaction committed.
+    Applied(T),
+    /// The message was applied before: the handler did not run; this is the result that
+    /// run stored.
+    Duplicate(T),
+}
+
+impl<T> Outcome<T> {
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Outcome::Duplicate(_))
+    }
+
+    /// The result, whichever run produced it.
+    pub fn into_inner(self) -> T {
+        match self {
+            Outcome::Applied(t) | Outcome::Duplicate(t) => t,
+        }
+    }
+}
+
+/// Why [`apply_once`] applied nothing. In every case the transaction rolled back: no
+/// effect of the handler and no inbox row remain.
+#[derive(Debug, thiserror::Error)]
+pub enum InboxError<E> {
+    #[error("inbox: {0}")]
+    Database(#[from] diesel::result::Error),
+    #[error("the handler failed: {0}")]
+    Handler(E),
+    /// `consumer` or `message_id` is longer than its column.
+    #[error("inbox: the {what} is longer than {max} characters")]
+    TooLong { what: &'static str, max: usize },
+    #[error("inbox: the handler's result could not be stored: {0}")]
+    Encode(serde_json::Error),
+    /// The first run's stored result does not decode as this `T` (its type changed).
+    #[error("inbox: the stored result of the first run does not decode: {0}")]
+    Decode(serde_json::Error),
+    /// The row that made this delivery a duplicate was gone when its result was read
+    /// (purged in between, or its transaction rolled back), several times over.
+    #[error("inbox: the message's row kept vanishing between the insert and the read")]
+    Vanished,
+}
+
+/// The handler [`apply_once`] runs: an `async |tx| …` closure on the transaction's
+/// connection whose future is `Send` (spelled out so that the bound can be written; any
+/// such closure has it).
+pub trait TxHandler<'r, C: 'r, R>:
+    AsyncFnOnce(&'r mut C) -> R + FnOnce(&'r mut C) -> <Self as TxHandler<'r, C, R>>::Fut
+{
+    type Fut: Future<Output = R> + Send;
+}
+
+impl<'r, C: 'r, R, F, Fut> TxHandler<'r, C, R> for F
+where
+    F: AsyncFnOnce(&'r mut C) -> R + FnOnce(&'r mut C) -> Fut,
+    Fut: Future<Output = R> + Send,
+{
+    type Fut = Fut;
+}
+
+/// The connections the inbox runs on: diesel-async's PostgreSQL, MySQL/MariaDB and SQLite
+/// connections (and, through `&mut *pooled`, a pooled one of each).
+pub trait InboxConnection: AsyncConnection + Send + Sized + 'static + sealed::Statements {}
+
+impl<C: AsyncConnection + Send + Sized + 'static + sealed::Statements> InboxConnection for C {}
+
+pub(crate) mod sealed {
+    use super::*;
+
+    /// The backend's statements; one implementation per backend file.
+    pub trait Statements {
+        /// `true` when the row was inserted now; `false` when it exists (committed by an
+        /// earlier run, or by a concurrent one this statement waited for).
+        fn claim<'a>(
+            &'a mut self,
+            consumer: &'a str,
+            message_id: &'a str,
+            at: NaiveDateTime,
+        ) -> impl Future<Output = QueryResult<bool>> + Send + 'a;
+        fn store_result<'a>(
+            &'a mut self,
+            consumer: &'a str,
+            message_id: &'a str,
+            result: &'a str,
+        ) -> impl Future<Output = QueryResult<()>> + Send + 'a;
+        /// `None`: no row; `Some(None)`: a row whose result is JSON `null`.
+        fn stored_result<'a>(
+            &'a mut self,
+            consumer: &'a str,
+            message_id: &'a str,
+        ) -> impl Future<Output = QueryResult<Option<Option<String>>>> + Send + 'a;
+        /// Deletes at most `limit` rows of `consumer` processed before `before`.
+        fn purge_batch<'a>(
+            &'a mut self,
+            consumer: &'a str,
+            before: NaiveDateTime,
+            limit: i64,
+        ) -> impl Future<Output = QueryResult<usize>> + Send + 'a;
+        fn create_table(&mut self) -> impl Future<Output = QueryResult<()>> + Send + '_;
+    }
+}
+
+/// The `result` column, read back for a duplicate.
+#[derive(diesel::QueryableByName)]
+pub(crate) struct Stored {
+    #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Text>)]
+    pub(crate) result: Option<String>,
+}
+
+type Boxed<'a, R> = Pin<Box<dyn Future<Output = R> + Send + 'a>>;
+
+/// The transaction's own failure modes, carried out of diesel's `transaction` (which rolls
+/// back on any `Err`).
+enum Abort<E> {
+    Duplicate,
+    Database(diesel::result::Error),
+    Handler(E),
+    Encode(serde_json::Error),
+}
+
+impl<E> From<diesel::result::Error> for Abort<E> {
+    fn from(e: diesel::result::Error) -> Self {
+        Abort::Database(e)
+    }
+}
+
+/// Runs `handler` once for `(consumer, message_id)`, in one transaction with the inbox row.
+///
+/// ```ignore
+/// let outcome = apply_once(&mut conn, "inventory", &event.message_id(), async |tx| {
+///     diesel::sql_query("UPDATE stock SET on_hand = on_hand - 1 WHERE sku = 'A'")
+///         .execute(tx)
+///         .await
+/// })
+/// .await?;
+/// ```
+///
+/// `Applied(t)`: the handler ran and everything it did on `tx` committed with the row.
+/// `Duplicate(t)`: an earlier run committed; `t` is its stored result (serialised as JSON
+/// beside the row; a `()` result stores nothing). Concurrent deliveries of one message
+/// wait on the row's lock: one runs the handler, the others return `Duplicate`.
+/// Errors roll everything back; the delivery should be retried (see [`InboxError`]).
+///
+/// On MySQL/MariaDB, two concurrent runs of one message whose first rolls back may meet a
+/// deadlock; the loser's error is a `Database` error and its delivery is retried. SQLite
+/// connections need a `busy_timeout` so a second writer waits instead of failing.
+pub fn apply_once<'a, C, T, E, F>(
+    conn: &'a mut C,
+    consumer: &'a str,
+    message_id: &'a str,
+    handler: F,
+) -> impl Future<Output = Result<Outcome<T>, InboxError<E>>> + Send + 'a
+where
+    C: InboxConnection,
+    T: Serialize + DeserializeOwned + Send + 'a,
+    E: Send + 'a,
+    for<'r> F: AsyncFnOnce(&'r mut C) -> Result<T, E> + TxHandler<'r, C, Result<T, E>> + Send + 'a,
+{
+    // Boxed so the future is `Send` for the caller without the compiler having to see
+    // through the higher-ranked closure (rust-lang/rust#100013).
+    let run: Boxed<'a, Result<Outcome<T>, InboxError<E>>> = Box::pin(async move {
+        check_length("consumer name", consumer, CONSUMER_MAX)?;
+        check_length("message id", message_id, MESSAGE_ID_MAX)?;
+        let now = chrono::Utc::now().naive_utc();
+        let ran = conn
+            .transaction::<T, Abort<E>, _>(async move |tx| {
+                if !tx.claim(consumer, message_id, now).await? {
+                    return Err(Abort::Duplicate);
+                }
+                let effect: Boxed<'_, Result<T, E>> = Box::pin(handler(tx));
+                let value = effect.await.map_err(Abort::Handler)?;
+                let json = serde_json::to_string(&value).map_err(Abort::Encode)?;
+                // A `()` (or any `null`) result needs no second statement: a missing
+                // result reads back as `null`.
+                if json != "null" {
+                    tx.store_result(consumer, message_id, &json).await?;
+                }
+                Ok(value)
+            })
+            .await;
+        match ran {
+            Ok(value) => Ok(Outcome::Applied(value)),
+            Err(Abort::Duplicate) => duplicate(conn, consumer, message_id).await,
+            Err(Abort::Database(e)) => Err(InboxError::Database(e)),
+            Err(Abort::Handler(e)) => Err(InboxError::Handler(e)),
+            Err(Abort::Encode(e)) => Err(InboxError::Encode(e)),
+        }
+    });
+    run
+}
+
+/// The stored result of the run that committed first, read outside the rolled-back
+/// transaction so the read sees the latest committed row whatever the isolation level.
+async fn duplicate<C: InboxConnection, T: DeserializeOwned, E>(
+    conn: &mut C,
+    consumer: &str,
+    message_id: &str,
+) -> Result<Outcome<T>, InboxError<E>> {
+    match conn.stored_result(consumer, message_id).await? {
+        Some(stored) => {
+            let json = stored.as_deref().unwrap_or("null");
+            serde_json::from_str(json)
+                .map(Outcome::Duplicate)
+                .map_err(InboxError::Decode)
+        }
+        None => Err(InboxError::Vanished),
+    }
+}
+
+fn check_length<E>(what: &'static str, value: &str, max: usize) -> Result<(), InboxError<E>> {
+    if value.chars().count() > max {
+        return Err(InboxError::TooLong { what, max });
+    }
+    Ok(())
+}
+
+/// Whether `message_id` was applied by `consumer` (and is still inside the window).
+pub async fn seen<C: InboxConnection>(
+    conn: &mut C,
+    consumer: &str,
+    message_id: &str,
+) -> QueryResult<bool> {
+    Ok(conn.stored_result(consumer, message_id).await?.is_some())
+}
+
+/// Deletes `consumer`'s rows processed more than `window` ago, in batches of 1,000 rows
+/// (one short statement each, so the table is never locked long); returns how many.
+/// Run it daily with [`DEFAULT_WINDOW`] or longer.
+pub async fn purge<C: InboxConnection>(
+    conn: &mut C,
+    consumer: &str,
+    window: Duration,
+) -> QueryResult<u64> {
+    let window = chrono::Duration::from_std(window).unwrap_or(chrono::Duration::MAX);
+    let before = chrono::Utc::now()
+        .naive_utc()
+        .checked_sub_signed(window)
+        .unwrap_or(NaiveDateTime::MIN);
+    let mut total = 0u64;
+    loop {
+        let deleted = conn.purge_batch(consumer, before, PURGE_BATCH).await?;
+        total += deleted as u64;
+        if (deleted as i64) < PURGE_BATCH {
+            return Ok(total);
+        }
+    }
+}
+
+/// `CREATE TABLE IF NOT EXISTS processed_message …` (and its purge index) for this
+/// backend: the DDL in `consumer/sql/{backend}.sql`.
+pub async fn create_table<C: InboxConnection>(conn: &mut C) -> QueryResult<()> {
+    conn.create_table().await
+}
