@@ -70,6 +70,18 @@ struct Args {
     /// `--sink amqp`: this consumer's queue.
     #[arg(long, default_value = "inventory")]
     queue: String,
+    /// `--sink amqp`: a routing key the queue is bound with (repeatable; default `#`, all).
+    #[arg(long = "binding")]
+    bindings: Vec<String>,
+    /// `--sink amqp`: unacknowledged messages in hand at once (`basic.qos`).
+    #[arg(long, default_value_t = 32)]
+    prefetch: u16,
+    /// `--sink amqp`: deliveries of one message before it is parked.
+    #[arg(long, default_value_t = 5)]
+    max_attempts: u32,
+    /// `--sink amqp`: where poison messages go (default `{queue}.parked`).
+    #[arg(long)]
+    parked_queue: Option<String>,
     /// `--sink http`: where paynotify's `relay.http_url` points.
     #[arg(long, default_value = "127.0.0.1:9090")]
     listen: String,
@@ -179,6 +191,14 @@ async fn main() -> anyhow::Result<()> {
             use paynotify_consumer::amqp::{QueueConsumer, QueueSettings};
             let mut settings = QueueSettings::new(&args.queue);
             settings.exchange = args.exchange.clone();
+            if !args.bindings.is_empty() {
+                settings.bindings = args.bindings.clone();
+            }
+            settings.prefetch = args.prefetch;
+            settings.max_attempts = args.max_attempts;
+            if let Some(parked) = &args.parked_queue {
+                settings.parked_queue = parked.clone();
+            }
             QueueConsumer::new(&args.amqp_url, settings)?
                 .run(handler, shutdown())
                 .await?;

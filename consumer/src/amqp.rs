@@ -1,10 +1,82 @@
 //! RabbitMQ: a durable queue bound to paynotify's exchange (`relay.sink = "amqp"`).
 //!
-//! SEAM (replaced by the implementation): the public surface the example and the docs use.
+//! [`QueueConsumer::run`] connects, declares paynotify's exchange exactly as the service's
+//! sink does (a durable topic exchange, no arguments, so both declarations agree), this
+//! consumer's durable queue and its parked queue, binds the queue with each of
+//! [`QueueSettings::bindings`], sets `basic.qos` to [`QueueSettings::prefetch`] and consumes
+//! with manual acknowledgements:
+//!
+//! - each body is parsed into an [`Event`]; one that is not JSON, not an event, or whose
+//!   `message_id` property is not the body's `{topic}:{biz_key}` is a poison message: logged
+//!   once with its reason, parked, acknowledged, and no handler runs;
+//! - the handler's `Ok` (returned only after its transaction committed) is `basic.ack`;
+//! - [`Failure::Transient`] waits a short, growing delay, then `basic.nack` with requeue, so
+//!   the message comes again; after [`QueueSettings::max_attempts`] failed deliveries it is
+//!   parked. [`Failure::Permanent`] parks at once.
+//!
+//! **Parking** publishes the original body and properties, its headers plus
+//! `x-parked-reason`, `x-parked-attempts` and `x-parked-from` (this queue), persistent, to
+//! [`QueueSettings::parked_queue`] through the default exchange, on a channel in confirm mode;
+//! the original is acknowledged only after the broker confirmed the parked copy. A crash in
+//! between parks it twice; a park that failed leaves the original unacknowledged (requeued),
+//! so it is never lost.
+//!
+//! **Attempts.** RabbitMQ's classic queues do not count redeliveries (they only set
+//! `redelivered`), so the consumer counts the failed deliveries of each message id in memory:
+//! a restart of the process resets the count, and a message then gets up to `max_attempts`
+//! more. Quorum queues (`x-queue-type = quorum` in [`QueueSettings::queue_arguments`]) carry
+//! an `x-delivery-count` header; when it is present, the larger of the two counts is used.
+//!
+//! **Concurrency.** Handlers run concurrently, each delivery in a task of its own, up to
+//! `prefetch` at once (the broker sends no more unacknowledged deliveries than that): a
+//! handler that waits on its database does not hold up the others, and acknowledging on one
+//! channel from several tasks is safe with lapin. Events of different orders are
+//! independent, and RabbitMQ does not keep the order of a requeued message anyway; a
+//! handler whose work must be serial takes a lock (the example's SQLite connection is one).
+//! Two deliveries of one message at once (a message published twice) are settled by the
+//! inbox: one applies, the other is a duplicate.
+//!
+//! **Connection loss** (a closed connection, a broker restart, a channel the broker closed):
+//! the session ends, the handlers in hand finish (their acknowledgements fail: the broker
+//! redelivers what was unacknowledged, and the inbox makes those deliveries duplicates), and
+//! the consumer connects again after a capped exponential backoff
+//! ([`QueueSettings::reconnect_delay`] doubling up to
+//! [`QueueSettings::reconnect_delay_max`]). [`QueueConsumer::run`] returns an error only after
+//! [`QueueSettings::reconnect_attempts`] consecutive attempts failed to get as far as
+//! consuming.
+//!
+//! **Shutdown**: when the `shutdown` future completes, the consumer cancels its
+//! subscription, lets the handlers in hand finish and acknowledge, closes the channel and
+//! the connection (which returns deliveries prefetched but not started to the queue) and
+//! returns `Ok`.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use crate::Handler;
+use lapin::message::{Delivery, DeliveryResult};
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions,
+    BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
+use tokio::task::JoinSet;
+
+use crate::{Event, Failure, Handler};
+
+/// AMQP `delivery_mode` 2: written to disk (in a durable queue).
+const PERSISTENT: u8 = 2;
+/// Message ids whose failed attempts are remembered at once; past this the memory is
+/// cleared (the counts start again) rather than grow without bound.
+const ATTEMPTS_REMEMBERED: usize = 100_000;
+/// The longest `x-parked-reason`, in characters.
+const REASON_MAX: usize = 1000;
+/// How often a session checks that its connection and channel are still open.
+const LIVENESS: Duration = Duration::from_secs(1);
 
 /// Where and how to read.
 #[derive(Debug, Clone)]
@@ -16,12 +88,30 @@ pub struct QueueSettings {
     pub exchange: String,
     /// Routing keys the queue is bound with: topics (`ORDER_PAID`) or `#` for all.
     pub bindings: Vec<String>,
-    /// `basic.qos` prefetch: unacknowledged messages in hand at once.
+    /// `basic.qos` prefetch: unacknowledged messages in hand at once, and so the most
+    /// handlers running at once (at least 1).
     pub prefetch: u16,
-    /// Deliveries of one message before it is parked on `parked_queue` and acknowledged.
+    /// Deliveries of one message before it is parked on `parked_queue` and acknowledged
+    /// (at least 1).
     pub max_attempts: u32,
     /// Where poison messages go (`{queue}.parked` by default).
     pub parked_queue: String,
+    /// `queue.declare` arguments of both queues (e.g. `x-queue-type = quorum`); a queue that
+    /// exists must have been declared with the same ones.
+    pub queue_arguments: FieldTable,
+    /// The wait before a transiently failed delivery is requeued; doubles with each failed
+    /// attempt of the message, up to `retry_delay_max`.
+    pub retry_delay: Duration,
+    pub retry_delay_max: Duration,
+    /// The wait before reconnecting; doubles with each consecutive failure, up to
+    /// `reconnect_delay_max`.
+    pub reconnect_delay: Duration,
+    pub reconnect_delay_max: Duration,
+    /// Consecutive connection attempts that fail (to connect, declare or consume) before
+    /// [`QueueConsumer::run`] gives up with an error (at least 1).
+    pub reconnect_attempts: u32,
+    /// Bound on connecting and declaring, on one park's publish and confirm, and on closing.
+    pub timeout: Duration,
 }
 
 impl QueueSettings {
@@ -33,6 +123,13 @@ impl QueueSettings {
             prefetch: 32,
             max_attempts: 5,
             parked_queue: format!("{queue}.parked"),
+            queue_arguments: FieldTable::default(),
+            retry_delay: Duration::from_millis(100),
+            retry_delay_max: Duration::from_secs(5),
+            reconnect_delay: Duration::from_millis(200),
+            reconnect_delay_max: Duration::from_secs(10),
+            reconnect_attempts: 10,
+            timeout: Duration::from_secs(10),
         }
     }
 }
@@ -41,28 +138,572 @@ impl QueueSettings {
 pub enum QueueError {
     #[error("amqp: {0}")]
     Amqp(#[from] lapin::Error),
+    /// A setting that cannot work (a malformed URL, a name longer than AMQP allows).
+    #[error("amqp: invalid setting {what}: {reason}")]
+    Invalid { what: &'static str, reason: String },
+    #[error("amqp: {what}: no answer within {} ms", .after.as_millis())]
+    Timeout { what: &'static str, after: Duration },
+    /// The connection or channel closed, or the broker cancelled the subscription.
+    #[error("amqp: {0}")]
+    Lost(String),
+    /// Every one of `attempts` consecutive attempts to connect and consume failed.
+    #[error(
+        "amqp: gave up after {attempts} consecutive failed connection attempts; the last: {last}"
+    )]
+    GaveUp {
+        attempts: u32,
+        last: Box<QueueError>,
+    },
 }
 
 /// Consumes the queue with manual acknowledgements: `basic.ack` only after the handler
-/// finished (committed).
+/// finished (committed). See the [module documentation](self).
 pub struct QueueConsumer {
-    _settings: QueueSettings,
+    url: String,
+    settings: QueueSettings,
+    queue: ShortString,
+    exchange: ShortString,
+    parked_queue: ShortString,
+    bindings: Vec<ShortString>,
+}
+
+impl std::fmt::Debug for QueueConsumer {
+    /// The URL may carry a password: never shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueConsumer")
+            .field("queue", &self.settings.queue)
+            .field("exchange", &self.settings.exchange)
+            .finish_non_exhaustive()
+    }
+}
+
+fn short(what: &'static str, value: &str) -> Result<ShortString, QueueError> {
+    ShortString::try_new(value).map_err(|_| QueueError::Invalid {
+        what,
+        reason: "longer than 255 bytes".to_owned(),
+    })
+}
+
+fn invalid(what: &'static str, reason: &str) -> QueueError {
+    QueueError::Invalid {
+        what,
+        reason: reason.to_owned(),
+    }
+}
+
+/// A live session's connection and channels.
+struct Link {
+    connection: Connection,
+    channel: Channel,
+    /// The confirm-mode channel parks go out on, one at a time (so a broker return is
+    /// always the current park's).
+    park: Arc<tokio::sync::Mutex<Channel>>,
+    consumer: lapin::Consumer,
+}
+
+/// How a session that got as far as consuming ended.
+enum End {
+    Shutdown,
+    Lost(QueueError),
+}
+
+/// What every delivery's task shares.
+struct Shared<H> {
+    handler: Arc<H>,
+    settings: QueueSettings,
+    parked_queue: ShortString,
+    /// Failed deliveries per message id (see the module documentation).
+    attempts: Mutex<HashMap<String, u32>>,
 }
 
 impl QueueConsumer {
-    /// Checks the URL; connects in [`QueueConsumer::run`].
-    pub fn new(_amqp_url: &str, settings: QueueSettings) -> Result<Self, QueueError> {
+    /// Checks the URL and the settings; connects in [`QueueConsumer::run`].
+    pub fn new(amqp_url: &str, settings: QueueSettings) -> Result<Self, QueueError> {
+        amqp_url
+            .parse::<lapin::uri::AMQPUri>()
+            .map_err(|reason| QueueError::Invalid {
+                what: "amqp_url",
+                reason,
+            })?;
+        if settings.queue.is_empty() {
+            return Err(invalid("queue", "must not be empty"));
+        }
+        if settings.parked_queue.is_empty() || settings.parked_queue == settings.queue {
+            return Err(invalid(
+                "parked_queue",
+                "must be a queue name other than the queue's",
+            ));
+        }
+        if settings.prefetch == 0 {
+            return Err(invalid(
+                "prefetch",
+                "must be at least 1 (0 is unlimited in AMQP)",
+            ));
+        }
+        if settings.max_attempts == 0 {
+            return Err(invalid("max_attempts", "must be at least 1"));
+        }
+        if settings.reconnect_attempts == 0 {
+            return Err(invalid("reconnect_attempts", "must be at least 1"));
+        }
+        if settings.bindings.is_empty() {
+            return Err(invalid(
+                "bindings",
+                "must hold at least one routing key (`#` for all)",
+            ));
+        }
+        let bindings = settings
+            .bindings
+            .iter()
+            .map(|b| short("bindings", b))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
-            _settings: settings,
+            url: amqp_url.to_owned(),
+            queue: short("queue", &settings.queue)?,
+            exchange: short("exchange", &settings.exchange)?,
+            parked_queue: short("parked_queue", &settings.parked_queue)?,
+            bindings,
+            settings,
         })
     }
 
-    /// Runs until `shutdown` completes or an error that reconnecting did not cure.
+    /// Runs until `shutdown` completes (then `Ok`) or [`QueueSettings::reconnect_attempts`]
+    /// consecutive connection attempts failed (then [`QueueError::GaveUp`]).
     pub async fn run<H: Handler>(
         &self,
-        _handler: H,
-        _shutdown: impl Future<Output = ()> + Send,
+        handler: H,
+        shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), QueueError> {
-        unimplemented!("SEAM")
+        let shared = Arc::new(Shared {
+            handler: Arc::new(handler),
+            settings: self.settings.clone(),
+            parked_queue: self.parked_queue.clone(),
+            attempts: Mutex::new(HashMap::new()),
+        });
+        let mut shutdown = pin!(shutdown);
+        let mut failures = 0u32;
+        let mut delay = self.settings.reconnect_delay;
+        loop {
+            match self.session(&shared, shutdown.as_mut()).await {
+                Ok(End::Shutdown) => return Ok(()),
+                Ok(End::Lost(e)) => {
+                    tracing::warn!(queue = %self.settings.queue, error = %e, "amqp: the connection was lost; reconnecting");
+                    failures = 0;
+                    delay = self.settings.reconnect_delay;
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures >= self.settings.reconnect_attempts {
+                        tracing::error!(queue = %self.settings.queue, attempts = failures, error = %e, "amqp: giving up");
+                        return Err(QueueError::GaveUp {
+                            attempts: failures,
+                            last: Box::new(e),
+                        });
+                    }
+                    tracing::warn!(queue = %self.settings.queue, attempt = failures, error = %e, retry_in_ms = delay.as_millis() as u64, "amqp: could not connect and consume; retrying");
+                }
+            }
+            tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = delay
+                .saturating_mul(2)
+                .min(self.settings.reconnect_delay_max);
+        }
+    }
+
+    /// Connects, declares, binds, sets the prefetch and subscribes.
+    async fn open(&self) -> Result<Link, QueueError> {
+        let properties = ConnectionProperties::default().with_connection_name(LongString::from(
+            format!("paynotify-consumer:{}", self.settings.queue),
+        ));
+        let connection = Connection::connect(&self.url, properties).await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .exchange_declare(
+                self.exchange.clone(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    durable: true,
+                    ..ExchangeDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        for queue in [&self.queue, &self.parked_queue] {
+            channel
+                .queue_declare(
+                    queue.clone(),
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    self.settings.queue_arguments.clone(),
+                )
+                .await?;
+        }
+        for binding in &self.bindings {
+            channel
+                .queue_bind(
+                    self.queue.clone(),
+                    self.exchange.clone(),
+                    binding.clone(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+        }
+        let park = connection.create_channel().await?;
+        park.confirm_select(ConfirmSelectOptions::default()).await?;
+        channel
+            .basic_qos(self.settings.prefetch, BasicQosOptions::default())
+            .await?;
+        let consumer = channel
+            .basic_consume(
+                self.queue.clone(),
+                ShortString::from(""),
+                BasicConsumeOptions {
+                    no_ack: false,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(Link {
+            connection,
+            channel,
+            park: Arc::new(tokio::sync::Mutex::new(park)),
+            consumer,
+        })
+    }
+
+    /// One connection's life: `Err` when it never got as far as consuming.
+    async fn session<H: Handler>(
+        &self,
+        shared: &Arc<Shared<H>>,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<End, QueueError> {
+        let timeout = self.settings.timeout;
+        let link = tokio::select! {
+            _ = &mut shutdown => return Ok(End::Shutdown),
+            opened = tokio::time::timeout(timeout, self.open()) => match opened {
+                Ok(link) => link?,
+                Err(_) => return Err(QueueError::Timeout { what: "connecting and declaring", after: timeout }),
+            },
+        };
+        tracing::info!(queue = %self.settings.queue, prefetch = self.settings.prefetch, "amqp: consuming");
+        let (tx, mut deliveries) = tokio::sync::mpsc::unbounded_channel::<DeliveryResult>();
+        link.consumer.set_delegate(move |delivery: DeliveryResult| {
+            let tx = tx.clone();
+            async move {
+                // The receiver is gone only once the session ended; the channel's close
+                // returns the delivery to the queue.
+                let _ = tx.send(delivery);
+            }
+        });
+        let mut tasks = JoinSet::new();
+        let mut liveness = tokio::time::interval(LIVENESS);
+        let end = loop {
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break End::Shutdown,
+                delivery = deliveries.recv() => match delivery {
+                    Some(Ok(Some(delivery))) => {
+                        tasks.spawn(process(shared.clone(), link.park.clone(), delivery));
+                    }
+                    Some(Ok(None)) | None => {
+                        break End::Lost(QueueError::Lost("the subscription was cancelled".to_owned()));
+                    }
+                    Some(Err(e)) => break End::Lost(QueueError::Amqp(e)),
+                },
+                Some(joined) = tasks.join_next(), if !tasks.is_empty() => log_join(joined),
+                _ = liveness.tick() => {
+                    if !link.connection.status().connected() || !link.channel.status().connected() {
+                        break End::Lost(QueueError::Lost("the connection or channel closed".to_owned()));
+                    }
+                }
+            }
+        };
+        if matches!(end, End::Shutdown) {
+            let cancel = link
+                .channel
+                .basic_cancel(link.consumer.tag(), BasicCancelOptions::default());
+            if let Ok(Err(e)) = tokio::time::timeout(timeout, cancel).await {
+                tracing::warn!(queue = %self.settings.queue, error = %e, "amqp: basic.cancel failed");
+            }
+        }
+        // Deliveries received but not started stay unacknowledged: closing the channel
+        // returns them to the queue. The handlers in hand finish and acknowledge.
+        drop(deliveries);
+        while let Some(joined) = tasks.join_next().await {
+            log_join(joined);
+        }
+        let _ = tokio::time::timeout(
+            timeout,
+            link.channel.close(200, ShortString::from("shutting down")),
+        )
+        .await;
+        let _ = tokio::time::timeout(
+            timeout,
+            link.connection
+                .close(200, ShortString::from("shutting down")),
+        )
+        .await;
+        Ok(end)
+    }
+}
+
+fn log_join(joined: Result<(), tokio::task::JoinError>) {
+    if let Err(e) = joined {
+        tracing::error!(error = %e, "amqp: a delivery's task ended abnormally");
+    }
+}
+
+/// The body as an [`Event`], or why it is a poison message.
+fn parse(delivery: &Delivery) -> Result<Event, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(&delivery.data).map_err(|e| format!("the body is not JSON: {e}"))?;
+    let event: Event =
+        serde_json::from_value(value).map_err(|e| format!("the body is not an event: {e}"))?;
+    if let Some(id) = delivery.properties.message_id() {
+        let expected = event.message_id();
+        if id.as_str() != expected {
+            return Err(format!(
+                "the message_id property {:?} is not the body's {{topic}}:{{biz_key}} {:?}",
+                truncate(id.as_str(), 100),
+                truncate(&expected, 100)
+            ));
+        }
+    }
+    Ok(event)
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}
+
+/// A quorum queue's `x-delivery-count`: how many times the message was delivered before.
+fn delivery_count(delivery: &Delivery) -> Option<u32> {
+    let headers = delivery.properties.headers().as_ref()?;
+    let count: i64 = match headers.inner().get("x-delivery-count")? {
+        AMQPValue::ShortShortInt(n) => (*n).into(),
+        AMQPValue::ShortShortUInt(n) => (*n).into(),
+        AMQPValue::ShortInt(n) => (*n).into(),
+        AMQPValue::ShortUInt(n) => (*n).into(),
+        AMQPValue::LongInt(n) => (*n).into(),
+        AMQPValue::LongUInt(n) => (*n).into(),
+        AMQPValue::LongLongInt(n) => *n,
+        _ => return None,
+    };
+    u32::try_from(count.max(0)).ok()
+}
+
+impl<H> Shared<H> {
+    fn attempts(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        // The map holds counts only; one a panicking task left is still usable.
+        self.attempts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records one more failed delivery of `id`; returns the failed deliveries so far.
+    fn failed(&self, id: &str, delivered_before: Option<u32>) -> u32 {
+        let mut attempts = self.attempts();
+        if attempts.len() >= ATTEMPTS_REMEMBERED && !attempts.contains_key(id) {
+            tracing::warn!(
+                remembered = attempts.len(),
+                "amqp: too many failing message ids to remember; their attempt counts start again"
+            );
+            attempts.clear();
+        }
+        let count = attempts.entry(id.to_owned()).or_insert(0);
+        *count = count
+            .saturating_add(1)
+            .max(delivered_before.map_or(0, |n| n.saturating_add(1)));
+        *count
+    }
+
+    fn forget(&self, id: &str) {
+        self.attempts().remove(id);
+    }
+
+    fn retry_delay(&self, attempts: u32) -> Duration {
+        let doublings = attempts.saturating_sub(1).min(16);
+        self.settings
+            .retry_delay
+            .saturating_mul(1 << doublings)
+            .min(self.settings.retry_delay_max)
+    }
+}
+
+/// One delivery: parse, handle, then acknowledge, requeue or park.
+async fn process<H: Handler>(
+    shared: Arc<Shared<H>>,
+    park: Arc<tokio::sync::Mutex<Channel>>,
+    delivery: Delivery,
+) {
+    let queue = shared.settings.queue.as_str();
+    let tag = delivery.delivery_tag;
+    let event = match parse(&delivery) {
+        Ok(event) => event,
+        Err(reason) => {
+            let property = delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|m| truncate(m.as_str(), 100));
+            tracing::warn!(queue, delivery_tag = tag, message_id = ?property, %reason, "amqp: a poison message; parking it");
+            settle_park(&shared, &park, &delivery, &reason, 1, None).await;
+            return;
+        }
+    };
+    let id = event.message_id();
+    // The handler in a task of its own, so that a panic is a failure of this delivery
+    // (requeued) instead of a delivery never settled.
+    let handled = match tokio::spawn(shared.handler.handle(event)).await {
+        Ok(handled) => handled,
+        Err(e) => Err(Failure::Transient(format!("the handler panicked: {e}"))),
+    };
+    match handled {
+        Ok(()) => {
+            shared.forget(&id);
+            ack(queue, &id, &delivery).await;
+        }
+        Err(Failure::Permanent(reason)) => {
+            tracing::warn!(queue, message_id = %id, %reason, "amqp: the handler cannot apply this message; parking it");
+            let reason = format!("permanent: {reason}");
+            settle_park(&shared, &park, &delivery, &reason, 1, Some(&id)).await;
+        }
+        Err(Failure::Transient(reason)) => {
+            let attempts = shared.failed(&id, delivery_count(&delivery));
+            if attempts >= shared.settings.max_attempts {
+                tracing::warn!(queue, message_id = %id, attempts, %reason, "amqp: failed on every attempt; parking it");
+                let reason = format!("failed {attempts} times; the last: transient: {reason}");
+                settle_park(&shared, &park, &delivery, &reason, attempts, Some(&id)).await;
+            } else {
+                let delay = shared.retry_delay(attempts);
+                tracing::warn!(queue, message_id = %id, attempts, %reason, retry_in_ms = delay.as_millis() as u64, "amqp: a transient failure; requeueing");
+                tokio::time::sleep(delay).await;
+                requeue(queue, &id, &delivery).await;
+            }
+        }
+    }
+}
+
+async fn ack(queue: &str, id: &str, delivery: &Delivery) {
+    match delivery.acker.ack(BasicAckOptions::default()).await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(queue, message_id = %id, "amqp: not acknowledged (the channel closed); the broker redelivers it and the inbox makes it a duplicate")
+        }
+        Err(e) => {
+            tracing::warn!(queue, message_id = %id, error = %e, "amqp: basic.ack failed; the broker redelivers it and the inbox makes it a duplicate")
+        }
+    }
+}
+
+async fn requeue(queue: &str, id: &str, delivery: &Delivery) {
+    let nack = delivery.acker.nack(BasicNackOptions {
+        requeue: true,
+        ..BasicNackOptions::default()
+    });
+    match nack.await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(queue, message_id = %id, "amqp: not requeued (the channel closed); the broker redelivers it")
+        }
+        Err(e) => {
+            tracing::warn!(queue, message_id = %id, error = %e, "amqp: basic.nack failed; the broker redelivers it")
+        }
+    }
+}
+
+/// Parks a copy and acknowledges the original once the copy is confirmed; when parking
+/// fails, requeues the original (after the retry delay) so that it is parked next time.
+async fn settle_park<H>(
+    shared: &Shared<H>,
+    park: &tokio::sync::Mutex<Channel>,
+    delivery: &Delivery,
+    reason: &str,
+    attempts: u32,
+    id: Option<&str>,
+) {
+    let queue = shared.settings.queue.as_str();
+    let shown = id.unwrap_or("(unparsed)");
+    match park_copy(shared, park, delivery, reason, attempts).await {
+        Ok(()) => {
+            if let Some(id) = id {
+                shared.forget(id);
+            }
+            ack(queue, shown, delivery).await;
+        }
+        Err(e) => {
+            tracing::error!(queue, message_id = %shown, error = %e, "amqp: parking failed; requeueing the message to park it again");
+            tokio::time::sleep(shared.retry_delay(attempts)).await;
+            requeue(queue, shown, delivery).await;
+        }
+    }
+}
+
+async fn park_copy<H>(
+    shared: &Shared<H>,
+    park: &tokio::sync::Mutex<Channel>,
+    delivery: &Delivery,
+    reason: &str,
+    attempts: u32,
+) -> Result<(), String> {
+    let timeout = shared.settings.timeout;
+    let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+    headers
+        .insert(
+            ShortString::from("x-parked-reason"),
+            AMQPValue::LongString(LongString::from(truncate(reason, REASON_MAX))),
+        )
+        .insert(
+            ShortString::from("x-parked-attempts"),
+            AMQPValue::LongLongInt(attempts.into()),
+        )
+        .insert(
+            ShortString::from("x-parked-from"),
+            AMQPValue::LongString(LongString::from(shared.settings.queue.as_str())),
+        );
+    let properties = delivery
+        .properties
+        .clone()
+        .with_headers(headers)
+        .with_delivery_mode(PERSISTENT);
+    let channel = park.lock().await;
+    let published = tokio::time::timeout(
+        timeout,
+        channel.basic_publish(
+            ShortString::from(""),
+            shared.parked_queue.clone(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            &delivery.data,
+            properties,
+        ),
+    )
+    .await;
+    let confirm = match published {
+        Ok(Ok(confirm)) => confirm,
+        Ok(Err(e)) => return Err(format!("publish: {e}")),
+        Err(_) => return Err(format!("publish: no answer within {timeout:?}")),
+    };
+    match tokio::time::timeout(timeout, confirm).await {
+        Ok(Ok(Confirmation::Ack(None))) => Ok(()),
+        Ok(Ok(Confirmation::Ack(Some(returned)))) => Err(format!(
+            "the broker returned the parked copy ({} {}): is {} declared?",
+            returned.reply_code, returned.reply_text, shared.settings.parked_queue
+        )),
+        Ok(Ok(Confirmation::Nack(_))) => {
+            Err("the broker refused the parked copy (nack)".to_owned())
+        }
+        Ok(Ok(Confirmation::NotRequested)) => {
+            Err("the park channel is not in confirm mode".to_owned())
+        }
+        Ok(Err(e)) => Err(format!("confirm: {e}")),
+        Err(_) => Err(format!("confirm: no answer within {timeout:?}")),
     }
 }
