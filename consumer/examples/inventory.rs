@@ -58,9 +58,21 @@ struct Args {
     /// `--sink redis`: the consumer group.
     #[arg(long, default_value = "inventory")]
     group: String,
-    /// `--sink redis`: this process's name in the group (default: inventory-{pid}).
+    /// `--sink redis`: this process's name in the group (default: inventory-{pid}). A
+    /// restarted process that keeps its name finishes the entries it held.
     #[arg(long)]
     name: Option<String>,
+    /// `--sink redis`: entries another consumer left pending longer than this are taken
+    /// over (`XAUTOCLAIM`).
+    #[arg(long, default_value_t = 60_000)]
+    claim_idle_ms: u64,
+    /// `--sink redis`: entries per read.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// `--sink redis`: deliveries of an entry that keeps failing before it is parked on
+    /// `{stream}:parked`.
+    #[arg(long, default_value_t = 5)]
+    max_attempts: u32,
     /// `--sink amqp`: the broker (paynotify's `relay.amqp_url`).
     #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672/%2f")]
     amqp_url: String,
@@ -182,7 +194,15 @@ async fn main() -> anyhow::Result<()> {
             let name = args
                 .name
                 .unwrap_or_else(|| format!("inventory-{}", std::process::id()));
-            let settings = StreamSettings::new(&args.stream, &args.group, &name);
+            let mut settings = StreamSettings::new(&args.stream, &args.group, &name);
+            settings.claim_idle = std::time::Duration::from_millis(args.claim_idle_ms);
+            settings.claim_every = settings.claim_idle.min(settings.claim_every);
+            settings.batch = args.batch;
+            settings.max_attempts = args.max_attempts;
+            println!(
+                "reading {} as {name} in group {}",
+                settings.stream, settings.group
+            );
             StreamConsumer::new(&args.redis_url, settings)?
                 .run(handler, shutdown())
                 .await?;

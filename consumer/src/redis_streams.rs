@@ -1,11 +1,52 @@
 //! Redis Streams: a consumer group on paynotify's stream (`relay.sink = "redis-stream"`).
 //!
-//! SEAM (replaced by the implementation): the public surface the example and the docs use.
+//! paynotify's relay writes one entry per outbox message,
+//! `XADD {stream} * id … topic … biz_key … payload … created_at …` (the payload a JSON
+//! string). [`StreamConsumer::run`] reads them as one consumer of a consumer group and hands
+//! each to a [`Handler`].
+//!
+//! # Guarantees
+//!
+//! - **At least once into the handler.** An entry is acknowledged (`XACK`) only after the
+//!   handler returned `Ok`, which a handler does only once its transaction committed (see
+//!   [`crate::apply_once`]). Anything delivered but not acknowledged stays in the group's
+//!   pending list: a restarted process with the same consumer name re-reads its own pending
+//!   entries first (`XREADGROUP … STREAMS s 0`), and entries a crashed consumer left pending
+//!   longer than [`StreamSettings::claim_idle`] are taken over by another consumer with
+//!   `XAUTOCLAIM`. A crash between the commit and the `XACK` therefore delivers the entry
+//!   again: the handler must deduplicate on [`crate::Event::message_id`] (the inbox does).
+//! - **Acknowledged after commit, per batch.** The entries of one read whose handler
+//!   returned `Ok` are acknowledged together in one `XACK` after the whole batch ran.
+//! - **Stream order within a batch, not across redeliveries.** Entries are handled one at a
+//!   time in stream order; an entry retried after a transient failure, re-read after a
+//!   reconnect or claimed from another consumer comes again after later entries were
+//!   handled.
+//! - **Bounded retries.** A [`crate::Failure::Transient`] leaves the entry pending; it is
+//!   re-read after [`StreamSettings::retry_backoff`]. Its delivery count (kept by Redis,
+//!   read with `XPENDING`) counts the attempts: a failure at
+//!   [`StreamSettings::max_attempts`] deliveries, a [`crate::Failure::Permanent`] and an
+//!   entry that is not a paynotify event (a missing field, an `id` that is not an integer, a
+//!   payload that is not JSON) are **parked**: copied with their original fields plus
+//!   `reason` and `source_id` to [`StreamSettings::parked_stream`] and acknowledged, in one
+//!   `MULTI`/`EXEC`. A crash before that `EXEC` parks the entry again on the next delivery;
+//!   it is never acknowledged without being parked.
+//! - **Reconnects.** A lost connection (Redis restarted, the client killed, a timeout) is
+//!   made again with capped exponential backoff; [`StreamConsumer::run`] gives up with
+//!   [`StreamError::GaveUp`] only after [`StreamSettings::reconnect_attempts`] consecutive
+//!   failures. After every reconnect the consumer's own pending entries are re-read first.
+//! - **Shutdown.** When the `shutdown` future completes, the batch in hand is finished and
+//!   acknowledged, then `run` returns `Ok`. A read interrupted by shutdown may leave entries
+//!   delivered to this consumer but never handled: they are pending, not lost.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::Handler;
+use redis::Value;
+use redis::aio::MultiplexedConnection;
+use tokio::time::Instant;
+
+use crate::{Event, Failure, Handler};
 
 /// Where and how to read.
 #[derive(Debug, Clone)]
@@ -15,19 +56,39 @@ pub struct StreamSettings {
     /// The consumer group: one per consuming service (created at the stream's start, `0`,
     /// with MKSTREAM, when missing).
     pub group: String,
-    /// This process's name in the group (unique per running instance).
+    /// This process's name in the group (unique per running instance; a restarted instance
+    /// that keeps its name finishes what it held).
     pub consumer: String,
     /// Entries per `XREADGROUP`.
     pub batch: usize,
     /// How long one `XREADGROUP` blocks waiting for entries.
     pub block: Duration,
     /// Entries pending longer than this (a crashed or stuck consumer's) are taken over
-    /// with `XAUTOCLAIM`.
+    /// with `XAUTOCLAIM`. Keep it well above the time one batch takes to handle: an entry
+    /// claimed while its first consumer still works on it runs twice (the inbox makes the
+    /// second run a duplicate).
     pub claim_idle: Duration,
+    /// How often the group is scanned with `XAUTOCLAIM` (also once at start).
+    pub claim_every: Duration,
     /// Deliveries of one entry before it is parked on `parked_stream` and acknowledged.
     pub max_attempts: u32,
     /// Where poison entries go (`{stream}:parked` by default).
     pub parked_stream: String,
+    /// The pause before an entry that failed transiently is read again.
+    pub retry_backoff: Duration,
+    /// The first pause after a lost connection; doubled per consecutive failure up to
+    /// `reconnect_backoff_max`.
+    pub reconnect_backoff: Duration,
+    pub reconnect_backoff_max: Duration,
+    /// Consecutive failed attempts (to connect, or a command failing on a fresh
+    /// connection) before [`StreamConsumer::run`] gives up.
+    pub reconnect_attempts: u32,
+    /// The longest wait for a connection and for an answer (beyond `block` for a blocking
+    /// read).
+    pub command_timeout: Duration,
+    /// The connection's `CLIENT SETNAME` (default [`StreamSettings::default_client_name`]),
+    /// so an operator can find it in `CLIENT LIST`.
+    pub client_name: Option<String>,
 }
 
 impl StreamSettings {
@@ -39,9 +100,32 @@ impl StreamSettings {
             batch: 64,
             block: Duration::from_secs(2),
             claim_idle: Duration::from_secs(60),
+            claim_every: Duration::from_secs(30),
             max_attempts: 5,
             parked_stream: format!("{stream}:parked"),
+            retry_backoff: Duration::from_millis(200),
+            reconnect_backoff: Duration::from_millis(100),
+            reconnect_backoff_max: Duration::from_secs(5),
+            reconnect_attempts: 10,
+            command_timeout: Duration::from_secs(5),
+            client_name: None,
         }
+    }
+
+    /// `pnc:{stream}:{group}:{consumer}`, with whitespace and control characters (which
+    /// Redis refuses in a client name) replaced by `_`.
+    pub fn default_client_name(&self) -> String {
+        format!("pnc:{}:{}:{}", self.stream, self.group, self.consumer)
+            .chars()
+            .map(|c| if c.is_ascii_graphic() { c } else { '_' })
+            .collect()
+    }
+
+    /// The name the connection is given.
+    pub fn effective_client_name(&self) -> String {
+        self.client_name
+            .clone()
+            .unwrap_or_else(|| self.default_client_name())
     }
 }
 
@@ -49,29 +133,562 @@ impl StreamSettings {
 pub enum StreamError {
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// Reconnecting failed `attempts` times in a row.
+    #[error("redis: gave up after {attempts} consecutive failed attempts: {last}")]
+    GaveUp {
+        attempts: u32,
+        #[source]
+        last: redis::RedisError,
+    },
 }
 
 /// Reads the group, hands each entry to the handler, `XACK`s only what the handler
-/// finished (committed).
+/// finished (committed). See the [module documentation](self) for the guarantees.
 pub struct StreamConsumer {
-    _settings: StreamSettings,
+    client: redis::Client,
+    settings: StreamSettings,
+}
+
+/// One stream entry as read: its id and its fields, `None` when the entry was deleted
+/// from the stream while pending.
+struct Entry {
+    id: String,
+    fields: Option<Vec<(Vec<u8>, Vec<u8>)>>,
+}
+
+/// What the next read is.
+#[derive(Debug)]
+enum Source {
+    /// This consumer's own pending entries, after `cursor`.
+    Own { cursor: String },
+    /// Other consumers' idle entries, `XAUTOCLAIM` from `cursor`.
+    Claim { cursor: String },
+    /// New entries (`>`).
+    New,
+}
+
+/// How one step ended.
+enum Step {
+    Continue,
+    Stop,
+}
+
+/// What one entry came to.
+enum Verdict {
+    Ack,
+    Park(String),
+    Retry,
 }
 
 impl StreamConsumer {
     /// Checks the URL; connects in [`StreamConsumer::run`].
-    pub fn new(_redis_url: &str, settings: StreamSettings) -> Result<Self, StreamError> {
-        Ok(Self {
-            _settings: settings,
-        })
+    pub fn new(redis_url: &str, settings: StreamSettings) -> Result<Self, StreamError> {
+        let client = redis::Client::open(redis_url)?;
+        Ok(Self { client, settings })
+    }
+
+    pub fn settings(&self) -> &StreamSettings {
+        &self.settings
     }
 
     /// Runs until `shutdown` completes (finishing the batch in hand) or an error that
     /// reconnecting did not cure.
     pub async fn run<H: Handler>(
         &self,
-        _handler: H,
-        _shutdown: impl Future<Output = ()> + Send,
+        handler: H,
+        shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), StreamError> {
-        unimplemented!("SEAM")
+        let s = &self.settings;
+        tokio::pin!(shutdown);
+        let mut connection: Option<MultiplexedConnection> = None;
+        let mut failures: u32 = 0;
+        let mut source = Source::Own {
+            cursor: "0".to_owned(),
+        };
+        let mut next_claim = Instant::now();
+        loop {
+            let result = match connection.as_mut() {
+                Some(c) => {
+                    self.step(c, &handler, &mut source, &mut next_claim, &mut shutdown)
+                        .await
+                }
+                None => match self.connect().await {
+                    Ok(c) => {
+                        tracing::info!(stream = %s.stream, group = %s.group, consumer = %s.consumer, "redis: connected");
+                        connection = Some(c);
+                        // Whatever this consumer held before the connection was lost is
+                        // pending: read it first.
+                        source = Source::Own {
+                            cursor: "0".to_owned(),
+                        };
+                        continue;
+                    }
+                    Err(e) => Err(e),
+                },
+            };
+            match result {
+                Ok(Step::Stop) => return Ok(()),
+                Ok(Step::Continue) => failures = 0,
+                Err(e) => {
+                    connection = None;
+                    failures += 1;
+                    if failures >= s.reconnect_attempts {
+                        tracing::error!(stream = %s.stream, attempts = failures, error = %e, "redis: giving up");
+                        return Err(StreamError::GaveUp {
+                            attempts: failures,
+                            last: e,
+                        });
+                    }
+                    let pause = backoff(s.reconnect_backoff, s.reconnect_backoff_max, failures);
+                    tracing::warn!(stream = %s.stream, attempt = failures, pause_ms = pause.as_millis() as u64, error = %e, "redis: connection lost, reconnecting");
+                    tokio::select! {
+                        biased;
+                        _ = &mut shutdown => return Ok(()),
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// A new connection, named, with the group made.
+    async fn connect(&self) -> Result<MultiplexedConnection, redis::RedisError> {
+        let s = &self.settings;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(s.command_timeout))
+            .set_response_timeout(Some(s.block + s.command_timeout));
+        let mut c = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        redis::cmd("CLIENT")
+            .arg("SETNAME")
+            .arg(s.effective_client_name())
+            .query_async::<()>(&mut c)
+            .await?;
+        let created = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&s.stream)
+            .arg(&s.group)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async::<()>(&mut c)
+            .await;
+        match created {
+            Ok(()) => {}
+            Err(e) if e.code() == Some("BUSYGROUP") => {}
+            Err(e) => return Err(e),
+        }
+        Ok(c)
+    }
+
+    /// One read and the batch it brought.
+    async fn step<H: Handler>(
+        &self,
+        c: &mut MultiplexedConnection,
+        handler: &H,
+        source: &mut Source,
+        next_claim: &mut Instant,
+        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> Result<Step, redis::RedisError> {
+        let s = &self.settings;
+        let (entries, first_delivery) = match source {
+            Source::Own { cursor } => {
+                let read = xreadgroup(s, cursor, None);
+                let reply = tokio::select! {
+                    biased;
+                    _ = shutdown.as_mut() => return Ok(Step::Stop),
+                    r = read.query_async::<Value>(c) => r?,
+                };
+                let entries = read_reply(reply)?;
+                match entries.last() {
+                    Some(last) => *cursor = last.id.clone(),
+                    None => {
+                        *source = if Instant::now() >= *next_claim {
+                            Source::Claim {
+                                cursor: "0-0".to_owned(),
+                            }
+                        } else {
+                            Source::New
+                        };
+                        return Ok(Step::Continue);
+                    }
+                }
+                (entries, false)
+            }
+            Source::Claim { cursor } => {
+                let claim = redis::cmd("XAUTOCLAIM")
+                    .arg(&s.stream)
+                    .arg(&s.group)
+                    .arg(&s.consumer)
+                    .arg(s.claim_idle.as_millis() as u64)
+                    .arg(cursor.as_str())
+                    .arg("COUNT")
+                    .arg(s.batch)
+                    .to_owned();
+                let reply = tokio::select! {
+                    biased;
+                    _ = shutdown.as_mut() => return Ok(Step::Stop),
+                    r = claim.query_async::<Value>(c) => r?,
+                };
+                let (next, entries) = autoclaim_reply(reply)?;
+                if !entries.is_empty() {
+                    tracing::info!(stream = %s.stream, consumer = %s.consumer, claimed = entries.len(), "redis: took over idle entries");
+                }
+                if next == "0-0" {
+                    *source = Source::New;
+                    *next_claim = Instant::now() + s.claim_every;
+                } else {
+                    *cursor = next;
+                }
+                (entries, false)
+            }
+            Source::New => {
+                if Instant::now() >= *next_claim {
+                    *source = Source::Claim {
+                        cursor: "0-0".to_owned(),
+                    };
+                    return Ok(Step::Continue);
+                }
+                let read = xreadgroup(s, ">", Some(s.block));
+                // Dropping the read on shutdown may leave entries delivered to this
+                // consumer and never seen: they stay pending (re-read at the next start).
+                let reply = tokio::select! {
+                    biased;
+                    _ = shutdown.as_mut() => return Ok(Step::Stop),
+                    r = read.query_async::<Value>(c) => r?,
+                };
+                (read_reply(reply)?, true)
+            }
+        };
+        if entries.is_empty() {
+            return Ok(Step::Continue);
+        }
+        let counts = if first_delivery {
+            HashMap::new()
+        } else {
+            self.delivery_counts(c, &entries).await?
+        };
+        let mut acks: Vec<String> = Vec::new();
+        let mut parks: Vec<(&Entry, String)> = Vec::new();
+        let mut retry = false;
+        for entry in &entries {
+            let deliveries = counts.get(&entry.id).copied().unwrap_or(1).max(1);
+            match self.handle(handler, entry, deliveries).await {
+                Verdict::Ack => acks.push(entry.id.clone()),
+                Verdict::Park(reason) => parks.push((entry, reason)),
+                Verdict::Retry => retry = true,
+            }
+        }
+        self.finish(c, &acks, &parks).await?;
+        if retry {
+            // The failed entries are pending on this consumer: read them again (with their
+            // delivery count one higher) after the pause.
+            tokio::select! {
+                biased;
+                _ = shutdown.as_mut() => return Ok(Step::Stop),
+                _ = tokio::time::sleep(s.retry_backoff) => {}
+            }
+            *source = Source::Own {
+                cursor: "0".to_owned(),
+            };
+        }
+        Ok(Step::Continue)
+    }
+
+    /// Each entry's delivery count, from `XPENDING` over the batch's id range.
+    async fn delivery_counts(
+        &self,
+        c: &mut MultiplexedConnection,
+        entries: &[Entry],
+    ) -> Result<HashMap<String, u64>, redis::RedisError> {
+        let s = &self.settings;
+        let (Some(first), Some(last)) = (entries.first(), entries.last()) else {
+            return Ok(HashMap::new());
+        };
+        let reply: Value = redis::cmd("XPENDING")
+            .arg(&s.stream)
+            .arg(&s.group)
+            .arg(&first.id)
+            .arg(&last.id)
+            .arg(entries.len().max(s.batch))
+            .arg(&s.consumer)
+            .query_async(c)
+            .await?;
+        let mut counts = HashMap::new();
+        for row in array(reply)? {
+            let mut row = array(row)?.into_iter();
+            let (Some(id), Some(_owner), Some(_idle), Some(count)) =
+                (row.next(), row.next(), row.next(), row.next())
+            else {
+                return Err(unexpected("an XPENDING row of fewer than 4 items"));
+            };
+            counts.insert(string(id)?, integer(count)?);
+        }
+        Ok(counts)
+    }
+
+    /// Runs the handler for one entry and says what becomes of it.
+    async fn handle<H: Handler>(&self, handler: &H, entry: &Entry, deliveries: u64) -> Verdict {
+        let s = &self.settings;
+        let Some(fields) = &entry.fields else {
+            // Deleted from the stream while pending: nothing left to hand over.
+            tracing::warn!(stream = %s.stream, entry = %entry.id, "redis: a pending entry was deleted from the stream; acknowledged");
+            return Verdict::Ack;
+        };
+        let event = match parse(fields) {
+            Ok(event) => event,
+            Err(reason) => {
+                tracing::warn!(stream = %s.stream, entry = %entry.id, %reason, "redis: not a paynotify event; parked");
+                return Verdict::Park(reason);
+            }
+        };
+        let message_id = event.message_id();
+        match handler.handle(event).await {
+            Ok(()) => Verdict::Ack,
+            Err(Failure::Permanent(reason)) => {
+                tracing::warn!(stream = %s.stream, entry = %entry.id, %message_id, %reason, "redis: the handler refused the event; parked");
+                Verdict::Park(format!("permanent: {reason}"))
+            }
+            Err(Failure::Transient(reason)) if deliveries >= u64::from(s.max_attempts) => {
+                tracing::warn!(stream = %s.stream, entry = %entry.id, %message_id, %reason, deliveries, "redis: still failing after the last attempt; parked");
+                Verdict::Park(format!("transient after {deliveries} deliveries: {reason}"))
+            }
+            Err(Failure::Transient(reason)) => {
+                tracing::info!(stream = %s.stream, entry = %entry.id, %message_id, %reason, deliveries, "redis: transient failure; will retry");
+                Verdict::Retry
+            }
+        }
+    }
+
+    /// Parks and acknowledges in one `MULTI`/`EXEC`: the parked copies, then one `XACK` of
+    /// everything handled or parked.
+    async fn finish(
+        &self,
+        c: &mut MultiplexedConnection,
+        acks: &[String],
+        parks: &[(&Entry, String)],
+    ) -> Result<(), redis::RedisError> {
+        let s = &self.settings;
+        if acks.is_empty() && parks.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for (entry, reason) in parks {
+            let xadd = pipe.cmd("XADD").arg(&s.parked_stream).arg("*");
+            for (name, value) in entry.fields.iter().flatten() {
+                xadd.arg(name.as_slice()).arg(value.as_slice());
+            }
+            xadd.arg("reason")
+                .arg(reason)
+                .arg("source_id")
+                .arg(&entry.id)
+                .ignore();
+        }
+        let xack = pipe.cmd("XACK").arg(&s.stream).arg(&s.group);
+        for id in acks {
+            xack.arg(id);
+        }
+        for (entry, _) in parks {
+            xack.arg(&entry.id);
+        }
+        xack.ignore();
+        pipe.query_async::<()>(c).await
+    }
+}
+
+fn xreadgroup(s: &StreamSettings, from: &str, block: Option<Duration>) -> redis::Cmd {
+    let mut cmd = redis::cmd("XREADGROUP");
+    cmd.arg("GROUP")
+        .arg(&s.group)
+        .arg(&s.consumer)
+        .arg("COUNT")
+        .arg(s.batch);
+    if let Some(block) = block {
+        cmd.arg("BLOCK").arg(block.as_millis() as u64);
+    }
+    cmd.arg("STREAMS").arg(&s.stream).arg(from);
+    cmd
+}
+
+/// `base * 2^(failures-1)`, at most `max`.
+fn backoff(base: Duration, max: Duration, failures: u32) -> Duration {
+    let factor = 1u32 << failures.saturating_sub(1).min(16);
+    base.saturating_mul(factor).min(max)
+}
+
+/// A paynotify event from an entry's fields, or why it is not one.
+fn parse(fields: &[(Vec<u8>, Vec<u8>)]) -> Result<Event, String> {
+    let field = |name: &str| -> Result<String, String> {
+        let value = fields
+            .iter()
+            .find(|(n, _)| n.as_slice() == name.as_bytes())
+            .map(|(_, v)| v)
+            .ok_or_else(|| format!("missing field `{name}`"))?;
+        String::from_utf8(value.clone()).map_err(|_| format!("field `{name}` is not UTF-8"))
+    };
+    let id = field("id")?;
+    let id: i64 = id
+        .parse()
+        .map_err(|_| format!("field `id` is not an integer: {id:?}"))?;
+    let payload = field("payload")?;
+    let payload =
+        serde_json::from_str(&payload).map_err(|e| format!("field `payload` is not JSON: {e}"))?;
+    Ok(Event {
+        id,
+        topic: field("topic")?,
+        biz_key: field("biz_key")?,
+        payload,
+        created_at: field("created_at")?,
+    })
+}
+
+fn unexpected(what: &str) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::UnexpectedReturnType,
+        "unexpected reply",
+        what.to_owned(),
+    ))
+}
+
+fn array(v: Value) -> Result<Vec<Value>, redis::RedisError> {
+    match v {
+        Value::Array(items) | Value::Set(items) => Ok(items),
+        Value::Nil => Ok(Vec::new()),
+        _ => Err(unexpected("an array")),
+    }
+}
+
+fn bytes(v: Value) -> Result<Vec<u8>, redis::RedisError> {
+    match v {
+        Value::BulkString(b) => Ok(b),
+        Value::SimpleString(s) => Ok(s.into_bytes()),
+        Value::Int(i) => Ok(i.to_string().into_bytes()),
+        _ => Err(unexpected("a string")),
+    }
+}
+
+fn string(v: Value) -> Result<String, redis::RedisError> {
+    String::from_utf8(bytes(v)?).map_err(|_| unexpected("a UTF-8 string"))
+}
+
+fn integer(v: Value) -> Result<u64, redis::RedisError> {
+    match v {
+        Value::Int(i) => u64::try_from(i).map_err(|_| unexpected("a count")),
+        other => string(other)?.parse().map_err(|_| unexpected("an integer")),
+    }
+}
+
+/// `[[id, [field, value, …] | nil], …]`.
+fn entries(v: Value) -> Result<Vec<Entry>, redis::RedisError> {
+    let mut out = Vec::new();
+    for item in array(v)? {
+        let mut item = array(item)?.into_iter();
+        let Some(id) = item.next() else {
+            return Err(unexpected("a stream entry with an id"));
+        };
+        let id = string(id)?;
+        let fields = match item.next() {
+            None | Some(Value::Nil) => None,
+            Some(Value::Map(pairs)) => Some(
+                pairs
+                    .into_iter()
+                    .map(|(n, v)| Ok((bytes(n)?, bytes(v)?)))
+                    .collect::<Result<Vec<_>, redis::RedisError>>()?,
+            ),
+            Some(list) => {
+                let mut flat = array(list)?.into_iter();
+                let mut pairs = Vec::new();
+                while let Some(name) = flat.next() {
+                    let Some(value) = flat.next() else {
+                        return Err(unexpected("an even number of field items"));
+                    };
+                    pairs.push((bytes(name)?, bytes(value)?));
+                }
+                Some(pairs)
+            }
+        };
+        out.push(Entry { id, fields });
+    }
+    Ok(out)
+}
+
+/// `XREADGROUP`'s reply: nil (timed out) or `[[stream, entries]]` (or a map in RESP3).
+fn read_reply(v: Value) -> Result<Vec<Entry>, redis::RedisError> {
+    let streams = match v {
+        Value::Nil => return Ok(Vec::new()),
+        Value::Map(pairs) => pairs.into_iter().map(|(_, e)| e).collect(),
+        other => array(other)?
+            .into_iter()
+            .map(|s| {
+                let mut s = array(s)?.into_iter();
+                s.nth(1)
+                    .ok_or_else(|| unexpected("a [stream, entries] pair"))
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    let mut out = Vec::new();
+    for e in streams {
+        out.extend(entries(e)?);
+    }
+    Ok(out)
+}
+
+/// `XAUTOCLAIM`'s reply: `[next cursor, entries, deleted ids]`.
+fn autoclaim_reply(v: Value) -> Result<(String, Vec<Entry>), redis::RedisError> {
+    let mut parts = array(v)?.into_iter();
+    let (Some(next), Some(claimed)) = (parts.next(), parts.next()) else {
+        return Err(unexpected("an XAUTOCLAIM reply of a cursor and entries"));
+    };
+    let claimed = entries(claimed)?
+        .into_iter()
+        // Redis 6 answers nil for an entry deleted while pending; 7 drops it itself.
+        .filter(|e| e.fields.is_some())
+        .collect();
+    Ok((string(next)?, claimed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(pairs: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        pairs
+            .iter()
+            .map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn parses_an_entry_or_says_why_not() {
+        let good = f(&[
+            ("id", "7"),
+            ("topic", "ORDER_PAID"),
+            ("biz_key", "O1"),
+            ("payload", "{\"a\":1}"),
+            ("created_at", "2024-01-01T00:00:00Z"),
+        ]);
+        let event = parse(&good).expect("an event");
+        assert_eq!(event.message_id(), "ORDER_PAID:O1");
+        assert_eq!(event.payload["a"], 1);
+        let missing = f(&[("id", "7"), ("topic", "ORDER_PAID"), ("payload", "{}")]);
+        assert!(parse(&missing).unwrap_err().contains("biz_key"));
+        let mut not_json = good.clone();
+        not_json[3].1 = b"{nope".to_vec();
+        assert!(parse(&not_json).unwrap_err().contains("not JSON"));
+        let mut bad_id = good;
+        bad_id[0].1 = b"x".to_vec();
+        assert!(parse(&bad_id).unwrap_err().contains("not an integer"));
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let b = |n| backoff(Duration::from_millis(100), Duration::from_secs(1), n);
+        assert_eq!(b(1), Duration::from_millis(100));
+        assert_eq!(b(2), Duration::from_millis(200));
+        assert_eq!(b(4), Duration::from_millis(800));
+        assert_eq!(b(5), Duration::from_secs(1));
+        assert_eq!(b(40), Duration::from_secs(1));
     }
 }

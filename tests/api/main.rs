@@ -8,6 +8,7 @@ mod bills;
 mod certificates;
 mod cli;
 mod commit;
+mod consumer_example;
 mod container;
 mod gate;
 mod gate_cluster;
