@@ -69,8 +69,8 @@ struct Args {
     /// `--sink redis`: entries per read.
     #[arg(long, default_value_t = 64)]
     batch: usize,
-    /// `--sink redis`: deliveries of an entry that keeps failing before it is parked on
-    /// `{stream}:parked`.
+    /// Deliveries of an event that keeps failing before it is parked (`{stream}:parked`,
+    /// `{queue}.parked`).
     #[arg(long, default_value_t = 5)]
     max_attempts: u32,
     /// `--sink amqp`: the broker (paynotify's `relay.amqp_url`).
@@ -88,9 +88,6 @@ struct Args {
     /// `--sink amqp`: unacknowledged messages in hand at once (`basic.qos`).
     #[arg(long, default_value_t = 32)]
     prefetch: u16,
-    /// `--sink amqp`: deliveries of one message before it is parked.
-    #[arg(long, default_value_t = 5)]
-    max_attempts: u32,
     /// `--sink amqp`: where poison messages go (default `{queue}.parked`).
     #[arg(long)]
     parked_queue: Option<String>,
