@@ -332,6 +332,11 @@ pub async fn seen<C: InboxConnection>(
 /// Deletes `consumer`'s rows processed more than `window` ago, in batches of 1,000 rows
 /// (one short statement each, so the table is never locked long); returns how many.
 /// Run it daily with [`DEFAULT_WINDOW`] or longer.
+///
+/// A purged message is forgotten: its redelivery runs the handler again and applies. So
+/// the window must be longer than anything that can deliver a message again — the relay's
+/// retries (about two hours) and any redrive of a dead letter — or the effect is applied
+/// twice.
 pub async fn purge<C: InboxConnection>(
     conn: &mut C,
     consumer: &str,
