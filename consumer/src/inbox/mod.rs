@@ -159,6 +159,8 @@ type Boxed<'a, R> = Pin<Box<dyn Future<Output = R> + Send + 'a>>;
 /// back on any `Err`).
 enum Abort<E> {
     Duplicate,
+    /// A lock conflict at the inbox insert, before the handler ran: worth a new attempt.
+    Conflict(diesel::result::Error),
     Database(diesel::result::Error),
     Handler(E),
     Encode(serde_json::Error),
@@ -169,6 +171,10 @@ impl<E> From<diesel::result::Error> for Abort<E> {
         Abort::Database(e)
     }
 }
+
+/// How many times [`apply_once`] opens its transaction before giving up on a claim that
+/// keeps losing a lock conflict (or whose row keeps vanishing before it is read).
+const CLAIM_ATTEMPTS: u32 = 5;
 
 /// Runs `handler` once for `(consumer, message_id)`, in one transaction with the inbox row.
 ///
@@ -187,9 +193,20 @@ impl<E> From<diesel::result::Error> for Abort<E> {
 /// wait on the row's lock: one runs the handler, the others return `Duplicate`.
 /// Errors roll everything back; the delivery should be retried (see [`InboxError`]).
 ///
-/// On MySQL/MariaDB, two concurrent runs of one message whose first rolls back may meet a
-/// deadlock; the loser's error is a `Database` error and its delivery is retried. SQLite
-/// connections need a `busy_timeout` so a second writer waits instead of failing.
+/// **Lock conflicts on the inbox row are retried here.** On MySQL/MariaDB, when the run
+/// holding a message's row rolls back (its handler failed) while two or more deliveries of
+/// the same message wait on it, InnoDB lets them all take a shared lock on the key and
+/// then picks a deadlock victim (1213) among them; on PostgreSQL under `REPEATABLE READ` or
+/// `SERIALIZABLE`, a delivery that waited for a concurrent insert of its key fails with a
+/// serialization failure (40001). Both happen at the inbox insert, before the handler
+/// runs, and roll back an empty transaction, so `apply_once` opens a new one at once, up
+/// to 5 attempts in all; the caller sees only the final `Applied`/`Duplicate` (or, after
+/// the last attempt, the database error). A deadlock or serialization failure in the
+/// handler's own statements is *not* retried (the handler is `FnOnce` and has run): it is
+/// returned as the handler's error with everything rolled back, for the delivery to be
+/// redelivered.
+///
+/// SQLite connections need a `busy_timeout` so a second writer waits instead of failing.
 pub fn apply_once<'a, C, T, E, F>(
     conn: &'a mut C,
     consumer: &'a str,
@@ -207,50 +224,93 @@ where
     let run: Boxed<'a, Result<Outcome<T>, InboxError<E>>> = Box::pin(async move {
         check_length("consumer name", consumer, CONSUMER_MAX)?;
         check_length("message id", message_id, MESSAGE_ID_MAX)?;
-        let now = chrono::Utc::now().naive_utc();
-        let ran = conn
-            .transaction::<T, Abort<E>, _>(async move |tx| {
-                if !tx.claim(consumer, message_id, now).await? {
-                    return Err(Abort::Duplicate);
+        // Taken only once the row is claimed: until then a failed attempt can start over.
+        let mut handler = Some(handler);
+        let mut attempt = 1;
+        loop {
+            let now = chrono::Utc::now().naive_utc();
+            let slot = &mut handler;
+            let ran = conn
+                .transaction::<T, Abort<E>, _>(async move |tx| {
+                    match tx.claim(consumer, message_id, now).await {
+                        Ok(true) => {}
+                        Ok(false) => return Err(Abort::Duplicate),
+                        Err(e) if is_lock_conflict(&e) => return Err(Abort::Conflict(e)),
+                        Err(e) => return Err(Abort::Database(e)),
+                    }
+                    let Some(handler) = slot.take() else {
+                        // Unreachable: an attempt that took the handler is never repeated.
+                        return Err(Abort::Database(diesel::result::Error::QueryBuilderError(
+                            "inbox: the handler was already run".into(),
+                        )));
+                    };
+                    let effect: Boxed<'_, Result<T, E>> = Box::pin(handler(tx));
+                    let value = effect.await.map_err(Abort::Handler)?;
+                    let json = serde_json::to_string(&value).map_err(Abort::Encode)?;
+                    // A `()` (or any `null`) result needs no second statement: a missing
+                    // result reads back as `null`.
+                    if json != "null" {
+                        tx.store_result(consumer, message_id, &json).await?;
+                    }
+                    Ok(value)
+                })
+                .await;
+            let last = attempt >= CLAIM_ATTEMPTS;
+            match ran {
+                Ok(value) => return Ok(Outcome::Applied(value)),
+                Err(Abort::Duplicate) => match duplicate(conn, consumer, message_id).await? {
+                    Some(outcome) => return outcome,
+                    None if last => return Err(InboxError::Vanished),
+                    None => {
+                        tracing::debug!(consumer, message_id, attempt, "inbox: row gone, again");
+                    }
+                },
+                Err(Abort::Conflict(e)) if last => return Err(InboxError::Database(e)),
+                Err(Abort::Conflict(e)) => {
+                    tracing::debug!(consumer, message_id, attempt, error = %e,
+                        "inbox: lock conflict on the inbox row, again");
                 }
-                let effect: Boxed<'_, Result<T, E>> = Box::pin(handler(tx));
-                let value = effect.await.map_err(Abort::Handler)?;
-                let json = serde_json::to_string(&value).map_err(Abort::Encode)?;
-                // A `()` (or any `null`) result needs no second statement: a missing
-                // result reads back as `null`.
-                if json != "null" {
-                    tx.store_result(consumer, message_id, &json).await?;
-                }
-                Ok(value)
-            })
-            .await;
-        match ran {
-            Ok(value) => Ok(Outcome::Applied(value)),
-            Err(Abort::Duplicate) => duplicate(conn, consumer, message_id).await,
-            Err(Abort::Database(e)) => Err(InboxError::Database(e)),
-            Err(Abort::Handler(e)) => Err(InboxError::Handler(e)),
-            Err(Abort::Encode(e)) => Err(InboxError::Encode(e)),
+                Err(Abort::Database(e)) => return Err(InboxError::Database(e)),
+                Err(Abort::Handler(e)) => return Err(InboxError::Handler(e)),
+                Err(Abort::Encode(e)) => return Err(InboxError::Encode(e)),
+            }
+            attempt += 1;
         }
     });
     run
 }
 
+/// A deadlock victim (PostgreSQL 40P01, InnoDB 1213) or a serialization failure (40001):
+/// the database rolled the transaction back and a new one may succeed.
+fn is_lock_conflict(e: &diesel::result::Error) -> bool {
+    use diesel::result::{DatabaseErrorKind, Error};
+    match e {
+        Error::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => true,
+        Error::DatabaseError(_, info) => {
+            let message = info.message();
+            message.contains("Deadlock found") || message.contains("deadlock detected")
+        }
+        _ => false,
+    }
+}
+
 /// The stored result of the run that committed first, read outside the rolled-back
 /// transaction so the read sees the latest committed row whatever the isolation level.
+/// `None`: the row is gone (purged since the insert found it).
 async fn duplicate<C: InboxConnection, T: DeserializeOwned, E>(
     conn: &mut C,
     consumer: &str,
     message_id: &str,
-) -> Result<Outcome<T>, InboxError<E>> {
-    match conn.stored_result(consumer, message_id).await? {
-        Some(stored) => {
+) -> Result<Option<Result<Outcome<T>, InboxError<E>>>, InboxError<E>> {
+    Ok(conn
+        .stored_result(consumer, message_id)
+        .await?
+        .map(|stored| {
             let json = stored.as_deref().unwrap_or("null");
             serde_json::from_str(json)
                 .map(Outcome::Duplicate)
                 .map_err(InboxError::Decode)
-        }
-        None => Err(InboxError::Vanished),
-    }
+        }))
 }
 
 fn check_length<E>(what: &'static str, value: &str, max: usize) -> Result<(), InboxError<E>> {
@@ -272,6 +332,11 @@ pub async fn seen<C: InboxConnection>(
 /// Deletes `consumer`'s rows processed more than `window` ago, in batches of 1,000 rows
 /// (one short statement each, so the table is never locked long); returns how many.
 /// Run it daily with [`DEFAULT_WINDOW`] or longer.
+///
+/// A purged message is forgotten: its redelivery runs the handler again and applies. So
+/// the window must be longer than anything that can deliver a message again — the relay's
+/// retries (about two hours) and any redrive of a dead letter — or the effect is applied
+/// twice.
 pub async fn purge<C: InboxConnection>(
     conn: &mut C,
     consumer: &str,
