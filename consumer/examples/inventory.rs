@@ -16,11 +16,13 @@
 use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
+use diesel::ConnectionError;
 use diesel::sqlite::SqliteConnection;
+use diesel_async::pooled_connection::deadpool::Pool;
+use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig};
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
 use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use paynotify_consumer::{Event, Failure, Outcome, apply_once, inbox, topics};
-use tokio::sync::Mutex;
 
 type Sqlite = SyncConnectionWrapper<SqliteConnection>;
 
@@ -99,30 +101,44 @@ struct Args {
     secret: String,
 }
 
-/// The stock keeper: one SQLite connection (SQLite has one writer anyway).
+/// The stock keeper, on a pool of one SQLite connection (SQLite has one writer anyway). A
+/// pool, not a shared connection: a connection a handler left inside its transaction (a
+/// panic, a cancelled future) is discarded by the pool instead of serving the next event.
 struct Inventory {
-    db: Mutex<Sqlite>,
+    db: Pool<Sqlite>,
     sku: String,
 }
 
 impl Inventory {
     async fn open(path: &str, sku: &str, initial: i64) -> anyhow::Result<Self> {
-        let mut db = Sqlite::establish(path).await?;
+        let mut config = ManagerConfig::<Sqlite>::default();
+        config.custom_setup = Box::new(|path| {
+            Box::pin(async move {
+                let mut conn = Sqlite::establish(path).await?;
+                conn.batch_execute("PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL;")
+                    .await
+                    .map_err(ConnectionError::CouldntSetupConfiguration)?;
+                Ok(conn)
+            })
+        });
+        let manager = AsyncDieselConnectionManager::new_with_config(path, config);
+        let pool = Pool::builder(manager).max_size(1).build()?;
+        let mut db = pool.get().await?;
         db.batch_execute(
-            "PRAGMA busy_timeout = 5000; PRAGMA journal_mode = WAL; \
-             CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, on_hand INTEGER NOT NULL); \
+            "CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, on_hand INTEGER NOT NULL); \
              CREATE TABLE IF NOT EXISTS stock_move (message_id TEXT NOT NULL, sku TEXT NOT NULL, \
                  delta INTEGER NOT NULL);",
         )
         .await?;
-        inbox::create_table(&mut db).await?;
+        inbox::create_table(&mut *db).await?;
         diesel::sql_query("INSERT INTO stock (sku, on_hand) VALUES (?, ?) ON CONFLICT DO NOTHING")
             .bind::<diesel::sql_types::Text, _>(sku.to_owned())
             .bind::<diesel::sql_types::BigInt, _>(initial)
-            .execute(&mut db)
+            .execute(&mut *db)
             .await?;
+        drop(db);
         Ok(Self {
-            db: Mutex::new(db),
+            db: pool,
             sku: sku.to_owned(),
         })
     }
@@ -138,7 +154,11 @@ impl Inventory {
         };
         let message_id = event.message_id();
         let sku = self.sku.clone();
-        let mut db = self.db.lock().await;
+        let mut db = self
+            .db
+            .get()
+            .await
+            .map_err(|e| Failure::Transient(format!("database: {e}")))?;
         let outcome = apply_once(&mut *db, CONSUMER, &message_id, async |tx| {
             if delta != 0 {
                 diesel::sql_query("UPDATE stock SET on_hand = on_hand + ? WHERE sku = ?")

@@ -60,7 +60,9 @@ impl<E: std::fmt::Display> From<crate::inbox::InboxError<E>> for Failure {
     fn from(e: crate::inbox::InboxError<E>) -> Self {
         use crate::inbox::InboxError as I;
         match e {
-            I::Database(_) | I::Handler(_) | I::Vanished => Failure::Transient(e.to_string()),
+            I::Database(_) | I::Handler(_) | I::Vanished | I::InTransaction => {
+                Failure::Transient(e.to_string())
+            }
             I::TooLong { .. } | I::Encode(_) | I::Decode(_) => Failure::Permanent(e.to_string()),
         }
     }

@@ -120,6 +120,7 @@ on_every_backend!(
     consumers_are_independent_and_ids_exact,
     purge_removes_only_old_rows_of_that_consumer,
     create_table_twice,
+    a_connection_left_in_a_transaction_is_refused,
 );
 
 /// Escapes a test value for a string literal (no binds: placeholders differ by backend).
@@ -770,4 +771,37 @@ async fn create_table_twice<B: Backend>() {
     .expect("redelivery");
     assert_eq!(again, Outcome::Duplicate(3));
     assert_eq!(all_inbox_rows(conn).await, 1);
+}
+
+/// A handler whose future is dropped mid-transaction (a timeout, a shutdown `select!`)
+/// leaves its connection inside the transaction: nothing of it committed, and a later
+/// `apply_once` on that connection is refused rather than nested in it (where its "commit"
+/// would be a savepoint release that never reaches the database).
+async fn a_connection_left_in_a_transaction_is_refused<B: Backend>() {
+    let db = B::create();
+    let conn = &mut db.connect().await;
+    setup(conn).await;
+    let cut = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        apply_once(conn, "inventory", "ORDER_PAID:C1", async |tx| {
+            effect(tx, "inventory", "ORDER_PAID:C1").await?;
+            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+            Ok::<_, diesel::result::Error>(())
+        }),
+    )
+    .await;
+    assert!(cut.is_err(), "the handler was cut off");
+    let next = apply_once(conn, "inventory", "ORDER_PAID:C2", async |tx| {
+        effect(tx, "inventory", "ORDER_PAID:C2").await?;
+        Ok::<_, diesel::result::Error>(())
+    })
+    .await;
+    assert!(matches!(next, Err(InboxError::InTransaction)), "{next:?}");
+    drop(next);
+    // A fresh connection sees neither message: the cut one never committed, the refused
+    // one never ran.
+    let fresh = &mut db.connect().await;
+    assert_eq!(effects(fresh, "inventory", "ORDER_PAID:C1").await, 0);
+    assert_eq!(effects(fresh, "inventory", "ORDER_PAID:C2").await, 0);
+    assert_eq!(all_inbox_rows(fresh).await, 0);
 }

@@ -85,6 +85,14 @@ pub enum InboxError<E> {
     /// (purged in between, or its transaction rolled back), several times over.
     #[error("inbox: the message's row kept vanishing between the insert and the read")]
     Vanished,
+    /// The connection is inside a transaction already: one the caller opened, or one a
+    /// handler left open when it panicked or its future was dropped. `apply_once` opens its
+    /// own transaction and never nests in another (a savepoint would commit nothing).
+    /// Drop the connection (pools do: they discard a connection left in a transaction).
+    #[error(
+        "inbox: the connection is already inside a transaction (left open by a cancelled or panicked handler?); use another connection"
+    )]
+    InTransaction,
 }
 
 /// The handler [`apply_once`] runs: an `async |tx| …` closure on the transaction's
@@ -224,6 +232,9 @@ where
     let run: Boxed<'a, Result<Outcome<T>, InboxError<E>>> = Box::pin(async move {
         check_length("consumer name", consumer, CONSUMER_MAX)?;
         check_length("message id", message_id, MESSAGE_ID_MAX)?;
+        if in_transaction(conn) {
+            return Err(InboxError::InTransaction);
+        }
         // Taken only once the row is claimed: until then a failed attempt can start over.
         let mut handler = Some(handler);
         let mut attempt = 1;
@@ -311,6 +322,15 @@ async fn duplicate<C: InboxConnection, T: DeserializeOwned, E>(
                 .map(Outcome::Duplicate)
                 .map_err(InboxError::Decode)
         }))
+}
+
+/// Whether `conn` is inside a transaction (or its transaction manager is in error).
+fn in_transaction<C: AsyncConnection>(conn: &mut C) -> bool {
+    use diesel_async::TransactionManager;
+    !matches!(
+        C::TransactionManager::transaction_manager_status_mut(conn).transaction_depth(),
+        Ok(None)
+    )
 }
 
 fn check_length<E>(what: &'static str, value: &str, max: usize) -> Result<(), InboxError<E>> {
