@@ -56,7 +56,9 @@ impl<E: std::fmt::Display> From<crate::inbox::InboxError<E>> for Failure {
     /// A database error is transient (the transaction rolled back; nothing was applied); a
     /// stored result that no longer decodes and an over-long id are permanent; the
     /// handler's own error is transient (return [`Failure::Permanent`] from a [`Handler`]
-    /// to park instead).
+    /// to park instead). `InTransaction` is transient too, which only helps when the next
+    /// attempt gets another connection: take connections from a pool (diesel-async's pools
+    /// discard one left inside a transaction), never share one across deliveries.
     fn from(e: crate::inbox::InboxError<E>) -> Self {
         use crate::inbox::InboxError as I;
         match e {

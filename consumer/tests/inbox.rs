@@ -37,6 +37,25 @@ impl Backend for PgDb {
 
 /// MySQL/MariaDB with every connection under READ COMMITTED.
 struct MysqlReadCommitted(MysqlDb);
+/// PostgreSQL with every connection under REPEATABLE READ: a concurrent insert of the same
+/// key is a serialization failure (40001) there, which `apply_once` retries.
+struct PgRepeatableRead(PgDb);
+
+impl Backend for PgRepeatableRead {
+    type Conn = AsyncPgConnection;
+    fn create() -> Self {
+        Self(PgDb::create())
+    }
+    async fn connect(&self) -> AsyncPgConnection {
+        let mut conn = self.0.connect().await;
+        conn.batch_execute(
+            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        )
+        .await
+        .expect("isolation level");
+        conn
+    }
+}
 /// MySQL/MariaDB with every connection under REPEATABLE READ (InnoDB's default).
 struct MysqlRepeatableRead(MysqlDb);
 
@@ -87,6 +106,11 @@ macro_rules! on_every_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn postgres() {
                 super::$body::<PgDb>().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres_repeatable_read() {
+                super::$body::<PgRepeatableRead>().await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -625,6 +649,14 @@ async fn consumers_are_independent_and_ids_exact<B: Backend>() {
         assert_eq!(again, Outcome::Duplicate(consumer.to_owned()));
         assert_eq!(effects(conn, consumer, "ORDER_PAID:I1").await, 1);
     }
+    // A consumer name differing by a trailing space is another consumer (MySQL's PAD SPACE
+    // collations would make it the same one).
+    let padded = apply_once(conn, "inventory ", "ORDER_PAID:I1", async |_tx| {
+        Ok::<_, diesel::result::Error>("padded".to_owned())
+    })
+    .await
+    .expect("delivery to the padded consumer");
+    assert_eq!(padded, Outcome::Applied("padded".to_owned()));
     let ids = ["ORDER_PAID:abc", "ORDER_PAID:ABC", "ORDER_PAID:abc "];
     for id in ids {
         let outcome = apply_once(conn, "inventory", id, async |tx| {
@@ -652,7 +684,7 @@ async fn consumers_are_independent_and_ids_exact<B: Backend>() {
         .await,
         4
     );
-    assert_eq!(all_inbox_rows(conn).await, 5);
+    assert_eq!(all_inbox_rows(conn).await, 6);
 }
 
 /// Inserts `n` rows of `consumer` named `{prefix}{i}` processed `age` ago, directly.

@@ -87,30 +87,41 @@ impl Drop for PgDb {
     }
 }
 
-/// A MariaDB/MySQL database of the test's own; connections use UTC and READ COMMITTED
-/// like a careful application would (REPEATABLE READ works too: the inbox reads a
-/// duplicate's result outside its transaction).
+/// A MariaDB/MySQL database of the test's own on `PAYNOTIFY_TEST_MYSQL_URL` (default
+/// `mysql://root@127.0.0.1:3306`); connections use UTC and the server's isolation level
+/// (InnoDB's REPEATABLE READ unless the server says otherwise).
 pub struct MysqlDb {
     pub name: String,
     pub url: String,
 }
 
+/// Runs one statement on the MySQL server itself (no database selected), on a runtime of
+/// its own in a thread of its own, so it works from sync code, async tests and `Drop`.
+fn mysql_server_statement(sql: String) -> Result<(), String> {
+    let server = mysql_server();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        runtime.block_on(async move {
+            let mut conn = AsyncMysqlConnection::establish(&server)
+                .await
+                .map_err(|e| format!("{server}: {e}"))?;
+            conn.batch_execute(&sql).await.map_err(|e| e.to_string())
+        })
+    })
+    .join()
+    .map_err(|_| "the statement's thread panicked".to_owned())?
+}
+
 impl MysqlDb {
     pub fn create() -> Self {
         let name = unique("pnc_test");
-        run(
-            "mariadb",
-            &[
-                "-h",
-                "127.0.0.1",
-                "-u",
-                "root",
-                "-e",
-                &format!("CREATE DATABASE {name}"),
-            ],
-        );
+        mysql_server_statement(format!("CREATE DATABASE {name}"))
+            .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e}"));
         Self {
-            url: format!("{}/{name}", mysql_server()),
+            url: format!("{}/{name}", mysql_server().trim_end_matches('/')),
             name,
         }
     }
@@ -128,16 +139,7 @@ impl MysqlDb {
 
 impl Drop for MysqlDb {
     fn drop(&mut self) {
-        let _ = Command::new("mariadb")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-u",
-                "root",
-                "-e",
-                &format!("DROP DATABASE IF EXISTS {}", self.name),
-            ])
-            .output();
+        let _ = mysql_server_statement(format!("DROP DATABASE IF EXISTS {}", self.name));
     }
 }
 
