@@ -869,6 +869,35 @@ async fn postgres_a_panicking_handler_answers_500_and_the_server_goes_on() {
     server.stop().await;
 }
 
+/// On one shared SQLite connection, the hazard itself: the panic leaves the connection
+/// inside its transaction. The next delivery on it must never be a 2xx (its "commit" would
+/// only release a savepoint of the dead transaction): `apply_once` refuses the connection,
+/// the answer is 503, and nothing is applied.
+#[actix_web::test]
+async fn sqlite_after_a_panic_on_a_shared_connection_nothing_uncommitted_is_acknowledged() {
+    let file = SqliteDb::create();
+    let db = Db::sqlite(&file).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let server = Server::events(db.clone(), verifier(), calls.clone());
+    let sink = sink(&server.url(), SECRET);
+    let results = sink.publish(&[outbox_event(1, PANIC, "O1")]).await;
+    assert!(
+        matches!(results[0], Err(SinkError::HttpStatus(500))),
+        "{results:?}"
+    );
+    for id in 2..4 {
+        let results = sink
+            .publish(&[outbox_event(id, "ORDER_PAID", "O2")])
+            .await;
+        assert!(
+            matches!(results[0], Err(SinkError::HttpStatus(503))),
+            "{results:?}"
+        );
+    }
+    assert_eq!(db.state().await, (vec![], 0));
+    server.stop().await;
+}
+
 #[actix_web::test]
 async fn a_failed_commit_answers_503_applies_nothing_and_the_next_delivery_applies_it() {
     let pg = PgDb::create();
