@@ -27,9 +27,13 @@
 //!   [`StreamSettings::max_attempts`] deliveries, a [`crate::Failure::Permanent`] and an
 //!   entry that is not a paynotify event (a missing field, an `id` that is not an integer, a
 //!   payload that is not JSON) are **parked**: copied with their original fields plus
-//!   `reason` and `source_id` to [`StreamSettings::parked_stream`] and acknowledged, in one
-//!   `MULTI`/`EXEC`. A crash before that `EXEC` parks the entry again on the next delivery;
-//!   it is never acknowledged without being parked.
+//!   `reason` and `source_id` to [`StreamSettings::parked_stream`] (`XADD`), and
+//!   acknowledged only once that `XADD` returned an id. A park that fails (a crash, or
+//!   Redis refusing the `XADD`, e.g. `WRONGTYPE` when `parked_stream` names a key of
+//!   another type) leaves the entry pending: it is logged and parked again on a later
+//!   delivery, never acknowledged without being parked. (Not a `MULTI`/`EXEC`: Redis runs
+//!   the rest of a transaction when one command in it fails.) A crash between the `XADD`
+//!   and the `XACK` can park an entry twice; `source_id` tells the copies apart.
 //! - **Reconnects.** A lost connection (Redis restarted, the client killed, a timeout) is
 //!   made again with capped exponential backoff; [`StreamConsumer::run`] gives up with
 //!   [`StreamError::GaveUp`] only after [`StreamSettings::reconnect_attempts`] consecutive
@@ -380,7 +384,9 @@ impl StreamConsumer {
                 Verdict::Retry => retry = true,
             }
         }
-        self.finish(c, &acks, &parks).await?;
+        if self.finish(c, &acks, &parks).await? {
+            retry = true;
+        }
         if retry {
             // The failed entries are pending on this consumer: read them again (with their
             // delivery count one higher) after the pause.
@@ -461,40 +467,64 @@ impl StreamConsumer {
         }
     }
 
-    /// Parks and acknowledges in one `MULTI`/`EXEC`: the parked copies, then one `XACK` of
-    /// everything handled or parked.
+    /// Parks, then acknowledges: each parked copy is written with its own `XADD` and its
+    /// answer checked, then one `XACK` covers the handled entries and those whose copy was
+    /// written. An entry whose `XADD` failed (say `parked_stream` names a key of another
+    /// type) is not acknowledged: it stays pending and comes again. Returns whether any
+    /// park failed.
     async fn finish(
         &self,
         c: &mut MultiplexedConnection,
         acks: &[String],
         parks: &[(&Entry, String)],
-    ) -> Result<(), redis::RedisError> {
+    ) -> Result<bool, redis::RedisError> {
         let s = &self.settings;
-        if acks.is_empty() && parks.is_empty() {
-            return Ok(());
-        }
-        let mut pipe = redis::pipe();
-        pipe.atomic();
+        let mut done: Vec<&str> = acks.iter().map(String::as_str).collect();
+        let mut failed = false;
         for (entry, reason) in parks {
-            let xadd = pipe.cmd("XADD").arg(&s.parked_stream).arg("*");
+            let mut xadd = redis::cmd("XADD");
+            xadd.arg(&s.parked_stream).arg("*");
             for (name, value) in entry.fields.iter().flatten() {
                 xadd.arg(name.as_slice()).arg(value.as_slice());
             }
             xadd.arg("reason")
                 .arg(reason)
                 .arg("source_id")
-                .arg(&entry.id)
-                .ignore();
+                .arg(&entry.id);
+            match xadd.query_async::<Value>(c).await {
+                Ok(Value::BulkString(_) | Value::SimpleString(_)) => done.push(&entry.id),
+                Ok(other) => {
+                    failed = true;
+                    tracing::error!(stream = %s.stream, parked_stream = %s.parked_stream, entry = %entry.id, reply = ?other, "redis: parking gave no id; the entry stays pending");
+                }
+                // An error Redis answered (WRONGTYPE, OOM, …): this entry is not parked.
+                // Anything else (the connection) is the caller's to handle.
+                Err(e) if e.code().is_some() => {
+                    failed = true;
+                    tracing::error!(stream = %s.stream, parked_stream = %s.parked_stream, entry = %entry.id, error = %e, "redis: parking failed; the entry stays pending");
+                }
+                Err(e) => return Err(e),
+            }
         }
-        let xack = pipe.cmd("XACK").arg(&s.stream).arg(&s.group);
-        for id in acks {
-            xack.arg(id);
+        if !done.is_empty() {
+            self.ack(c, &done).await?;
         }
-        for (entry, _) in parks {
-            xack.arg(&entry.id);
+        Ok(failed)
+    }
+
+    /// One `XACK` of `ids`.
+    async fn ack(
+        &self,
+        c: &mut MultiplexedConnection,
+        ids: &[&str],
+    ) -> Result<(), redis::RedisError> {
+        let s = &self.settings;
+        let mut xack = redis::cmd("XACK");
+        xack.arg(&s.stream).arg(&s.group);
+        for id in ids {
+            xack.arg(*id);
         }
-        xack.ignore();
-        pipe.query_async::<()>(c).await
+        xack.query_async::<()>(c).await
     }
 }
 

@@ -877,3 +877,75 @@ async fn malformed_entries_are_parked_and_the_others_applied() {
         "the original fields kept"
     );
 }
+
+/// The delivery count of the entry `id` (`None`: not pending).
+async fn deliveries_of(c: &mut MultiplexedConnection, s: &Streams, id: &str) -> Option<usize> {
+    let reply: redis::streams::StreamPendingCountReply = c
+        .xpending_count(&s.stream, &s.group, id, id, 1)
+        .await
+        .expect("XPENDING of one entry");
+    reply
+        .ids
+        .into_iter()
+        .find(|p| p.id == id)
+        .map(|p| p.times_delivered)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_whose_park_fails_stays_pending_until_it_is_parked() {
+    let s = Streams::new();
+    let db = PgDb::create();
+    pg_setup(&db).await;
+    let evs = events(&s.stream, 10);
+    let mut r = redis().await;
+    // The parked stream's name taken by a hash: every XADD to it fails with WRONGTYPE.
+    let _: i64 = r
+        .hset(&s.parked, "not", "a stream")
+        .await
+        .expect("HSET on the parked key");
+    publish(&s.stream, &evs[..5]).await;
+    let bad: String = r
+        .xadd(
+            &s.stream,
+            "*",
+            &[("id", "x"), ("topic", "ORDER_PAID"), ("biz_key", "BAD")],
+        )
+        .await
+        .expect("XADD");
+    publish(&s.stream, &evs[5..]).await;
+    let conn = Arc::new(Mutex::new(db.connect().await));
+    let running = Running::start(settings(&s, "c1"), pg_handler(conn));
+    let mut check = db.connect().await;
+    eventually!(
+        "the good entries applied and the bad one delivered three times, still pending",
+        effect_counts(&mut check).await.len() == evs.len()
+            && deliveries_of(&mut r, &s, &bad)
+                .await
+                .is_some_and(|n| n >= 3)
+    );
+    assert_eq!(
+        pending_of(&mut r, &s, "c1").await,
+        vec![bad.clone()],
+        "only the entry that could not be parked is pending"
+    );
+    let kind: String = redis::cmd("TYPE")
+        .arg(&s.parked)
+        .query_async(&mut r)
+        .await
+        .expect("TYPE");
+    assert_eq!(kind, "hash", "nothing was written to the parked key");
+    // The key fixed: the entry is parked and acknowledged.
+    let _: i64 = r.del(&s.parked).await.expect("DEL");
+    eventually!(
+        "the bad entry parked and acknowledged",
+        parked(&mut r, &s).await.ids.len() == 1 && drained(&mut r, &s).await
+    );
+    running.stop().await;
+    let parked = parked(&mut r, &s).await;
+    assert_eq!(
+        parked.ids[0].get::<String>("source_id").as_deref(),
+        Some(bad.as_str())
+    );
+    assert_eq!(pending(&mut r, &s).await, 0);
+    assert_exactly_once_pg(&db, &evs).await;
+}
