@@ -22,10 +22,15 @@
 //!   reconnect or claimed from another consumer comes again after later entries were
 //!   handled.
 //! - **Bounded retries.** A [`crate::Failure::Transient`] leaves the entry pending; it is
-//!   re-read after [`StreamSettings::retry_backoff`]. Its delivery count (kept by Redis,
-//!   read with `XPENDING`) counts the attempts: a failure at
-//!   [`StreamSettings::max_attempts`] deliveries, a [`crate::Failure::Permanent`] and an
-//!   entry that is not a paynotify event (a missing field, an `id` that is not an integer, a
+//!   re-read after a pause of [`StreamSettings::retry_backoff`] doubled per delivery, at
+//!   most [`StreamSettings::retry_backoff_max`]. Its delivery count (kept by Redis, read
+//!   with `XPENDING`) counts the attempts. A transient failure parks the entry only when
+//!   both hold: it has had [`StreamSettings::max_attempts`] deliveries, **and** at least
+//!   [`StreamSettings::park_after`] has passed since this process first saw it fail (so a
+//!   short outage of the handler's database parks nothing). That first failure is kept in
+//!   memory per entry id (at most 100,000 entries, the oldest forgotten first): a restarted
+//!   process, or one that took the entry over from another consumer, starts its clock
+//!   again, which only parks later. A [`crate::Failure::Permanent`] and an entry that is not a paynotify event (a missing field, an `id` that is not an integer, a
 //!   payload that is not JSON) are **parked**: copied with their original fields plus
 //!   `reason` and `source_id` to [`StreamSettings::parked_stream`] (`XADD`), and
 //!   acknowledged only once that `XADD` returned an id. A park that fails (a crash, or
@@ -74,12 +79,20 @@ pub struct StreamSettings {
     pub claim_idle: Duration,
     /// How often the group is scanned with `XAUTOCLAIM` (also once at start).
     pub claim_every: Duration,
-    /// Deliveries of one entry before it is parked on `parked_stream` and acknowledged.
+    /// Deliveries of one transiently failing entry before it may be parked on
+    /// `parked_stream` and acknowledged (once `park_after` has passed too).
     pub max_attempts: u32,
+    /// How long a transiently failing entry keeps being retried, from the first failure
+    /// this process saw, before it may be parked (once it had `max_attempts` deliveries
+    /// too). Default 5 minutes.
+    pub park_after: Duration,
     /// Where poison entries go (`{stream}:parked` by default).
     pub parked_stream: String,
-    /// The pause before an entry that failed transiently is read again.
+    /// The pause before an entry that failed transiently is read again, after its first
+    /// delivery; doubled per further delivery up to `retry_backoff_max`.
     pub retry_backoff: Duration,
+    /// The longest pause before a transiently failed entry is read again (default 30 s).
+    pub retry_backoff_max: Duration,
     /// The first pause after a lost connection; doubled per consecutive failure up to
     /// `reconnect_backoff_max`.
     pub reconnect_backoff: Duration,
@@ -106,8 +119,10 @@ impl StreamSettings {
             claim_idle: Duration::from_secs(60),
             claim_every: Duration::from_secs(30),
             max_attempts: 5,
+            park_after: Duration::from_secs(300),
             parked_stream: format!("{stream}:parked"),
             retry_backoff: Duration::from_millis(200),
+            retry_backoff_max: Duration::from_secs(30),
             reconnect_backoff: Duration::from_millis(100),
             reconnect_backoff_max: Duration::from_secs(5),
             reconnect_attempts: 10,
@@ -181,7 +196,42 @@ enum Step {
 enum Verdict {
     Ack,
     Park(String),
-    Retry,
+    /// Failed transiently at this many deliveries.
+    Retry(u64),
+}
+
+/// The most entries whose first failure is remembered.
+const FIRST_FAILURES_MAX: usize = 100_000;
+
+/// When this process first saw each failing entry fail, bounded by [`FIRST_FAILURES_MAX`].
+#[derive(Default)]
+struct FirstFailures(HashMap<String, Instant>);
+
+impl FirstFailures {
+    /// The first failure of `id`, recorded now when it is new.
+    fn since(&mut self, id: &str) -> Instant {
+        if let Some(at) = self.0.get(id) {
+            return *at;
+        }
+        if self.0.len() >= FIRST_FAILURES_MAX {
+            // Forgetting the oldest restarts its clock: it is parked later, never sooner.
+            if let Some(oldest) = self
+                .0
+                .iter()
+                .min_by_key(|(_, at)| **at)
+                .map(|(k, _)| k.clone())
+            {
+                self.0.remove(&oldest);
+            }
+        }
+        let now = Instant::now();
+        self.0.insert(id.to_owned(), now);
+        now
+    }
+
+    fn forget(&mut self, id: &str) {
+        self.0.remove(id);
+    }
 }
 
 impl StreamConsumer {
@@ -210,11 +260,19 @@ impl StreamConsumer {
             cursor: "0".to_owned(),
         };
         let mut next_claim = Instant::now();
+        let mut first_failures = FirstFailures::default();
         loop {
             let result = match connection.as_mut() {
                 Some(c) => {
-                    self.step(c, &handler, &mut source, &mut next_claim, &mut shutdown)
-                        .await
+                    self.step(
+                        c,
+                        &handler,
+                        &mut source,
+                        &mut next_claim,
+                        &mut first_failures,
+                        &mut shutdown,
+                    )
+                    .await
                 }
                 None => match self.connect().await {
                     Ok(c) => {
@@ -293,6 +351,7 @@ impl StreamConsumer {
         handler: &H,
         source: &mut Source,
         next_claim: &mut Instant,
+        first_failures: &mut FirstFailures,
         shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
     ) -> Result<Step, redis::RedisError> {
         let s = &self.settings;
@@ -375,25 +434,39 @@ impl StreamConsumer {
         };
         let mut acks: Vec<String> = Vec::new();
         let mut parks: Vec<(&Entry, String)> = Vec::new();
-        let mut retry = false;
+        // The fewest deliveries among the entries to read again: the pause is theirs.
+        let mut retry: Option<u64> = None;
         for entry in &entries {
             let deliveries = counts.get(&entry.id).copied().unwrap_or(1).max(1);
-            match self.handle(handler, entry, deliveries).await {
+            match self
+                .handle(handler, entry, deliveries, first_failures)
+                .await
+            {
                 Verdict::Ack => acks.push(entry.id.clone()),
                 Verdict::Park(reason) => parks.push((entry, reason)),
-                Verdict::Retry => retry = true,
+                Verdict::Retry(n) => retry = Some(retry.map_or(n, |r| r.min(n))),
             }
         }
-        if self.finish(c, &acks, &parks).await? {
-            retry = true;
+        let not_parked = self.finish(c, &acks, &parks).await?;
+        for id in &acks {
+            first_failures.forget(id);
         }
-        if retry {
+        for (entry, _) in &parks {
+            if not_parked.contains(&entry.id.as_str()) {
+                let n = counts.get(&entry.id).copied().unwrap_or(1).max(1);
+                retry = Some(retry.map_or(n, |r| r.min(n)));
+            } else {
+                first_failures.forget(&entry.id);
+            }
+        }
+        if let Some(deliveries) = retry {
             // The failed entries are pending on this consumer: read them again (with their
             // delivery count one higher) after the pause.
+            let pause = retry_pause(s, deliveries);
             tokio::select! {
                 biased;
                 _ = shutdown.as_mut() => return Ok(Step::Stop),
-                _ = tokio::time::sleep(s.retry_backoff) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
             *source = Source::Own {
                 cursor: "0".to_owned(),
@@ -435,7 +508,13 @@ impl StreamConsumer {
     }
 
     /// Runs the handler for one entry and says what becomes of it.
-    async fn handle<H: Handler>(&self, handler: &H, entry: &Entry, deliveries: u64) -> Verdict {
+    async fn handle<H: Handler>(
+        &self,
+        handler: &H,
+        entry: &Entry,
+        deliveries: u64,
+        first_failures: &mut FirstFailures,
+    ) -> Verdict {
         let s = &self.settings;
         let Some(fields) = &entry.fields else {
             // Deleted from the stream while pending: nothing left to hand over.
@@ -456,13 +535,18 @@ impl StreamConsumer {
                 tracing::warn!(stream = %s.stream, entry = %entry.id, %message_id, %reason, "redis: the handler refused the event; parked");
                 Verdict::Park(format!("permanent: {reason}"))
             }
-            Err(Failure::Transient(reason)) if deliveries >= u64::from(s.max_attempts) => {
-                tracing::warn!(stream = %s.stream, entry = %entry.id, %message_id, %reason, deliveries, "redis: still failing after the last attempt; parked");
-                Verdict::Park(format!("transient after {deliveries} deliveries: {reason}"))
-            }
             Err(Failure::Transient(reason)) => {
-                tracing::info!(stream = %s.stream, entry = %entry.id, %message_id, %reason, deliveries, "redis: transient failure; will retry");
-                Verdict::Retry
+                let failing_for = first_failures.since(&entry.id).elapsed();
+                if deliveries >= u64::from(s.max_attempts) && failing_for >= s.park_after {
+                    tracing::warn!(stream = %s.stream, entry = %entry.id, %message_id, %reason, deliveries, failing_for_ms = failing_for.as_millis() as u64, "redis: still failing after the last attempt; parked");
+                    Verdict::Park(format!(
+                        "transient after {deliveries} deliveries over {} s: {reason}",
+                        failing_for.as_secs()
+                    ))
+                } else {
+                    tracing::info!(stream = %s.stream, entry = %entry.id, %message_id, %reason, deliveries, "redis: transient failure; will retry");
+                    Verdict::Retry(deliveries)
+                }
             }
         }
     }
@@ -470,17 +554,17 @@ impl StreamConsumer {
     /// Parks, then acknowledges: each parked copy is written with its own `XADD` and its
     /// answer checked, then one `XACK` covers the handled entries and those whose copy was
     /// written. An entry whose `XADD` failed (say `parked_stream` names a key of another
-    /// type) is not acknowledged: it stays pending and comes again. Returns whether any
-    /// park failed.
-    async fn finish(
+    /// type) is not acknowledged: it stays pending and comes again. Returns the ids of
+    /// the entries not parked.
+    async fn finish<'e>(
         &self,
         c: &mut MultiplexedConnection,
         acks: &[String],
-        parks: &[(&Entry, String)],
-    ) -> Result<bool, redis::RedisError> {
+        parks: &[(&'e Entry, String)],
+    ) -> Result<Vec<&'e str>, redis::RedisError> {
         let s = &self.settings;
         let mut done: Vec<&str> = acks.iter().map(String::as_str).collect();
-        let mut failed = false;
+        let mut failed = Vec::new();
         for (entry, reason) in parks {
             let mut xadd = redis::cmd("XADD");
             xadd.arg(&s.parked_stream).arg("*");
@@ -494,13 +578,13 @@ impl StreamConsumer {
             match xadd.query_async::<Value>(c).await {
                 Ok(Value::BulkString(_) | Value::SimpleString(_)) => done.push(&entry.id),
                 Ok(other) => {
-                    failed = true;
+                    failed.push(entry.id.as_str());
                     tracing::error!(stream = %s.stream, parked_stream = %s.parked_stream, entry = %entry.id, reply = ?other, "redis: parking gave no id; the entry stays pending");
                 }
                 // An error Redis answered (WRONGTYPE, OOM, …): this entry is not parked.
                 // Anything else (the connection) is the caller's to handle.
                 Err(e) if e.code().is_some() => {
-                    failed = true;
+                    failed.push(entry.id.as_str());
                     tracing::error!(stream = %s.stream, parked_stream = %s.parked_stream, entry = %entry.id, error = %e, "redis: parking failed; the entry stays pending");
                 }
                 Err(e) => return Err(e),
@@ -540,6 +624,12 @@ fn xreadgroup(s: &StreamSettings, from: &str, block: Option<Duration>) -> redis:
     }
     cmd.arg("STREAMS").arg(&s.stream).arg(from);
     cmd
+}
+
+/// The pause before re-reading an entry that failed at its `deliveries`-th delivery.
+fn retry_pause(s: &StreamSettings, deliveries: u64) -> Duration {
+    let n = u32::try_from(deliveries).unwrap_or(u32::MAX);
+    backoff(s.retry_backoff, s.retry_backoff_max, n)
 }
 
 /// `base * 2^(failures-1)`, at most `max`.
@@ -720,5 +810,14 @@ mod tests {
         assert_eq!(b(4), Duration::from_millis(800));
         assert_eq!(b(5), Duration::from_secs(1));
         assert_eq!(b(40), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn the_retry_pause_doubles_per_delivery_up_to_its_cap() {
+        let s = StreamSettings::new("s", "g", "c");
+        assert_eq!(retry_pause(&s, 1), Duration::from_millis(200));
+        assert_eq!(retry_pause(&s, 3), Duration::from_millis(800));
+        assert_eq!(retry_pause(&s, 20), Duration::from_secs(30));
+        assert_eq!(retry_pause(&s, u64::MAX), Duration::from_secs(30));
     }
 }

@@ -360,6 +360,9 @@ fn settings(s: &Streams, consumer: &str) -> StreamSettings {
     let mut settings = StreamSettings::new(&s.stream, &s.group, consumer);
     settings.block = Duration::from_millis(300);
     settings.retry_backoff = Duration::from_millis(50);
+    settings.retry_backoff_max = Duration::from_millis(200);
+    // Parked as soon as `max_attempts` deliveries failed.
+    settings.park_after = Duration::ZERO;
     settings
 }
 
@@ -948,4 +951,60 @@ async fn an_entry_whose_park_fails_stays_pending_until_it_is_parked() {
     );
     assert_eq!(pending(&mut r, &s).await, 0);
     assert_exactly_once_pg(&db, &evs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_shorter_than_park_after_parks_nothing() {
+    let s = Streams::new();
+    let db = PgDb::create();
+    pg_setup(&db).await;
+    let evs = events(&s.stream, 20);
+    publish(&s.stream, &evs).await;
+    let conn = Arc::new(Mutex::new(db.connect().await));
+    // The database "away" for 3 s from the first call.
+    let outage_from: Arc<OnceLock<Instant>> = Arc::default();
+    let failures: Arc<std::sync::Mutex<HashMap<String, u32>>> = Arc::default();
+    let handler = {
+        let failures = failures.clone();
+        move |e: Event| {
+            let conn = conn.clone();
+            let from = *outage_from.get_or_init(Instant::now);
+            let down = from.elapsed() < Duration::from_secs(3);
+            if down {
+                *failures
+                    .lock()
+                    .expect("failures")
+                    .entry(e.message_id())
+                    .or_default() += 1;
+            }
+            async move {
+                if down {
+                    return Err(Failure::Transient("the database is away".to_owned()));
+                }
+                pg_apply(&conn, e).await
+            }
+        }
+    };
+    let mut settings = settings(&s, "c1");
+    settings.max_attempts = 3;
+    settings.park_after = Duration::from_secs(10);
+    settings.retry_backoff = Duration::from_millis(50);
+    settings.retry_backoff_max = Duration::from_millis(500);
+    let running = Running::start(settings, handler);
+    let mut r = redis().await;
+    eventually!("the stream drained", drained(&mut r, &s).await);
+    running.stop().await;
+    assert_eq!(pending(&mut r, &s).await, 0);
+    assert!(parked(&mut r, &s).await.ids.is_empty(), "nothing parked");
+    assert_exactly_once_pg(&db, &evs).await;
+    let failures = failures.lock().expect("failures");
+    assert_eq!(
+        failures.len(),
+        evs.len(),
+        "every entry failed: {failures:?}"
+    );
+    assert!(
+        failures.values().all(|n| *n >= 3),
+        "each failed at least max_attempts deliveries without being parked: {failures:?}"
+    );
 }
