@@ -43,6 +43,12 @@
 //!   made again with capped exponential backoff; [`StreamConsumer::run`] gives up with
 //!   [`StreamError::GaveUp`] only after [`StreamSettings::reconnect_attempts`] consecutive
 //!   failures. After every reconnect the consumer's own pending entries are re-read first.
+//! - **Where a new group starts.** The group is created (when missing) at
+//!   [`StreamSettings::start_id`] on the first connection: `$` by default, so a new
+//!   consumer takes the events written from then on; `0` takes the stream's whole history.
+//!   A group that goes missing while `run` runs (`NOGROUP`: destroyed with `XGROUP
+//!   DESTROY`, the stream deleted, a Redis restarted without persistence) is not made
+//!   again: `run` returns [`StreamError::GroupGone`], for an operator to decide.
 //! - **Shutdown.** When the `shutdown` future completes, the batch in hand is finished and
 //!   acknowledged, then `run` returns `Ok`. A read interrupted by shutdown may leave entries
 //!   delivered to this consumer but never handled: they are pending, not lost.
@@ -62,9 +68,14 @@ use crate::{Event, Failure, Handler};
 pub struct StreamSettings {
     /// paynotify's `relay.redis_stream` (default `paynotify:events`).
     pub stream: String,
-    /// The consumer group: one per consuming service (created at the stream's start, `0`,
-    /// with MKSTREAM, when missing).
+    /// The consumer group: one per consuming service (created at `start_id`, with
+    /// MKSTREAM, when missing at start).
     pub group: String,
+    /// Where a group created now starts: `"$"` (the default) takes only entries added
+    /// from now on; `"0"` takes the whole stream's history (paynotify's relay does not
+    /// trim the stream, so that can be every event ever written). Used only when the
+    /// group does not exist; an existing group continues where it is.
+    pub start_id: String,
     /// This process's name in the group (unique per running instance; a restarted instance
     /// that keeps its name finishes what it held).
     pub consumer: String,
@@ -114,6 +125,7 @@ impl StreamSettings {
             stream: stream.to_owned(),
             group: group.to_owned(),
             consumer: consumer.to_owned(),
+            start_id: "$".to_owned(),
             batch: 64,
             block: Duration::from_secs(2),
             claim_idle: Duration::from_secs(60),
@@ -152,6 +164,16 @@ impl StreamSettings {
 pub enum StreamError {
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The consumer group disappeared while the consumer ran (`NOGROUP`: the group was
+    /// destroyed or the stream deleted). It is not made again: the group held what was
+    /// delivered and pending, and an operator must decide where a new one starts.
+    #[error("redis: the consumer group {group:?} of stream {stream:?} is gone: {source}")]
+    GroupGone {
+        stream: String,
+        group: String,
+        #[source]
+        source: redis::RedisError,
+    },
     /// Reconnecting failed `attempts` times in a row.
     #[error("redis: gave up after {attempts} consecutive failed attempts: {last}")]
     GaveUp {
@@ -261,6 +283,9 @@ impl StreamConsumer {
         };
         let mut next_claim = Instant::now();
         let mut first_failures = FirstFailures::default();
+        // The group is made (when missing) on the first connection only: one that is
+        // missing later vanished while running.
+        let mut group_made = false;
         loop {
             let result = match connection.as_mut() {
                 Some(c) => {
@@ -274,8 +299,9 @@ impl StreamConsumer {
                     )
                     .await
                 }
-                None => match self.connect().await {
+                None => match self.connect(!group_made).await {
                     Ok(c) => {
+                        group_made = true;
                         tracing::info!(stream = %s.stream, group = %s.group, consumer = %s.consumer, "redis: connected");
                         connection = Some(c);
                         // Whatever this consumer held before the connection was lost is
@@ -291,6 +317,14 @@ impl StreamConsumer {
             match result {
                 Ok(Step::Stop) => return Ok(()),
                 Ok(Step::Continue) => failures = 0,
+                Err(e) if e.code() == Some("NOGROUP") => {
+                    tracing::error!(stream = %s.stream, group = %s.group, error = %e, "redis: the consumer group is gone; stopping (not recreating it)");
+                    return Err(StreamError::GroupGone {
+                        stream: s.stream.clone(),
+                        group: s.group.clone(),
+                        source: e,
+                    });
+                }
                 Err(e) => {
                     connection = None;
                     failures += 1;
@@ -313,8 +347,9 @@ impl StreamConsumer {
         }
     }
 
-    /// A new connection, named, with the group made.
-    async fn connect(&self) -> Result<MultiplexedConnection, redis::RedisError> {
+    /// A new connection, named, with the group made at `start_id` when `make_group` and
+    /// it is missing.
+    async fn connect(&self, make_group: bool) -> Result<MultiplexedConnection, redis::RedisError> {
         let s = &self.settings;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(s.command_timeout))
@@ -328,11 +363,14 @@ impl StreamConsumer {
             .arg(s.effective_client_name())
             .query_async::<()>(&mut c)
             .await?;
+        if !make_group {
+            return Ok(c);
+        }
         let created = redis::cmd("XGROUP")
             .arg("CREATE")
             .arg(&s.stream)
             .arg(&s.group)
-            .arg("0")
+            .arg(&s.start_id)
             .arg("MKSTREAM")
             .query_async::<()>(&mut c)
             .await;

@@ -358,6 +358,8 @@ impl Drop for Running {
 
 fn settings(s: &Streams, consumer: &str) -> StreamSettings {
     let mut settings = StreamSettings::new(&s.stream, &s.group, consumer);
+    // The tests publish before the consumer starts: a new group takes the history.
+    settings.start_id = "0".to_owned();
     settings.block = Duration::from_millis(300);
     settings.retry_backoff = Duration::from_millis(50);
     settings.retry_backoff_max = Duration::from_millis(200);
@@ -476,7 +478,7 @@ fn inventory(db: &SqliteDb, s: &Streams, name: &str, claim_idle_ms: u64) -> Chil
         .args(["--group", &s.group, "--name", name])
         .args(["--initial-stock", &INITIAL.to_string()])
         .args(["--claim-idle-ms", &claim_idle_ms.to_string()])
-        .args(["--batch", "32"])
+        .args(["--batch", "32", "--start-id", "0"])
         .stdout(Stdio::from(log.try_clone().expect("log file")))
         .stderr(Stdio::from(log))
         .spawn()
@@ -1007,4 +1009,74 @@ async fn a_database_outage_shorter_than_park_after_parks_nothing() {
         failures.values().all(|n| *n >= 3),
         "each failed at least max_attempts deliveries without being parked: {failures:?}"
     );
+}
+
+/// Whether the stream has the group.
+async fn has_group(c: &mut MultiplexedConnection, s: &Streams) -> bool {
+    let groups: redis::RedisResult<Vec<HashMap<String, redis::Value>>> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(&s.stream)
+        .query_async(c)
+        .await;
+    groups.is_ok_and(|gs| {
+        gs.iter().any(|g| {
+            g.get("name")
+                .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+                .as_deref()
+                == Some(s.group.as_str())
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_group_starts_at_new_entries_by_default() {
+    let s = Streams::new();
+    let db = PgDb::create();
+    pg_setup(&db).await;
+    let old = events(&format!("{}-old", s.stream), 10);
+    let new = events(&format!("{}-new", s.stream), 10);
+    publish(&s.stream, &old).await;
+    let conn = Arc::new(Mutex::new(db.connect().await));
+    let mut settings = settings(&s, "c1");
+    settings.start_id = StreamSettings::new("s", "g", "c").start_id;
+    assert_eq!(settings.start_id, "$");
+    let running = Running::start(settings, pg_handler(conn));
+    let mut r = redis().await;
+    eventually!("the group made", has_group(&mut r, &s).await);
+    publish(&s.stream, &new).await;
+    eventually!("the stream drained", drained(&mut r, &s).await);
+    running.stop().await;
+    assert_eq!(pending(&mut r, &s).await, 0);
+    // Only the entries written after the group was made: the history is not replayed.
+    assert_exactly_once_pg(&db, &new).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_destroyed_while_running_stops_the_consumer_and_is_not_recreated() {
+    let s = Streams::new();
+    let db = PgDb::create();
+    pg_setup(&db).await;
+    let evs = events(&s.stream, 5);
+    publish(&s.stream, &evs).await;
+    let conn = Arc::new(Mutex::new(db.connect().await));
+    let mut running = Running::start(settings(&s, "c1"), pg_handler(conn));
+    let mut r = redis().await;
+    eventually!("the stream drained", drained(&mut r, &s).await);
+    let destroyed: i64 = redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(&s.stream)
+        .arg(&s.group)
+        .query_async(&mut r)
+        .await
+        .expect("XGROUP DESTROY");
+    assert_eq!(destroyed, 1);
+    let ended = tokio::time::timeout(DEADLINE, &mut running.task)
+        .await
+        .expect("run returns within the deadline")
+        .expect("the consumer task did not panic");
+    match ended {
+        Err(StreamError::GroupGone { group, .. }) => assert_eq!(group, s.group),
+        other => panic!("expected GroupGone, got {other:?}"),
+    }
+    assert!(!has_group(&mut r, &s).await, "the group was not made again");
 }
