@@ -164,6 +164,9 @@ impl StreamSettings {
 pub enum StreamError {
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// A setting [`StreamConsumer::new`] refused; `what` names it.
+    #[error("redis: invalid setting `{what}`: {reason}")]
+    Invalid { what: &'static str, reason: String },
     /// The consumer group disappeared while the consumer ran (`NOGROUP`: the group was
     /// destroyed or the stream deleted). It is not made again: the group held what was
     /// delivered and pending, and an operator must decide where a new one starts.
@@ -257,8 +260,10 @@ impl FirstFailures {
 }
 
 impl StreamConsumer {
-    /// Checks the URL; connects in [`StreamConsumer::run`].
+    /// Checks the URL and the settings ([`StreamError::Invalid`] names the one refused);
+    /// connects in [`StreamConsumer::run`].
     pub fn new(redis_url: &str, settings: StreamSettings) -> Result<Self, StreamError> {
+        validate(&settings)?;
         let client = redis::Client::open(redis_url)?;
         Ok(Self { client, settings })
     }
@@ -650,6 +655,52 @@ impl StreamConsumer {
     }
 }
 
+/// The most entries one read may ask for.
+pub const BATCH_MAX: usize = 10_000;
+
+fn validate(s: &StreamSettings) -> Result<(), StreamError> {
+    let invalid = |what: &'static str, reason: &str| {
+        Err(StreamError::Invalid {
+            what,
+            reason: reason.to_owned(),
+        })
+    };
+    if s.stream.is_empty() {
+        return invalid("stream", "must not be empty");
+    }
+    if s.group.is_empty() {
+        return invalid("group", "must not be empty");
+    }
+    if s.consumer.is_empty() {
+        return invalid("consumer", "must not be empty");
+    }
+    if s.start_id.is_empty() {
+        return invalid("start_id", "must not be empty (`$` or `0`)");
+    }
+    if s.batch < 1 || s.batch > BATCH_MAX {
+        return invalid(
+            "batch",
+            &format!("must be 1 to {BATCH_MAX}, is {}", s.batch),
+        );
+    }
+    if s.block < Duration::from_millis(1) {
+        return invalid("block", "must be at least 1 ms (0 would block forever)");
+    }
+    if s.max_attempts < 1 {
+        return invalid("max_attempts", "must be at least 1");
+    }
+    if s.reconnect_attempts < 1 {
+        return invalid("reconnect_attempts", "must be at least 1");
+    }
+    if s.parked_stream == s.stream {
+        return invalid("parked_stream", "must not be the stream itself");
+    }
+    if s.parked_stream.is_empty() {
+        return invalid("parked_stream", "must not be empty");
+    }
+    Ok(())
+}
+
 fn xreadgroup(s: &StreamSettings, from: &str, block: Option<Duration>) -> redis::Cmd {
     let mut cmd = redis::cmd("XREADGROUP");
     cmd.arg("GROUP")
@@ -848,6 +899,45 @@ mod tests {
         assert_eq!(b(4), Duration::from_millis(800));
         assert_eq!(b(5), Duration::from_secs(1));
         assert_eq!(b(40), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn settings_out_of_range_are_refused_by_name() {
+        let ok = StreamSettings::new("s", "g", "c");
+        assert!(validate(&ok).is_ok());
+        let refused = |change: &dyn Fn(&mut StreamSettings)| {
+            let mut s = ok.clone();
+            change(&mut s);
+            match validate(&s) {
+                Err(StreamError::Invalid { what, .. }) => what,
+                other => panic!("expected Invalid, got {other:?}"),
+            }
+        };
+        assert_eq!(refused(&|s| s.batch = 0), "batch");
+        assert_eq!(refused(&|s| s.batch = BATCH_MAX + 1), "batch");
+        assert_eq!(refused(&|s| s.block = Duration::ZERO), "block");
+        assert_eq!(refused(&|s| s.block = Duration::from_micros(999)), "block");
+        assert_eq!(refused(&|s| s.max_attempts = 0), "max_attempts");
+        assert_eq!(refused(&|s| s.reconnect_attempts = 0), "reconnect_attempts");
+        assert_eq!(
+            refused(&|s| s.parked_stream = "s".to_owned()),
+            "parked_stream"
+        );
+        assert_eq!(refused(&|s| s.start_id = String::new()), "start_id");
+        let mut edge = ok.clone();
+        edge.batch = BATCH_MAX;
+        edge.block = Duration::from_millis(1);
+        edge.max_attempts = 1;
+        edge.reconnect_attempts = 1;
+        assert!(validate(&edge).is_ok());
+        let e = StreamConsumer::new("redis://127.0.0.1:6379", {
+            let mut s = ok.clone();
+            s.batch = 0;
+            s
+        })
+        .err()
+        .expect("refused");
+        assert!(e.to_string().contains("`batch`"), "{e}");
     }
 
     #[test]
