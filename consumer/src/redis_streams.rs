@@ -437,13 +437,35 @@ impl StreamConsumer {
                     _ = shutdown.as_mut() => return Ok(Step::Stop),
                     r = claim.query_async::<Value>(c) => r?,
                 };
-                let (next, entries) = autoclaim_reply(reply)?;
+                let Claimed {
+                    next,
+                    entries,
+                    deleted,
+                    unnamed_deleted,
+                } = autoclaim_reply(reply)?;
+                if !deleted.is_empty() {
+                    // Pending but gone from the stream: acknowledged, or they stay pending
+                    // for ever.
+                    tracing::warn!(stream = %s.stream, consumer = %s.consumer, deleted = deleted.len(), "redis: pending entries were deleted from the stream; acknowledged");
+                    let ids: Vec<&str> = deleted.iter().map(String::as_str).collect();
+                    self.ack(c, &ids).await?;
+                }
                 if !entries.is_empty() {
                     tracing::info!(stream = %s.stream, consumer = %s.consumer, claimed = entries.len(), "redis: took over idle entries");
                 }
                 if next == "0-0" {
-                    *source = Source::New;
+                    *source = if unnamed_deleted {
+                        Source::Own {
+                            cursor: "0".to_owned(),
+                        }
+                    } else {
+                        Source::New
+                    };
                     *next_claim = Instant::now() + s.claim_every;
+                } else if unnamed_deleted {
+                    *source = Source::Own {
+                        cursor: "0".to_owned(),
+                    };
                 } else {
                     *cursor = next;
                 }
@@ -844,18 +866,47 @@ fn read_reply(v: Value) -> Result<Vec<Entry>, redis::RedisError> {
     Ok(out)
 }
 
-/// `XAUTOCLAIM`'s reply: `[next cursor, entries, deleted ids]`.
-fn autoclaim_reply(v: Value) -> Result<(String, Vec<Entry>), redis::RedisError> {
+/// What one `XAUTOCLAIM` brought.
+struct Claimed {
+    next: String,
+    entries: Vec<Entry>,
+    /// Pending entries deleted from the stream: nothing left to hand over.
+    deleted: Vec<String>,
+    /// Deleted entries answered as a bare nil (Redis 6.2): claimed now, so this
+    /// consumer's own pending read (`0`) shows them with their ids, and acknowledges them.
+    unnamed_deleted: bool,
+}
+
+/// `XAUTOCLAIM`'s reply: `[next cursor, entries, deleted ids]` (Redis 7), or `[next
+/// cursor, entries]` with a nil entry for one deleted while pending (6.2).
+fn autoclaim_reply(v: Value) -> Result<Claimed, redis::RedisError> {
     let mut parts = array(v)?.into_iter();
     let (Some(next), Some(claimed)) = (parts.next(), parts.next()) else {
         return Err(unexpected("an XAUTOCLAIM reply of a cursor and entries"));
     };
-    let claimed = entries(claimed)?
-        .into_iter()
-        // Redis 6 answers nil for an entry deleted while pending; 7 drops it itself.
-        .filter(|e| e.fields.is_some())
-        .collect();
-    Ok((string(next)?, claimed))
+    let mut deleted = Vec::new();
+    let mut kept = Vec::new();
+    let items = array(claimed)?;
+    let count = items.len();
+    let items: Vec<Value> = items.into_iter().filter(|v| *v != Value::Nil).collect();
+    let unnamed_deleted = items.len() < count;
+    for e in entries(Value::Array(items))? {
+        match e.fields {
+            Some(_) => kept.push(e),
+            None => deleted.push(e.id),
+        }
+    }
+    if let Some(ids) = parts.next() {
+        for id in array(ids)? {
+            deleted.push(string(id)?);
+        }
+    }
+    Ok(Claimed {
+        next: string(next)?,
+        entries: kept,
+        deleted,
+        unnamed_deleted,
+    })
 }
 
 #[cfg(test)]
@@ -938,6 +989,48 @@ mod tests {
         .err()
         .expect("refused");
         assert!(e.to_string().contains("`batch`"), "{e}");
+    }
+
+    #[test]
+    fn autoclaim_replies_of_redis_6_and_7_name_the_deleted_entries() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let entry =
+            |id: &str| Value::Array(vec![bulk(id), Value::Array(vec![bulk("id"), bulk("1")])]);
+        // Redis 7: the third element lists the deleted ids.
+        let seven = Value::Array(vec![
+            bulk("0-0"),
+            Value::Array(vec![entry("1-0")]),
+            Value::Array(vec![bulk("2-0"), bulk("3-0")]),
+        ]);
+        let c = autoclaim_reply(seven).expect("a reply");
+        assert_eq!(c.next, "0-0");
+        assert_eq!(c.entries.len(), 1);
+        assert_eq!(c.deleted, vec!["2-0".to_owned(), "3-0".to_owned()]);
+        assert!(!c.unnamed_deleted);
+        // An entry with nil fields.
+        let nil_fields = Value::Array(vec![
+            bulk("5-0"),
+            Value::Array(vec![
+                entry("1-0"),
+                Value::Array(vec![bulk("2-0"), Value::Nil]),
+            ]),
+        ]);
+        let c = autoclaim_reply(nil_fields).expect("a reply");
+        assert_eq!(c.next, "5-0");
+        assert_eq!(c.entries.len(), 1);
+        assert_eq!(c.deleted, vec!["2-0".to_owned()]);
+        // Redis 6.2: a bare nil in place of the entry.
+        let six = Value::Array(vec![
+            bulk("0-0"),
+            Value::Array(vec![Value::Nil, entry("1-0")]),
+        ]);
+        let c = autoclaim_reply(six).expect("a reply");
+        assert_eq!(c.entries.len(), 1);
+        assert!(c.deleted.is_empty());
+        assert!(
+            c.unnamed_deleted,
+            "to be read again from the own pending list"
+        );
     }
 
     #[test]
