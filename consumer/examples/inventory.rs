@@ -71,6 +71,10 @@ struct Args {
     /// `--sink redis`: entries per read.
     #[arg(long, default_value_t = 64)]
     batch: usize,
+    /// `--sink redis`: where the group starts when it does not exist yet: `$` (only
+    /// events written from now on) or `0` (the stream's whole history).
+    #[arg(long, default_value = "$")]
+    start_id: String,
     /// Deliveries of an event that keeps failing before it is parked (`{stream}:parked`,
     /// `{queue}.parked`).
     #[arg(long, default_value_t = 5)]
@@ -215,6 +219,7 @@ async fn main() -> anyhow::Result<()> {
             settings.claim_idle = std::time::Duration::from_millis(args.claim_idle_ms);
             settings.claim_every = settings.claim_idle.min(settings.claim_every);
             settings.batch = args.batch;
+            settings.start_id = args.start_id.clone();
             settings.max_attempts = args.max_attempts;
             println!(
                 "reading {} as {name} in group {}",

@@ -358,8 +358,13 @@ impl Drop for Running {
 
 fn settings(s: &Streams, consumer: &str) -> StreamSettings {
     let mut settings = StreamSettings::new(&s.stream, &s.group, consumer);
+    // The tests publish before the consumer starts: a new group takes the history.
+    settings.start_id = "0".to_owned();
     settings.block = Duration::from_millis(300);
     settings.retry_backoff = Duration::from_millis(50);
+    settings.retry_backoff_max = Duration::from_millis(200);
+    // Parked as soon as `max_attempts` deliveries failed.
+    settings.park_after = Duration::ZERO;
     settings
 }
 
@@ -473,7 +478,7 @@ fn inventory(db: &SqliteDb, s: &Streams, name: &str, claim_idle_ms: u64) -> Chil
         .args(["--group", &s.group, "--name", name])
         .args(["--initial-stock", &INITIAL.to_string()])
         .args(["--claim-idle-ms", &claim_idle_ms.to_string()])
-        .args(["--batch", "32"])
+        .args(["--batch", "32", "--start-id", "0"])
         .stdout(Stdio::from(log.try_clone().expect("log file")))
         .stderr(Stdio::from(log))
         .spawn()
@@ -876,4 +881,202 @@ async fn malformed_entries_are_parked_and_the_others_applied() {
         Some("{not json"),
         "the original fields kept"
     );
+}
+
+/// The delivery count of the entry `id` (`None`: not pending).
+async fn deliveries_of(c: &mut MultiplexedConnection, s: &Streams, id: &str) -> Option<usize> {
+    let reply: redis::streams::StreamPendingCountReply = c
+        .xpending_count(&s.stream, &s.group, id, id, 1)
+        .await
+        .expect("XPENDING of one entry");
+    reply
+        .ids
+        .into_iter()
+        .find(|p| p.id == id)
+        .map(|p| p.times_delivered)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_whose_park_fails_stays_pending_until_it_is_parked() {
+    let s = Streams::new();
+    let db = PgDb::create();
+    pg_setup(&db).await;
+    let evs = events(&s.stream, 10);
+    let mut r = redis().await;
+    // The parked stream's name taken by a hash: every XADD to it fails with WRONGTYPE.
+    let _: i64 = r
+        .hset(&s.parked, "not", "a stream")
+        .await
+        .expect("HSET on the parked key");
+    publish(&s.stream, &evs[..5]).await;
+    let bad: String = r
+        .xadd(
+            &s.stream,
+            "*",
+            &[("id", "x"), ("topic", "ORDER_PAID"), ("biz_key", "BAD")],
+        )
+        .await
+        .expect("XADD");
+    publish(&s.stream, &evs[5..]).await;
+    let conn = Arc::new(Mutex::new(db.connect().await));
+    let running = Running::start(settings(&s, "c1"), pg_handler(conn));
+    let mut check = db.connect().await;
+    eventually!(
+        "the good entries applied and the bad one delivered three times, still pending",
+        effect_counts(&mut check).await.len() == evs.len()
+            && deliveries_of(&mut r, &s, &bad)
+                .await
+                .is_some_and(|n| n >= 3)
+    );
+    assert_eq!(
+        pending_of(&mut r, &s, "c1").await,
+        vec![bad.clone()],
+        "only the entry that could not be parked is pending"
+    );
+    let kind: String = redis::cmd("TYPE")
+        .arg(&s.parked)
+        .query_async(&mut r)
+        .await
+        .expect("TYPE");
+    assert_eq!(kind, "hash", "nothing was written to the parked key");
+    // The key fixed: the entry is parked and acknowledged.
+    let _: i64 = r.del(&s.parked).await.expect("DEL");
+    eventually!(
+        "the bad entry parked and acknowledged",
+        parked(&mut r, &s).await.ids.len() == 1 && drained(&mut r, &s).await
+    );
+    running.stop().await;
+    let parked = parked(&mut r, &s).await;
+    assert_eq!(
+        parked.ids[0].get::<String>("source_id").as_deref(),
+        Some(bad.as_str())
+    );
+    assert_eq!(pending(&mut r, &s).await, 0);
+    assert_exactly_once_pg(&db, &evs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_shorter_than_park_after_parks_nothing() {
+    let s = Streams::new();
+    let db = PgDb::create();
+    pg_setup(&db).await;
+    let evs = events(&s.stream, 20);
+    publish(&s.stream, &evs).await;
+    let conn = Arc::new(Mutex::new(db.connect().await));
+    // The database "away" for 3 s from the first call.
+    let outage_from: Arc<OnceLock<Instant>> = Arc::default();
+    let failures: Arc<std::sync::Mutex<HashMap<String, u32>>> = Arc::default();
+    let handler = {
+        let failures = failures.clone();
+        move |e: Event| {
+            let conn = conn.clone();
+            let from = *outage_from.get_or_init(Instant::now);
+            let down = from.elapsed() < Duration::from_secs(3);
+            if down {
+                *failures
+                    .lock()
+                    .expect("failures")
+                    .entry(e.message_id())
+                    .or_default() += 1;
+            }
+            async move {
+                if down {
+                    return Err(Failure::Transient("the database is away".to_owned()));
+                }
+                pg_apply(&conn, e).await
+            }
+        }
+    };
+    let mut settings = settings(&s, "c1");
+    settings.max_attempts = 3;
+    settings.park_after = Duration::from_secs(10);
+    settings.retry_backoff = Duration::from_millis(50);
+    settings.retry_backoff_max = Duration::from_millis(500);
+    let running = Running::start(settings, handler);
+    let mut r = redis().await;
+    eventually!("the stream drained", drained(&mut r, &s).await);
+    running.stop().await;
+    assert_eq!(pending(&mut r, &s).await, 0);
+    assert!(parked(&mut r, &s).await.ids.is_empty(), "nothing parked");
+    assert_exactly_once_pg(&db, &evs).await;
+    let failures = failures.lock().expect("failures");
+    assert_eq!(
+        failures.len(),
+        evs.len(),
+        "every entry failed: {failures:?}"
+    );
+    assert!(
+        failures.values().all(|n| *n >= 3),
+        "each failed at least max_attempts deliveries without being parked: {failures:?}"
+    );
+}
+
+/// Whether the stream has the group.
+async fn has_group(c: &mut MultiplexedConnection, s: &Streams) -> bool {
+    let groups: redis::RedisResult<Vec<HashMap<String, redis::Value>>> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(&s.stream)
+        .query_async(c)
+        .await;
+    groups.is_ok_and(|gs| {
+        gs.iter().any(|g| {
+            g.get("name")
+                .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+                .as_deref()
+                == Some(s.group.as_str())
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_group_starts_at_new_entries_by_default() {
+    let s = Streams::new();
+    let db = PgDb::create();
+    pg_setup(&db).await;
+    let old = events(&format!("{}-old", s.stream), 10);
+    let new = events(&format!("{}-new", s.stream), 10);
+    publish(&s.stream, &old).await;
+    let conn = Arc::new(Mutex::new(db.connect().await));
+    let mut settings = settings(&s, "c1");
+    settings.start_id = StreamSettings::new("s", "g", "c").start_id;
+    assert_eq!(settings.start_id, "$");
+    let running = Running::start(settings, pg_handler(conn));
+    let mut r = redis().await;
+    eventually!("the group made", has_group(&mut r, &s).await);
+    publish(&s.stream, &new).await;
+    eventually!("the stream drained", drained(&mut r, &s).await);
+    running.stop().await;
+    assert_eq!(pending(&mut r, &s).await, 0);
+    // Only the entries written after the group was made: the history is not replayed.
+    assert_exactly_once_pg(&db, &new).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_destroyed_while_running_stops_the_consumer_and_is_not_recreated() {
+    let s = Streams::new();
+    let db = PgDb::create();
+    pg_setup(&db).await;
+    let evs = events(&s.stream, 5);
+    publish(&s.stream, &evs).await;
+    let conn = Arc::new(Mutex::new(db.connect().await));
+    let mut running = Running::start(settings(&s, "c1"), pg_handler(conn));
+    let mut r = redis().await;
+    eventually!("the stream drained", drained(&mut r, &s).await);
+    let destroyed: i64 = redis::cmd("XGROUP")
+        .arg("DESTROY")
+        .arg(&s.stream)
+        .arg(&s.group)
+        .query_async(&mut r)
+        .await
+        .expect("XGROUP DESTROY");
+    assert_eq!(destroyed, 1);
+    let ended = tokio::time::timeout(DEADLINE, &mut running.task)
+        .await
+        .expect("run returns within the deadline")
+        .expect("the consumer task did not panic");
+    match ended {
+        Err(StreamError::GroupGone { group, .. }) => assert_eq!(group, s.group),
+        other => panic!("expected GroupGone, got {other:?}"),
+    }
+    assert!(!has_group(&mut r, &s).await, "the group was not made again");
 }
