@@ -17,6 +17,9 @@
 //! **Parking** publishes the original body and properties, its headers plus
 //! `x-parked-reason`, `x-parked-attempts` and `x-parked-from` (this queue), persistent, to
 //! [`QueueSettings::parked_queue`] through the default exchange, on a channel in confirm mode;
+//! the parked queue is declared with the queue's `x-queue-type` only (plus
+//! [`QueueSettings::parked_queue_arguments`]), never its TTL, length limit, dead-letter
+//! exchange or delivery limit, so a parked message stays until someone takes it;
 //! the original is acknowledged only after the broker confirmed the parked copy. A crash in
 //! between parks it twice; a park that failed leaves the original unacknowledged (requeued),
 //! so it is never lost.
@@ -96,9 +99,16 @@ pub struct QueueSettings {
     pub max_attempts: u32,
     /// Where poison messages go (`{queue}.parked` by default).
     pub parked_queue: String,
-    /// `queue.declare` arguments of both queues (e.g. `x-queue-type = quorum`); a queue that
-    /// exists must have been declared with the same ones.
+    /// `queue.declare` arguments of the queue (e.g. `x-queue-type = quorum`,
+    /// `x-message-ttl`, `x-max-length`, a dead-letter exchange); a queue that exists must
+    /// have been declared with the same ones. Only `x-queue-type` is carried over to the
+    /// parked queue: a TTL, a length limit or a delivery limit there would drop parked
+    /// messages silently.
     pub queue_arguments: FieldTable,
+    /// `queue.declare` arguments of the parked queue, over the `x-queue-type` taken from
+    /// `queue_arguments` (empty by default); a parked queue that exists must have been
+    /// declared with the same ones.
+    pub parked_queue_arguments: FieldTable,
     /// The wait before a transiently failed delivery is requeued; doubles with each failed
     /// attempt of the message, up to `retry_delay_max`.
     pub retry_delay: Duration,
@@ -124,6 +134,7 @@ impl QueueSettings {
             max_attempts: 5,
             parked_queue: format!("{queue}.parked"),
             queue_arguments: FieldTable::default(),
+            parked_queue_arguments: FieldTable::default(),
             retry_delay: Duration::from_millis(100),
             retry_delay_max: Duration::from_secs(5),
             reconnect_delay: Duration::from_millis(200),
@@ -313,6 +324,19 @@ impl QueueConsumer {
         }
     }
 
+    /// The parked queue's `queue.declare` arguments: the queue's type, then
+    /// [`QueueSettings::parked_queue_arguments`].
+    fn parked_arguments(&self) -> FieldTable {
+        let mut arguments = FieldTable::default();
+        if let Some(kind) = self.settings.queue_arguments.inner().get("x-queue-type") {
+            arguments.insert(ShortString::from("x-queue-type"), kind.clone());
+        }
+        for (key, value) in self.settings.parked_queue_arguments.inner() {
+            arguments.insert(key.clone(), value.clone());
+        }
+        arguments
+    }
+
     /// Connects, declares, binds, sets the prefetch and subscribes.
     async fn open(&self) -> Result<Link, QueueError> {
         let properties = ConnectionProperties::default().with_connection_name(LongString::from(
@@ -331,7 +355,11 @@ impl QueueConsumer {
                 FieldTable::default(),
             )
             .await?;
-        for queue in [&self.queue, &self.parked_queue] {
+        let declared = [
+            (&self.queue, self.settings.queue_arguments.clone()),
+            (&self.parked_queue, self.parked_arguments()),
+        ];
+        for (queue, arguments) in declared {
             channel
                 .queue_declare(
                     queue.clone(),
@@ -339,7 +367,7 @@ impl QueueConsumer {
                         durable: true,
                         ..QueueDeclareOptions::default()
                     },
-                    self.settings.queue_arguments.clone(),
+                    arguments,
                 )
                 .await?;
         }

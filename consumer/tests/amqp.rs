@@ -937,3 +937,57 @@ async fn a_broker_that_never_answers_is_given_up_on_after_the_bounded_attempts()
         "{ended:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parked_messages_outlive_the_queues_ttl_and_length_limit() {
+    let vhost = Vhost::create();
+    let db = PgDb::create();
+    let stock = Stock::open(&db, Mode::AlwaysPermanent).await;
+    let mut s = settings();
+    s.queue_arguments
+        .insert("x-message-ttl".into(), AMQPValue::LongInt(1000))
+        .insert("x-max-length".into(), AMQPValue::LongInt(1));
+    let running = Running::start(&vhost, s, &stock);
+    vhost.wait_consumers(QUEUE, 1).await;
+
+    // One at a time: the queue itself holds at most one ready message.
+    let (events, _, _) = events("L", 3);
+    for (i, e) in events.iter().enumerate() {
+        publish(&vhost, std::slice::from_ref(e)).await;
+        wait(&format!("{} parked", i + 1), || async {
+            vhost.messages(PARKED) == i as u64 + 1 && vhost.messages(QUEUE) == 0
+        })
+        .await;
+    }
+    let arguments = rabbitmqctl(&[
+        "-q",
+        "list_queues",
+        "-p",
+        &vhost.name,
+        "--no-table-headers",
+        "name",
+        "arguments",
+    ]);
+    let line = |queue: &str| {
+        arguments
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(queue))
+            .unwrap_or_else(|| panic!("{queue} in {arguments}"))
+            .to_owned()
+    };
+    assert!(line(QUEUE).contains("x-message-ttl"), "{arguments}");
+    assert!(!line(PARKED).contains("x-message-ttl"), "{arguments}");
+    assert!(!line(PARKED).contains("x-max-length"), "{arguments}");
+    // Past the queue's TTL (1 s) three times over: nothing parked expired or was dropped.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(vhost.messages(PARKED), events.len() as u64);
+    running.stop().await;
+
+    let parked = parked(&vhost, events.len()).await;
+    let mut ids: Vec<String> = parked.iter().filter_map(|(_, id, _)| id.clone()).collect();
+    ids.sort();
+    let mut expected: Vec<String> = events.iter().map(message_id).collect();
+    expected.sort();
+    assert_eq!(ids, expected);
+    assert_eq!(moves(&db).await, 0);
+}
