@@ -10,21 +10,30 @@
 //!   `message_id` property is not the body's `{topic}:{biz_key}` is a poison message: logged
 //!   once with its reason, parked, acknowledged, and no handler runs;
 //! - the handler's `Ok` (returned only after its transaction committed) is `basic.ack`;
-//! - [`Failure::Transient`] waits a short, growing delay, then `basic.nack` with requeue, so
-//!   the message comes again; after [`QueueSettings::max_attempts`] failed deliveries it is
-//!   parked. [`Failure::Permanent`] parks at once.
+//! - [`Failure::Transient`] waits a growing delay ([`QueueSettings::retry_delay`] doubling
+//!   up to [`QueueSettings::retry_delay_max`], 30 s by default), then `basic.nack` with
+//!   requeue, so the message comes again; it is parked only once it failed on
+//!   [`QueueSettings::max_attempts`] deliveries **and** at least
+//!   [`QueueSettings::park_after`] (5 minutes by default) passed since its first failure,
+//!   so that a database outage shorter than that parks nothing. [`Failure::Permanent`] and
+//!   a poison message park at once.
 //!
 //! **Parking** publishes the original body and properties, its headers plus
 //! `x-parked-reason`, `x-parked-attempts` and `x-parked-from` (this queue), persistent, to
 //! [`QueueSettings::parked_queue`] through the default exchange, on a channel in confirm mode;
+//! the parked queue is declared with the queue's `x-queue-type` only (plus
+//! [`QueueSettings::parked_queue_arguments`]), never its TTL, length limit, dead-letter
+//! exchange or delivery limit, so a parked message stays until someone takes it;
 //! the original is acknowledged only after the broker confirmed the parked copy. A crash in
 //! between parks it twice; a park that failed leaves the original unacknowledged (requeued),
 //! so it is never lost.
 //!
 //! **Attempts.** RabbitMQ's classic queues do not count redeliveries (they only set
-//! `redelivered`), so the consumer counts the failed deliveries of each message id in memory:
-//! a restart of the process resets the count, and a message then gets up to `max_attempts`
-//! more. Quorum queues (`x-queue-type = quorum` in [`QueueSettings::queue_arguments`]) carry
+//! `redelivered`), so the consumer counts the failed deliveries of each message id, and when
+//! this process first saw it fail, in memory: a restart of the process resets both, and a
+//! message then gets up to `max_attempts` more deliveries and `park_after` more time (so
+//! does every message once more than 100 000 ids failed at once: the memory is cleared
+//! rather than grow without bound). Quorum queues (`x-queue-type = quorum` in [`QueueSettings::queue_arguments`]) carry
 //! an `x-delivery-count` header; when it is present, the larger of the two counts is used.
 //!
 //! **Concurrency.** Handlers run concurrently, each delivery in a task of its own, up to
@@ -54,7 +63,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lapin::message::{Delivery, DeliveryResult};
 use lapin::options::{
@@ -96,13 +105,26 @@ pub struct QueueSettings {
     pub max_attempts: u32,
     /// Where poison messages go (`{queue}.parked` by default).
     pub parked_queue: String,
-    /// `queue.declare` arguments of both queues (e.g. `x-queue-type = quorum`); a queue that
-    /// exists must have been declared with the same ones.
+    /// `queue.declare` arguments of the queue (e.g. `x-queue-type = quorum`,
+    /// `x-message-ttl`, `x-max-length`, a dead-letter exchange); a queue that exists must
+    /// have been declared with the same ones. Only `x-queue-type` is carried over to the
+    /// parked queue: a TTL, a length limit or a delivery limit there would drop parked
+    /// messages silently.
     pub queue_arguments: FieldTable,
-    /// The wait before a transiently failed delivery is requeued; doubles with each failed
-    /// attempt of the message, up to `retry_delay_max`.
+    /// `queue.declare` arguments of the parked queue, over the `x-queue-type` taken from
+    /// `queue_arguments` (empty by default); a parked queue that exists must have been
+    /// declared with the same ones.
+    pub parked_queue_arguments: FieldTable,
+    /// The wait before a transiently failed delivery is requeued (100 ms by default); doubles
+    /// with each failed attempt of the message, up to `retry_delay_max` (30 s by default).
+    /// A park that failed is retried after the same growing wait.
     pub retry_delay: Duration,
     pub retry_delay_max: Duration,
+    /// A transiently failing message is parked only once it failed on `max_attempts`
+    /// deliveries and at least this long passed since its first failure seen by this process
+    /// (5 minutes by default; a restart starts it again). Zero parks after `max_attempts`
+    /// alone.
+    pub park_after: Duration,
     /// The wait before reconnecting; doubles with each consecutive failure, up to
     /// `reconnect_delay_max`.
     pub reconnect_delay: Duration,
@@ -124,8 +146,10 @@ impl QueueSettings {
             max_attempts: 5,
             parked_queue: format!("{queue}.parked"),
             queue_arguments: FieldTable::default(),
+            parked_queue_arguments: FieldTable::default(),
             retry_delay: Duration::from_millis(100),
-            retry_delay_max: Duration::from_secs(5),
+            retry_delay_max: Duration::from_secs(30),
+            park_after: Duration::from_secs(300),
             reconnect_delay: Duration::from_millis(200),
             reconnect_delay_max: Duration::from_secs(10),
             reconnect_attempts: 10,
@@ -207,13 +231,19 @@ enum End {
     Lost(QueueError),
 }
 
+/// One message id's failures seen by this process.
+struct Attempts {
+    count: u32,
+    first: Instant,
+}
+
 /// What every delivery's task shares.
 struct Shared<H> {
     handler: Arc<H>,
     settings: QueueSettings,
     parked_queue: ShortString,
     /// Failed deliveries per message id (see the module documentation).
-    attempts: Mutex<HashMap<String, u32>>,
+    attempts: Mutex<HashMap<String, Attempts>>,
 }
 
 impl QueueConsumer {
@@ -313,6 +343,19 @@ impl QueueConsumer {
         }
     }
 
+    /// The parked queue's `queue.declare` arguments: the queue's type, then
+    /// [`QueueSettings::parked_queue_arguments`].
+    fn parked_arguments(&self) -> FieldTable {
+        let mut arguments = FieldTable::default();
+        if let Some(kind) = self.settings.queue_arguments.inner().get("x-queue-type") {
+            arguments.insert(ShortString::from("x-queue-type"), kind.clone());
+        }
+        for (key, value) in self.settings.parked_queue_arguments.inner() {
+            arguments.insert(key.clone(), value.clone());
+        }
+        arguments
+    }
+
     /// Connects, declares, binds, sets the prefetch and subscribes.
     async fn open(&self) -> Result<Link, QueueError> {
         let properties = ConnectionProperties::default().with_connection_name(LongString::from(
@@ -331,7 +374,11 @@ impl QueueConsumer {
                 FieldTable::default(),
             )
             .await?;
-        for queue in [&self.queue, &self.parked_queue] {
+        let declared = [
+            (&self.queue, self.settings.queue_arguments.clone()),
+            (&self.parked_queue, self.parked_arguments()),
+        ];
+        for (queue, arguments) in declared {
             channel
                 .queue_declare(
                     queue.clone(),
@@ -339,7 +386,7 @@ impl QueueConsumer {
                         durable: true,
                         ..QueueDeclareOptions::default()
                     },
-                    self.settings.queue_arguments.clone(),
+                    arguments,
                 )
                 .await?;
         }
@@ -403,6 +450,9 @@ impl QueueConsumer {
             }
         });
         let mut tasks = JoinSet::new();
+        // Set when the session ends: a delivery waiting out its retry delay is requeued at
+        // once instead of holding up the shutdown or the reconnection.
+        let (ending, ending_rx) = tokio::sync::watch::channel(false);
         let mut liveness = tokio::time::interval(LIVENESS);
         let end = loop {
             tokio::select! {
@@ -410,7 +460,7 @@ impl QueueConsumer {
                 _ = &mut shutdown => break End::Shutdown,
                 delivery = deliveries.recv() => match delivery {
                     Some(Ok(Some(delivery))) => {
-                        tasks.spawn(process(shared.clone(), link.park.clone(), delivery));
+                        tasks.spawn(process(shared.clone(), link.park.clone(), delivery, ending_rx.clone()));
                     }
                     Some(Ok(None)) | None => {
                         break End::Lost(QueueError::Lost("the subscription was cancelled".to_owned()));
@@ -425,6 +475,7 @@ impl QueueConsumer {
                 }
             }
         };
+        let _ = ending.send(true);
         if matches!(end, End::Shutdown) {
             let cancel = link
                 .channel
@@ -500,13 +551,14 @@ fn delivery_count(delivery: &Delivery) -> Option<u32> {
 }
 
 impl<H> Shared<H> {
-    fn attempts(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+    fn attempts(&self) -> std::sync::MutexGuard<'_, HashMap<String, Attempts>> {
         // The map holds counts only; one a panicking task left is still usable.
         self.attempts.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records one more failed delivery of `id`; returns the failed deliveries so far.
-    fn failed(&self, id: &str, delivered_before: Option<u32>) -> u32 {
+    /// Records one more failed delivery of `id`; returns the failed deliveries so far and
+    /// the time since the first failure this process saw.
+    fn failed(&self, id: &str, delivered_before: Option<u32>) -> (u32, Duration) {
         let mut attempts = self.attempts();
         if attempts.len() >= ATTEMPTS_REMEMBERED && !attempts.contains_key(id) {
             tracing::warn!(
@@ -515,11 +567,15 @@ impl<H> Shared<H> {
             );
             attempts.clear();
         }
-        let count = attempts.entry(id.to_owned()).or_insert(0);
-        *count = count
+        let entry = attempts.entry(id.to_owned()).or_insert_with(|| Attempts {
+            count: 0,
+            first: Instant::now(),
+        });
+        entry.count = entry
+            .count
             .saturating_add(1)
             .max(delivered_before.map_or(0, |n| n.saturating_add(1)));
-        *count
+        (entry.count, entry.first.elapsed())
     }
 
     fn forget(&self, id: &str) {
@@ -540,6 +596,7 @@ async fn process<H: Handler>(
     shared: Arc<Shared<H>>,
     park: Arc<tokio::sync::Mutex<Channel>>,
     delivery: Delivery,
+    mut ending: tokio::sync::watch::Receiver<bool>,
 ) {
     let queue = shared.settings.queue.as_str();
     let tag = delivery.delivery_tag;
@@ -552,7 +609,7 @@ async fn process<H: Handler>(
                 .as_ref()
                 .map(|m| truncate(m.as_str(), 100));
             tracing::warn!(queue, delivery_tag = tag, message_id = ?property, %reason, "amqp: a poison message; parking it");
-            settle_park(&shared, &park, &delivery, &reason, 1, None).await;
+            settle_park(&shared, &park, &delivery, &reason, 1, None, &mut ending).await;
             return;
         }
     };
@@ -571,21 +628,51 @@ async fn process<H: Handler>(
         Err(Failure::Permanent(reason)) => {
             tracing::warn!(queue, message_id = %id, %reason, "amqp: the handler cannot apply this message; parking it");
             let reason = format!("permanent: {reason}");
-            settle_park(&shared, &park, &delivery, &reason, 1, Some(&id)).await;
+            settle_park(
+                &shared,
+                &park,
+                &delivery,
+                &reason,
+                1,
+                Some(&id),
+                &mut ending,
+            )
+            .await;
         }
         Err(Failure::Transient(reason)) => {
-            let attempts = shared.failed(&id, delivery_count(&delivery));
-            if attempts >= shared.settings.max_attempts {
-                tracing::warn!(queue, message_id = %id, attempts, %reason, "amqp: failed on every attempt; parking it");
-                let reason = format!("failed {attempts} times; the last: transient: {reason}");
-                settle_park(&shared, &park, &delivery, &reason, attempts, Some(&id)).await;
+            let (attempts, failing_for) = shared.failed(&id, delivery_count(&delivery));
+            if attempts >= shared.settings.max_attempts && failing_for >= shared.settings.park_after
+            {
+                let failing_ms = failing_for.as_millis() as u64;
+                tracing::warn!(queue, message_id = %id, attempts, failing_ms, %reason, "amqp: failed on every attempt; parking it");
+                let reason = format!(
+                    "failed {attempts} times over {failing_ms} ms; the last: transient: {reason}"
+                );
+                settle_park(
+                    &shared,
+                    &park,
+                    &delivery,
+                    &reason,
+                    attempts,
+                    Some(&id),
+                    &mut ending,
+                )
+                .await;
             } else {
                 let delay = shared.retry_delay(attempts);
                 tracing::warn!(queue, message_id = %id, attempts, %reason, retry_in_ms = delay.as_millis() as u64, "amqp: a transient failure; requeueing");
-                tokio::time::sleep(delay).await;
+                pause(delay, &mut ending).await;
                 requeue(queue, &id, &delivery).await;
             }
         }
+    }
+}
+
+/// Waits `delay`, or less when the session ends.
+async fn pause(delay: Duration, ending: &mut tokio::sync::watch::Receiver<bool>) {
+    tokio::select! {
+        _ = tokio::time::sleep(delay) => {}
+        _ = ending.wait_for(|ended| *ended) => {}
     }
 }
 
@@ -626,6 +713,7 @@ async fn settle_park<H>(
     reason: &str,
     attempts: u32,
     id: Option<&str>,
+    ending: &mut tokio::sync::watch::Receiver<bool>,
 ) {
     let queue = shared.settings.queue.as_str();
     let shown = id.unwrap_or("(unparsed)");
@@ -638,7 +726,7 @@ async fn settle_park<H>(
         }
         Err(e) => {
             tracing::error!(queue, message_id = %shown, error = %e, "amqp: parking failed; requeueing the message to park it again");
-            tokio::time::sleep(shared.retry_delay(attempts)).await;
+            pause(shared.retry_delay(attempts), ending).await;
             requeue(queue, shown, delivery).await;
         }
     }

@@ -237,6 +237,9 @@ enum Mode {
     FailFirst(u32),
     AlwaysTransient,
     AlwaysPermanent,
+    /// A transient failure of every delivery for this long after the first one (a database
+    /// outage).
+    Outage(Duration),
 }
 
 /// The stock keeper of the in-process tests, on PostgreSQL.
@@ -247,6 +250,8 @@ struct Stock {
     delay: Duration,
     /// Handler runs per message id (deliveries, not applications).
     calls: Mutex<HashMap<String, u32>>,
+    /// The first delivery's time ([`Mode::Outage`] begins then).
+    first_call: Mutex<Option<Instant>>,
 }
 
 impl Stock {
@@ -265,6 +270,7 @@ impl Stock {
             mode,
             delay: Duration::ZERO,
             calls: Mutex::new(HashMap::new()),
+            first_call: Mutex::new(None),
         })
     }
 
@@ -280,7 +286,16 @@ impl Stock {
             *n += 1;
             *n
         };
+        let since_first = self
+            .first_call
+            .lock()
+            .expect("first call")
+            .get_or_insert_with(Instant::now)
+            .elapsed();
         match self.mode {
+            Mode::Outage(outage) if since_first < outage => {
+                return Err(Failure::Transient(format!("the database is down ({id})")));
+            }
             Mode::FailFirst(k) if call <= k => {
                 return Err(Failure::Transient(format!("call {call} of {id}")));
             }
@@ -368,6 +383,7 @@ fn settings() -> QueueSettings {
     let mut settings = QueueSettings::new(QUEUE);
     settings.retry_delay = Duration::from_millis(20);
     settings.retry_delay_max = Duration::from_millis(200);
+    settings.park_after = Duration::ZERO;
     settings.reconnect_delay = Duration::from_millis(100);
     settings.reconnect_delay_max = Duration::from_secs(2);
     settings
@@ -756,6 +772,38 @@ async fn transient_failures_are_requeued_until_applied_once() {
     assert_eq!(vhost.messages(PARKED), 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_outage_shorter_than_park_after_parks_nothing() {
+    let vhost = Vhost::create();
+    let db = PgDb::create();
+    let stock = Stock::open(&db, Mode::Outage(Duration::from_secs(3))).await;
+    let mut s = settings();
+    s.max_attempts = 3;
+    s.park_after = Duration::from_secs(10);
+    let running = Running::start(&vhost, s, &stock);
+    vhost.wait_consumers(QUEUE, 1).await;
+
+    // Fewer than the prefetch (32): every message is in hand during the outage.
+    let (events, paid, refunded) = events("D", 20);
+    publish(&vhost, &events).await;
+    let total = events.len() as i64;
+    wait("every event applied and acked after the outage", || async {
+        moves(&db).await == total && vhost.messages(QUEUE) == 0
+    })
+    .await;
+    running.stop().await;
+
+    assert_applied_once(&mut db.connect().await, &events, paid, refunded).await;
+    assert_eq!(vhost.messages(PARKED), 0, "nothing parked");
+    // Every message failed on more than max_attempts deliveries during the outage, and was
+    // kept because park_after had not passed.
+    let calls = stock.calls();
+    for e in &events {
+        let n = calls.get(&message_id(e)).copied().unwrap_or(0);
+        assert!(n > 3, "{}: {n} deliveries", message_id(e));
+    }
+}
+
 async fn assert_all_parked(mode: Mode, max_attempts: u32, calls_each: u32, reason: &str) {
     let vhost = Vhost::create();
     let db = PgDb::create();
@@ -936,4 +984,58 @@ async fn a_broker_that_never_answers_is_given_up_on_after_the_bounded_attempts()
         matches!(ended, Err(QueueError::GaveUp { attempts: 3, .. })),
         "{ended:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn parked_messages_outlive_the_queues_ttl_and_length_limit() {
+    let vhost = Vhost::create();
+    let db = PgDb::create();
+    let stock = Stock::open(&db, Mode::AlwaysPermanent).await;
+    let mut s = settings();
+    s.queue_arguments
+        .insert("x-message-ttl".into(), AMQPValue::LongInt(1000))
+        .insert("x-max-length".into(), AMQPValue::LongInt(1));
+    let running = Running::start(&vhost, s, &stock);
+    vhost.wait_consumers(QUEUE, 1).await;
+
+    // One at a time: the queue itself holds at most one ready message.
+    let (events, _, _) = events("L", 3);
+    for (i, e) in events.iter().enumerate() {
+        publish(&vhost, std::slice::from_ref(e)).await;
+        wait(&format!("{} parked", i + 1), || async {
+            vhost.messages(PARKED) == i as u64 + 1 && vhost.messages(QUEUE) == 0
+        })
+        .await;
+    }
+    let arguments = rabbitmqctl(&[
+        "-q",
+        "list_queues",
+        "-p",
+        &vhost.name,
+        "--no-table-headers",
+        "name",
+        "arguments",
+    ]);
+    let line = |queue: &str| {
+        arguments
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(queue))
+            .unwrap_or_else(|| panic!("{queue} in {arguments}"))
+            .to_owned()
+    };
+    assert!(line(QUEUE).contains("x-message-ttl"), "{arguments}");
+    assert!(!line(PARKED).contains("x-message-ttl"), "{arguments}");
+    assert!(!line(PARKED).contains("x-max-length"), "{arguments}");
+    // Past the queue's TTL (1 s) three times over: nothing parked expired or was dropped.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(vhost.messages(PARKED), events.len() as u64);
+    running.stop().await;
+
+    let parked = parked(&vhost, events.len()).await;
+    let mut ids: Vec<String> = parked.iter().filter_map(|(_, id, _)| id.clone()).collect();
+    ids.sort();
+    let mut expected: Vec<String> = events.iter().map(message_id).collect();
+    expected.sort();
+    assert_eq!(ids, expected);
+    assert_eq!(moves(&db).await, 0);
 }
