@@ -35,6 +35,12 @@
 //! does every message once more than 100 000 ids failed at once: the memory is cleared
 //! rather than grow without bound). Quorum queues (`x-queue-type = quorum` in [`QueueSettings::queue_arguments`]) carry
 //! an `x-delivery-count` header; when it is present, the larger of the two counts is used.
+//! Such a queue drops (or dead-letters) a message returned more than `x-delivery-limit`
+//! times (RabbitMQ 4 sets 20 when none is given), so a message that reaches the limit is
+//! parked then, whatever `park_after` says; the limit is read from `queue_arguments`, 20 for
+//! a quorum queue without one. A queue's `x-message-ttl` also runs through requeues: one
+//! shorter than `park_after` plus `retry_delay_max` can expire a failing message before it
+//! is parked, which [`QueueConsumer::new`] warns about.
 //!
 //! **Concurrency.** Handlers run concurrently, each delivery in a task of its own, up to
 //! `prefetch` at once (the broker sends no more unacknowledged deliveries than that): a
@@ -244,6 +250,8 @@ struct Shared<H> {
     parked_queue: ShortString,
     /// Failed deliveries per message id (see the module documentation).
     attempts: Mutex<HashMap<String, Attempts>>,
+    /// The queue's delivery limit ([`delivery_limit`]).
+    delivery_limit: Option<u32>,
 }
 
 impl QueueConsumer {
@@ -287,6 +295,23 @@ impl QueueConsumer {
             .iter()
             .map(|b| short("bindings", b))
             .collect::<Result<_, _>>()?;
+        let ttl = settings
+            .queue_arguments
+            .inner()
+            .get("x-message-ttl")
+            .and_then(integer)
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis);
+        if let Some(ttl) = ttl
+            && ttl < settings.park_after.saturating_add(settings.retry_delay_max)
+        {
+            tracing::warn!(
+                queue = %settings.queue,
+                ttl_ms = ttl.as_millis() as u64,
+                park_after_ms = settings.park_after.as_millis() as u64,
+                "amqp: the queue's x-message-ttl is shorter than park_after plus retry_delay_max: a message failing that long expires before it is parked"
+            );
+        }
         Ok(Self {
             url: amqp_url.to_owned(),
             queue: short("queue", &settings.queue)?,
@@ -309,6 +334,7 @@ impl QueueConsumer {
             settings: self.settings.clone(),
             parked_queue: self.parked_queue.clone(),
             attempts: Mutex::new(HashMap::new()),
+            delivery_limit: delivery_limit(&self.settings.queue_arguments),
         });
         let mut shutdown = pin!(shutdown);
         let mut failures = 0u32;
@@ -356,6 +382,46 @@ impl QueueConsumer {
         arguments
     }
 
+    /// Declares the parked queue on a channel of its own. One that exists with other
+    /// arguments (declared by an earlier version with the work queue's TTL or length limit,
+    /// say) is refused by the broker (406, which closes the channel); it is then used as it
+    /// is, with a warning, rather than stopping the consumer.
+    async fn declare_parked(&self, connection: &Connection) -> Result<(), QueueError> {
+        let declare = |channel: Channel, passive: bool| {
+            let queue = self.parked_queue.clone();
+            let arguments = if passive {
+                FieldTable::default()
+            } else {
+                self.parked_arguments()
+            };
+            async move {
+                let declared = channel
+                    .queue_declare(
+                        queue,
+                        QueueDeclareOptions {
+                            durable: true,
+                            passive,
+                            ..QueueDeclareOptions::default()
+                        },
+                        arguments,
+                    )
+                    .await;
+                if channel.status().connected() {
+                    let _ = channel.close(200, ShortString::from("declared")).await;
+                }
+                declared
+            }
+        };
+        let Err(refused) = declare(connection.create_channel().await?, false).await else {
+            return Ok(());
+        };
+        declare(connection.create_channel().await?, true)
+            .await
+            .map_err(|_| refused.clone())?;
+        tracing::warn!(queue = %self.settings.parked_queue, error = %refused, "amqp: the parked queue exists with other arguments; using it as it is (see docs/operations.md, \"A consumer parked events\")");
+        Ok(())
+    }
+
     /// Connects, declares, binds, sets the prefetch and subscribes.
     async fn open(&self) -> Result<Link, QueueError> {
         let properties = ConnectionProperties::default().with_connection_name(LongString::from(
@@ -374,22 +440,17 @@ impl QueueConsumer {
                 FieldTable::default(),
             )
             .await?;
-        let declared = [
-            (&self.queue, self.settings.queue_arguments.clone()),
-            (&self.parked_queue, self.parked_arguments()),
-        ];
-        for (queue, arguments) in declared {
-            channel
-                .queue_declare(
-                    queue.clone(),
-                    QueueDeclareOptions {
-                        durable: true,
-                        ..QueueDeclareOptions::default()
-                    },
-                    arguments,
-                )
-                .await?;
-        }
+        channel
+            .queue_declare(
+                self.queue.clone(),
+                QueueDeclareOptions {
+                    durable: true,
+                    ..QueueDeclareOptions::default()
+                },
+                self.settings.queue_arguments.clone(),
+            )
+            .await?;
+        self.declare_parked(&connection).await?;
         for binding in &self.bindings {
             channel
                 .queue_bind(
@@ -472,10 +533,15 @@ impl QueueConsumer {
                     if !link.connection.status().connected() || !link.channel.status().connected() {
                         break End::Lost(QueueError::Lost("the connection or channel closed".to_owned()));
                     }
+                    // A closed park channel (the broker closes a channel on a publish
+                    // error) would fail every park until the session is renewed. A park in
+                    // progress holds the lock; it is looked at on a later tick.
+                    if let Ok(park) = link.park.try_lock() && !park.status().connected() {
+                        break End::Lost(QueueError::Lost("the park channel closed".to_owned()));
+                    }
                 }
             }
         };
-        let _ = ending.send(true);
         if matches!(end, End::Shutdown) {
             let cancel = link
                 .channel
@@ -484,6 +550,8 @@ impl QueueConsumer {
                 tracing::warn!(queue = %self.settings.queue, error = %e, "amqp: basic.cancel failed");
             }
         }
+        // After the cancel: a delivery requeued now is not handed straight back.
+        let _ = ending.send(true);
         // Deliveries received but not started stay unacknowledged: closing the channel
         // returns them to the queue. The handlers in hand finish and acknowledge.
         drop(deliveries);
@@ -537,7 +605,12 @@ fn truncate(s: &str, max: usize) -> String {
 /// A quorum queue's `x-delivery-count`: how many times the message was delivered before.
 fn delivery_count(delivery: &Delivery) -> Option<u32> {
     let headers = delivery.properties.headers().as_ref()?;
-    let count: i64 = match headers.inner().get("x-delivery-count")? {
+    u32::try_from(integer(headers.inner().get("x-delivery-count")?)?.max(0)).ok()
+}
+
+/// An AMQP integer of any width.
+fn integer(value: &AMQPValue) -> Option<i64> {
+    Some(match value {
         AMQPValue::ShortShortInt(n) => (*n).into(),
         AMQPValue::ShortShortUInt(n) => (*n).into(),
         AMQPValue::ShortInt(n) => (*n).into(),
@@ -546,8 +619,25 @@ fn delivery_count(delivery: &Delivery) -> Option<u32> {
         AMQPValue::LongUInt(n) => (*n).into(),
         AMQPValue::LongLongInt(n) => *n,
         _ => return None,
-    };
-    u32::try_from(count.max(0)).ok()
+    })
+}
+
+/// RabbitMQ 4's `x-delivery-limit` of a quorum queue declared without one.
+const QUORUM_DELIVERY_LIMIT: u32 = 20;
+
+/// The returns after which the queue drops a message: its `x-delivery-limit`, or
+/// [`QUORUM_DELIVERY_LIMIT`] for a quorum queue without one; `None` when it never does.
+fn delivery_limit(arguments: &FieldTable) -> Option<u32> {
+    let arguments = arguments.inner();
+    if let Some(limit) = arguments.get("x-delivery-limit").and_then(integer) {
+        // Negative is "unlimited" on RabbitMQ 4.
+        return u32::try_from(limit).ok();
+    }
+    let quorum = matches!(
+        arguments.get("x-queue-type"),
+        Some(AMQPValue::LongString(kind)) if kind.as_bytes() == b"quorum"
+    );
+    quorum.then_some(QUORUM_DELIVERY_LIMIT)
 }
 
 impl<H> Shared<H> {
@@ -641,7 +731,11 @@ async fn process<H: Handler>(
         }
         Err(Failure::Transient(reason)) => {
             let (attempts, failing_for) = shared.failed(&id, delivery_count(&delivery));
-            if attempts >= shared.settings.max_attempts && failing_for >= shared.settings.park_after
+            // Requeued once more, the queue itself would drop it.
+            let at_limit = shared.delivery_limit.is_some_and(|limit| attempts >= limit);
+            if at_limit
+                || attempts >= shared.settings.max_attempts
+                    && failing_for >= shared.settings.park_after
             {
                 let failing_ms = failing_for.as_millis() as u64;
                 tracing::warn!(queue, message_id = %id, attempts, failing_ms, %reason, "amqp: failed on every attempt; parking it");

@@ -805,11 +805,15 @@ async fn a_database_outage_shorter_than_park_after_parks_nothing() {
 }
 
 async fn assert_all_parked(mode: Mode, max_attempts: u32, calls_each: u32, reason: &str) {
+    let mut s = settings();
+    s.max_attempts = max_attempts;
+    assert_all_parked_with(s, mode, calls_each, reason).await;
+}
+
+async fn assert_all_parked_with(s: QueueSettings, mode: Mode, calls_each: u32, reason: &str) {
     let vhost = Vhost::create();
     let db = PgDb::create();
     let stock = Stock::open(&db, mode).await;
-    let mut s = settings();
-    s.max_attempts = max_attempts;
     let running = Running::start(&vhost, s, &stock);
     vhost.wait_consumers(QUEUE, 1).await;
 
@@ -866,6 +870,56 @@ async fn assert_all_parked(mode: Mode, max_attempts: u32, calls_each: u32, reaso
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_handler_that_always_fails_parks_every_message_after_max_attempts() {
     assert_all_parked(Mode::AlwaysTransient, 3, 3, "failed 3 times").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quorum_queue_parks_at_its_delivery_limit_before_it_would_drop_the_message() {
+    let mut s = settings();
+    s.queue_arguments
+        .insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        )
+        .insert("x-delivery-limit".into(), AMQPValue::LongInt(3));
+    // Neither of these would park within the test: only the queue's limit does.
+    s.max_attempts = 1_000;
+    s.park_after = Duration::from_secs(3600);
+    assert_all_parked_with(s, Mode::AlwaysTransient, 3, "failed 3 times").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_parked_queue_left_with_other_arguments_is_used_as_it_is() {
+    let vhost = Vhost::create();
+    // As an earlier version declared it: with the work queue's TTL.
+    {
+        let (connection, channel) = vhost.channel().await;
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-message-ttl".into(), AMQPValue::LongInt(3_600_000));
+        channel
+            .queue_declare(
+                PARKED.into(),
+                lapin::options::QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                arguments,
+            )
+            .await
+            .expect("the old parked queue");
+        let _ = connection.close(200, "done".into()).await;
+    }
+    let db = PgDb::create();
+    let stock = Stock::open(&db, Mode::AlwaysPermanent).await;
+    let running = Running::start(&vhost, settings(), &stock);
+    vhost.wait_consumers(QUEUE, 1).await;
+    let (events, _, _) = events("O", 4);
+    publish(&vhost, &events).await;
+    wait("every event parked on the old queue", || async {
+        vhost.messages(PARKED) == events.len() as u64 && vhost.messages(QUEUE) == 0
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(moves(&db).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -958,7 +1012,7 @@ async fn malformed_messages_are_parked_and_the_others_applied() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broker_that_never_answers_is_given_up_on_after_the_bounded_attempts() {
+async fn a_broker_refusing_every_connection_is_given_up_on_after_the_bounded_attempts() {
     let db = PgDb::create();
     let stock = Stock::open(&db, Mode::Apply).await;
     let mut s = settings();
