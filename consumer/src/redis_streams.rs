@@ -30,7 +30,10 @@
 //!   short outage of the handler's database parks nothing). That first failure is kept in
 //!   memory per entry id (at most 100,000 entries, the oldest forgotten first): a restarted
 //!   process, or one that took the entry over from another consumer, starts its clock
-//!   again, which only parks later. A [`crate::Failure::Permanent`] and an entry that is not a paynotify event (a missing field, an `id` that is not an integer, a
+//!   again, which only parks later. While an entry is being retried the consumer re-reads
+//!   its own pending list and reads nothing new: one entry failing transiently holds the
+//!   consumer's progress for up to `park_after` (other consumers of the group go on; their
+//!   `XAUTOCLAIM` takes over what this one leaves idle). A [`crate::Failure::Permanent`] and an entry that is not a paynotify event (a missing field, an `id` that is not an integer, a
 //!   payload that is not JSON) are **parked**: copied with their original fields plus
 //!   `reason` and `source_id` to [`StreamSettings::parked_stream`] (`XADD`), and
 //!   acknowledged only once that `XADD` returned an id. A park that fails (a crash, or
@@ -444,8 +447,8 @@ impl StreamConsumer {
                     unnamed_deleted,
                 } = autoclaim_reply(reply)?;
                 if !deleted.is_empty() {
-                    // Pending but gone from the stream: acknowledged, or they stay pending
-                    // for ever.
+                    // Pending but gone from the stream (Redis 7 names them and drops them
+                    // from the pending list itself; the XACK is for a server that does not).
                     tracing::warn!(stream = %s.stream, consumer = %s.consumer, deleted = deleted.len(), "redis: pending entries were deleted from the stream; acknowledged");
                     let ids: Vec<&str> = deleted.iter().map(String::as_str).collect();
                     self.ack(c, &ids).await?;
@@ -711,6 +714,18 @@ fn validate(s: &StreamSettings) -> Result<(), StreamError> {
     if s.max_attempts < 1 {
         return invalid("max_attempts", "must be at least 1");
     }
+    // Zero would spin: a claim due again at once never lets a read of new entries run,
+    // and a retry without a pause re-reads the entry in a hot loop.
+    for (what, d) in [
+        ("claim_every", s.claim_every),
+        ("claim_idle", s.claim_idle),
+        ("retry_backoff", s.retry_backoff),
+        ("command_timeout", s.command_timeout),
+    ] {
+        if d.is_zero() {
+            return invalid(what, "must be above zero");
+        }
+    }
     if s.reconnect_attempts < 1 {
         return invalid("reconnect_attempts", "must be at least 1");
     }
@@ -975,6 +990,16 @@ mod tests {
             "parked_stream"
         );
         assert_eq!(refused(&|s| s.start_id = String::new()), "start_id");
+        assert_eq!(refused(&|s| s.claim_every = Duration::ZERO), "claim_every");
+        assert_eq!(refused(&|s| s.claim_idle = Duration::ZERO), "claim_idle");
+        assert_eq!(
+            refused(&|s| s.retry_backoff = Duration::ZERO),
+            "retry_backoff"
+        );
+        assert_eq!(
+            refused(&|s| s.command_timeout = Duration::ZERO),
+            "command_timeout"
+        );
         let mut edge = ok.clone();
         edge.batch = BATCH_MAX;
         edge.block = Duration::from_millis(1);
