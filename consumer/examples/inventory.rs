@@ -60,8 +60,9 @@ struct Args {
     /// `--sink redis`: the consumer group.
     #[arg(long, default_value = "inventory")]
     group: String,
-    /// `--sink redis`: this process's name in the group (default: inventory-{pid}). A
-    /// restarted process that keeps its name finishes the entries it held.
+    /// `--sink redis`: this process's name in the group (default:
+    /// inventory-{hostname}-{pid}, so two hosts never share one). A restarted process that
+    /// keeps its name finishes the entries it held.
     #[arg(long)]
     name: Option<String>,
     /// `--sink redis`: entries another consumer left pending longer than this are taken
@@ -212,9 +213,10 @@ async fn main() -> anyhow::Result<()> {
     match args.sink {
         Sink::Redis => {
             use paynotify_consumer::redis_streams::{StreamConsumer, StreamSettings};
-            let name = args
-                .name
-                .unwrap_or_else(|| format!("inventory-{}", std::process::id()));
+            let name = args.name.unwrap_or_else(|| {
+                let host = whoami::hostname().unwrap_or_else(|_| "unknown-host".to_owned());
+                format!("inventory-{host}-{}", std::process::id())
+            });
             let mut settings = StreamSettings::new(&args.stream, &args.group, &name);
             settings.claim_idle = std::time::Duration::from_millis(args.claim_idle_ms);
             settings.claim_every = settings.claim_idle.min(settings.claim_every);

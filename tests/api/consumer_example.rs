@@ -16,6 +16,8 @@ use crate::support::helpers::free_port;
 const BIN: &str = env!("CARGO_BIN_EXE_paynotify");
 const REDIS: &str = "redis://127.0.0.1:6379";
 const DEADLINE: Duration = Duration::from_secs(60);
+/// The example shares the test's build, so only its own code compiles here.
+const BUILD_DEADLINE: Duration = Duration::from_secs(15 * 60);
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
@@ -99,7 +101,19 @@ fn inventory_binary() -> PathBuf {
     if let Some(target) = profile_dir.parent() {
         build.env("CARGO_TARGET_DIR", target);
     }
-    let status = build.status().expect("cargo build the example");
+    let mut child = build.spawn().expect("cargo build the example");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for cargo build") {
+            break status;
+        }
+        if start.elapsed() > BUILD_DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("building the example took over {BUILD_DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     assert!(status.success(), "building the example failed");
     let bin = profile_dir.join("examples").join("inventory");
     assert!(bin.exists(), "{} after the build", bin.display());
@@ -282,5 +296,45 @@ async fn the_inventory_example_takes_one_unit_per_paid_order_from_the_sandbox_se
             &format!("SELECT COUNT(*) AS n FROM processed_message WHERE message_id = '{paid}'")
         ),
         Some(1)
+    );
+
+    // The service relayed one event for the three notifications; a copy of it written to
+    // the stream again (a relay that re-sent after a lost answer) moves nothing more.
+    let mut c = redis::Client::open(REDIS)
+        .and_then(|c| c.get_connection())
+        .expect("redis");
+    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(&stream.0)
+        .arg("-")
+        .arg("+")
+        .query(&mut c)
+        .expect("XRANGE");
+    assert_eq!(entries.ids.len(), 1, "one event relayed for one payment");
+    let mut again = redis::cmd("XADD");
+    again.arg(&stream.0).arg("*");
+    for (field, value) in &entries.ids[0].map {
+        let value: Vec<u8> = redis::from_redis_value_ref(value).expect("a bulk string field");
+        again.arg(field).arg(value);
+    }
+    println!("$ redis-cli XADD {} '*' <the same fields>", stream.0);
+    let _: String = again.query(&mut c).expect("XADD");
+    let start = Instant::now();
+    while !drained(&stream.0, "inventory") {
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the copy was not read within {DEADLINE:?}\n{}",
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        sqlite_number(&db, on_hand),
+        Some(99),
+        "the copy moved nothing"
+    );
+    assert_eq!(
+        sqlite_number(&db, "SELECT COUNT(*) AS n FROM stock_move"),
+        Some(1),
+        "the copy moved nothing"
     );
 }
