@@ -886,9 +886,7 @@ async fn sqlite_after_a_panic_on_a_shared_connection_nothing_uncommitted_is_ackn
         "{results:?}"
     );
     for id in 2..4 {
-        let results = sink
-            .publish(&[outbox_event(id, "ORDER_PAID", "O2")])
-            .await;
+        let results = sink.publish(&[outbox_event(id, "ORDER_PAID", "O2")]).await;
         assert!(
             matches!(results[0], Err(SinkError::HttpStatus(503))),
             "{results:?}"
