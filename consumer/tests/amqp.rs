@@ -6,7 +6,6 @@
 mod support;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -508,66 +507,8 @@ impl Drop for Child {
     }
 }
 
-/// The example binary, `target/<profile>/examples/inventory`. `cargo test --test amqp`
-/// builds only this test, so the example is brought up to date here (a no-op when
-/// `cargo test` built it already), with the same target folder and profile.
-fn example() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().expect("test binary");
-            let profile_dir = exe
-                .parent()
-                .and_then(|deps| deps.parent())
-                .expect("target/<profile>/deps");
-            let target_dir = profile_dir.parent().expect("target/");
-            let mut build = Command::new(env!("CARGO"));
-            build
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .args([
-                    "build",
-                    "--quiet",
-                    "-p",
-                    "paynotify-consumer",
-                    "--example",
-                    "inventory",
-                ])
-                .arg("--target-dir")
-                .arg(target_dir);
-            match profile_dir.file_name().and_then(|p| p.to_str()) {
-                Some("debug") | None => {}
-                Some("release") => {
-                    build.arg("--release");
-                }
-                Some(profile) => {
-                    build.args(["--profile", profile]);
-                }
-            }
-            let mut child = build.spawn().expect("cargo build --example inventory");
-            let start = Instant::now();
-            let status = loop {
-                if let Some(status) = child.try_wait().expect("cargo build") {
-                    break status;
-                }
-                if start.elapsed() > Duration::from_secs(900) {
-                    let _ = child.kill();
-                    panic!("cargo build --example inventory took longer than 15 minutes");
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            };
-            assert!(
-                status.success(),
-                "cargo build --example inventory: {status}"
-            );
-            let path = profile_dir.join("examples").join("inventory");
-            assert!(path.exists(), "{}", path.display());
-            path
-        })
-        .clone()
-}
-
 fn start_example(vhost: &Vhost, db: &SqliteDb) -> Child {
-    let child = Command::new(example())
+    let child = Command::new(support::inventory_example())
         .args([
             "--sink",
             "amqp",
@@ -597,7 +538,7 @@ async fn sqlite_count(db: &SqliteDb, sql: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_consumer_killed_between_commit_and_ack_applies_each_event_once_after_restart() {
-    tokio::task::spawn_blocking(example)
+    tokio::task::spawn_blocking(support::inventory_example)
         .await
         .expect("the example built");
     let vhost = Vhost::create();

@@ -5,7 +5,6 @@
 mod support;
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -406,40 +405,6 @@ async fn every_event_published_twice_is_applied_once_and_acked() {
 // ---------------------------------------------------------------------------------------
 // 2. The example killed with kill -9 between commit and ack, then restarted.
 
-/// The example binary, built now: `cargo test --test redis_streams` builds no examples.
-fn inventory_binary() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().expect("test binary path");
-            let profile_dir = exe
-                .parent()
-                .and_then(|deps| deps.parent())
-                .expect("target/<profile>/deps")
-                .to_path_buf();
-            let mut build = Command::new(env!("CARGO"));
-            build.args([
-                "build",
-                "-p",
-                "paynotify-consumer",
-                "--example",
-                "inventory",
-            ]);
-            if profile_dir.ends_with("release") {
-                build.arg("--release");
-            }
-            if let Some(target) = profile_dir.parent() {
-                build.env("CARGO_TARGET_DIR", target);
-            }
-            let status = build.status().expect("cargo build the example");
-            assert!(status.success(), "building the example failed");
-            let bin = profile_dir.join("examples").join("inventory");
-            assert!(bin.exists(), "{} after the build", bin.display());
-            bin
-        })
-        .clone()
-}
-
 /// A child process killed (SIGKILL) when dropped.
 struct Child {
     child: std::process::Child,
@@ -466,7 +431,7 @@ fn inventory(db: &SqliteDb, s: &Streams, name: &str, claim_idle_ms: u64) -> Chil
         .append(true)
         .open(db.dir.path().join(format!("{name}.log")))
         .expect("log file");
-    let child = Command::new(inventory_binary())
+    let child = Command::new(support::inventory_example())
         .args([
             "--sink",
             "redis",

@@ -171,3 +171,61 @@ impl SqliteDb {
         conn
     }
 }
+
+/// The example binary, `target/<profile>/examples/inventory`. `cargo test --test NAME`
+/// builds only that test, so the example is brought up to date here (a no-op when
+/// `cargo test` built it already), with the same target folder and profile.
+pub fn inventory_example() -> std::path::PathBuf {
+    static BUILT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("test binary");
+            let profile_dir = exe
+                .parent()
+                .and_then(|deps| deps.parent())
+                .expect("target/<profile>/deps");
+            let target_dir = profile_dir.parent().expect("target/");
+            let mut build = Command::new(env!("CARGO"));
+            build
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .args([
+                    "build",
+                    "--quiet",
+                    "-p",
+                    "paynotify-consumer",
+                    "--example",
+                    "inventory",
+                ])
+                .arg("--target-dir")
+                .arg(target_dir);
+            match profile_dir.file_name().and_then(|p| p.to_str()) {
+                Some("debug") | None => {}
+                Some("release") => {
+                    build.arg("--release");
+                }
+                Some(profile) => {
+                    build.args(["--profile", profile]);
+                }
+            }
+            let mut child = build.spawn().expect("cargo build --example inventory");
+            let start = std::time::Instant::now();
+            let status = loop {
+                if let Some(status) = child.try_wait().expect("cargo build") {
+                    break status;
+                }
+                if start.elapsed() > std::time::Duration::from_secs(900) {
+                    let _ = child.kill();
+                    panic!("cargo build --example inventory took longer than 15 minutes");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            };
+            assert!(
+                status.success(),
+                "cargo build --example inventory: {status}"
+            );
+            let path = profile_dir.join("examples").join("inventory");
+            assert!(path.exists(), "{}", path.display());
+            path
+        })
+        .clone()
+}
