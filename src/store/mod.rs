@@ -375,9 +375,16 @@ impl Store {
                     let (runtime, url) = (pg_runtime.clone(), url.to_owned());
                     Box::pin(async move {
                         let mut conn: AsyncPgConnection = establish_on(runtime, url).await?;
+                        // enable_seqscan = off: on a table the planner believes tiny (new,
+                        // never analysed, or analysed while small) a sequential scan is the
+                        // cheapest read of one page, and every pooled connection's prepared
+                        // statements keep that plan while the table grows. Off, every
+                        // statement with an index to use uses it; one with none still scans.
+                        // (docs/design.md, "Plans that do not depend on statistics".)
                         conn.batch_execute(&format!(
                             "SET statement_timeout = {statement_timeout_ms}; \
-                             SET TIME ZONE 'UTC'; SET application_name = 'paynotify'"
+                             SET TIME ZONE 'UTC'; SET application_name = 'paynotify'; \
+                             SET enable_seqscan = off"
                         ))
                         .await
                         .map_err(ConnectionError::CouldntSetupConfiguration)?;

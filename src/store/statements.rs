@@ -58,6 +58,41 @@ macro_rules! sql {
         $out.push_bind_param::<$st, _>($val)?;
         sql!($out; $($rest)*);
     };
+    ($out:ident; {$text:expr} $($rest:tt)*) => {
+        $out.push_sql($text);
+        sql!($out; $($rest)*);
+    };
+}
+
+/// PostgreSQL: "the order is waiting", for a statement that found the order by its primary
+/// key. Written as an expression of the column, which no partial index's `WHERE status =
+/// 'WAIT_PAY'` can serve, so the planner has only the primary key to find the row by: with
+/// statistics taken while no order waited, reading a whole partial index looked cheaper than
+/// one lookup, and was read whole once per statement while a sale filled it (docs/design.md,
+/// "Plans that do not depend on statistics").
+const WAITING: &str = "status || '' = 'WAIT_PAY'";
+
+/// [`WAITING`] in each backend's statements: MySQL has no partial indexes, and SQLite always
+/// takes a primary-key equality over any other index.
+pub trait Waiting {
+    const WAITING: &'static str;
+}
+
+impl Waiting for Pg {
+    const WAITING: &'static str = WAITING;
+}
+
+impl Waiting for Mysql {
+    const WAITING: &'static str = "status = 'WAIT_PAY'";
+}
+
+impl Waiting for Sqlite {
+    const WAITING: &'static str = "status = 'WAIT_PAY'";
+}
+
+/// [`Waiting::WAITING`] of the backend `out` writes for.
+fn waiting<DB: diesel::backend::Backend + Waiting>(_: &AstPass<'_, '_, DB>) -> &'static str {
+    DB::WAITING
 }
 
 /// Declares a statement: its SQL on every backend and a static query id (so the prepared
@@ -222,7 +257,7 @@ impl<'a> MarkPaid<'a> {
 statement!(MarkPaid, |self, out| {
     "UPDATE orders SET status = 'PAID', channel = " [Text: self.channel]
     ", transaction_id = " [Text: self.transaction_id] ", paid_at = " [UtcTs: &self.paid_at]
-    " WHERE order_no = " [Text: self.order_no] " AND status = 'WAIT_PAY' AND amount_fen = "
+    " WHERE order_no = " [Text: self.order_no] " AND " {waiting(&out)} " AND amount_fen = "
     [BigInt: &self.amount_fen] " AND currency = " [Text: self.currency]
 });
 
@@ -272,9 +307,11 @@ impl<'a> InsertMessage<'a> {
 /// itself), in place of `BEGIN`, [`InsertPayCallback`], [`MarkPaid`], [`InsertMessage`],
 /// `COMMIT`.
 ///
-/// The order row is locked first (`FOR UPDATE`, which under READ COMMITTED waits for a
-/// concurrent writer and re-checks the row as it committed), so once `target` holds the
-/// order, nothing else can move it before this statement commits. The callback row is written
+/// The order row is locked first, found by its primary key alone (`FOR UPDATE`, which under
+/// READ COMMITTED waits for a concurrent writer and returns the row as it committed), then
+/// checked as locked: waiting, for exactly this amount and currency. So once `target` holds
+/// the order, nothing else can move it before this statement commits. Every table is reached
+/// by its primary key and nothing else (see [`WAITING`]), whatever the statistics say. The callback row is written
 /// only for a locked, waiting order, and only if its key is new (`ON CONFLICT DO NOTHING`,
 /// the arbiter as everywhere else); the order moves only with a new callback row, and the
 /// `ORDER_PAID` message only with the move. So the statement writes all three rows or none.
@@ -300,16 +337,17 @@ pub struct PayFirst<'a> {
 impl QueryFragment<Pg> for PayFirst<'_> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         sql!(out;
-            "WITH target AS (SELECT order_no FROM orders WHERE order_no = " [Text: self.out_trade_no]
-            " AND status = 'WAIT_PAY' AND amount_fen = " [BigInt: &self.amount_fen]
-            " AND currency = " [Text: self.currency] " FOR UPDATE), "
+            "WITH locked AS (SELECT order_no, status, amount_fen, currency FROM orders WHERE order_no = "
+            [Text: self.out_trade_no] " FOR UPDATE), "
+            "target AS (SELECT order_no FROM locked WHERE status = 'WAIT_PAY' AND amount_fen = "
+            [BigInt: &self.amount_fen] " AND currency = " [Text: self.currency] "), "
             "cb AS (INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at) "
             "SELECT order_no, " [Text: self.channel] ", " [Text: self.transaction_id] ", "
             [BigInt: &self.amount_fen] ", " [Text: self.digest] ", " [UtcTs: &self.now]
             " FROM target ON CONFLICT (out_trade_no, channel) DO NOTHING RETURNING out_trade_no), "
             "paid AS (UPDATE orders SET status = 'PAID', channel = " [Text: self.channel]
             ", transaction_id = " [Text: self.transaction_id] ", paid_at = " [UtcTs: &self.now]
-            " WHERE order_no IN (SELECT out_trade_no FROM cb) AND status = 'WAIT_PAY' RETURNING order_no), "
+            " WHERE order_no = (SELECT out_trade_no FROM cb) AND " {WAITING} " RETURNING order_no), "
             "message AS (INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) "
             "SELECT 'ORDER_PAID', order_no, " [Json: &self.payload] ", 0, 0, " [UtcTs: &self.now]
             ", " [UtcTs: &self.now] " FROM paid RETURNING 1) "
@@ -335,8 +373,9 @@ impl diesel::query_builder::Query for PayFirst<'_> {
 /// PostgreSQL: [`PayFirst`] for a group of payments at once — one statement, one commit for
 /// all of them (see `store/group.rs`). Every notice in it names a different order.
 ///
-/// The same rules per notice: the order rows are locked first (`FOR UPDATE`, in `order_no`
-/// order), skipping any that another transaction holds (`SKIP LOCKED`: that notice is left
+/// The same rules per notice: the order rows are locked first, by their primary keys
+/// (`= ANY` of the group's keys, never a join the planner could hash over a whole index;
+/// `FOR UPDATE`, in `order_no` order), skipping any that another transaction holds (`SKIP LOCKED`: that notice is left
 /// undecided and takes the ordinary path, which waits for the lock, so one busy order never
 /// holds up a whole group), a callback row is written only
 /// for a locked order waiting for exactly its amount and only if its key is new, the order
@@ -365,23 +404,25 @@ impl QueryFragment<Pg> for PayGroup<'_> {
             [Array<Text>: &self.currency] ", " [Array<Text>: &self.digest] ", "
             [Array<Json>: &self.payload] ", " [Array<UtcTs>: &self.now]
             ") WITH ORDINALITY AS i(out_trade_no, channel, transaction_id, amount_fen, currency, digest, payload, now, position)), "
-            "target AS (SELECT o.order_no FROM orders o JOIN input i ON o.order_no = i.out_trade_no "
-            "WHERE o.status = 'WAIT_PAY' AND o.amount_fen = i.amount_fen AND o.currency = i.currency "
-            "ORDER BY o.order_no FOR UPDATE OF o SKIP LOCKED), "
+            "locked AS (SELECT order_no, status, amount_fen, currency FROM orders "
+            "WHERE order_no = ANY(ARRAY(SELECT out_trade_no FROM input)) ORDER BY order_no FOR UPDATE SKIP LOCKED), "
+            "target AS (SELECT l.order_no FROM locked l JOIN input i ON i.out_trade_no = l.order_no "
+            "WHERE l.status = 'WAIT_PAY' AND l.amount_fen = i.amount_fen AND l.currency = i.currency), "
             "cb AS (INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at) "
             "SELECT i.out_trade_no, i.channel, i.transaction_id, i.amount_fen, i.digest, i.now"
             " FROM input i JOIN target t ON t.order_no = i.out_trade_no "
             "ON CONFLICT (out_trade_no, channel) DO NOTHING RETURNING out_trade_no), "
             "paid AS (UPDATE orders o SET status = 'PAID', channel = i.channel, transaction_id = i.transaction_id, paid_at = i.now"
-            " FROM input i WHERE o.order_no = i.out_trade_no "
-            "AND o.order_no IN (SELECT out_trade_no FROM cb) AND o.status = 'WAIT_PAY' RETURNING o.order_no), "
+            " FROM input i WHERE o.order_no = ANY(ARRAY(SELECT out_trade_no FROM cb)) "
+            "AND i.out_trade_no = o.order_no AND " {WAITING} " RETURNING o.order_no), "
             "message AS (INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) "
             "SELECT 'ORDER_PAID', i.out_trade_no, i.payload, 0, 0, i.now, i.now"
             " FROM input i JOIN paid p ON p.order_no = i.out_trade_no RETURNING biz_key) "
-            "SELECT i.position, i.out_trade_no IN (SELECT biz_key FROM message), pc.digest, "
+            "SELECT i.position, i.out_trade_no IN (SELECT biz_key FROM message), "
+            "(SELECT pc.digest FROM pay_callback pc WHERE pc.out_trade_no = i.out_trade_no AND pc.channel = i.channel), "
             "CAST(CASE WHEN (SELECT count(*) FROM cb) = (SELECT count(*) FROM message) THEN '0' "
             "ELSE 'paynotify: a callback row without its order change, undone: ' || (SELECT count(*) FROM cb) END AS bigint) "
-            "FROM input i LEFT JOIN pay_callback pc ON pc.out_trade_no = i.out_trade_no AND pc.channel = i.channel"
+            "FROM input i"
         );
         Ok(())
     }
