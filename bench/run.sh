@@ -5,6 +5,13 @@
 #
 #   bench/run.sh                  # N=10000 notifications per pass, 64 connections
 #   N=20000 CONNS=64 bench/run.sh
+#   HISTORY=2000000 STALE=1 ONLY=ledger CHANNELS=wechat PASSES=first PGBENCH=0 bench/run.sh
+#
+# HISTORY=N seeds N paid orders first, each with its callback row and its sent ORDER_PAID
+# message, and analyses the tables: a database a year in. STALE=1 leaves the pass's own
+# waiting orders out of the statistics (they are seeded after the last ANALYZE: a sale after a
+# quiet night, or an empty database never analysed when HISTORY=0); by default every seed is
+# analysed.
 #
 # Passes, for the ledger alone (group apply on, the default), the ledger with group apply off
 # (`single`: every payment its own statement) and with the Redis gate, for WeChat Pay and
@@ -48,6 +55,8 @@ PERF_MATCH=${PERF_MATCH:-}  # `perf record` of the service during matching passe
 CHANNELS=${CHANNELS:-"wechat alipay"}
 PGBENCH=${PGBENCH:-1}     # 0: skip pgbench (quick comparisons of the service alone)
 PASSES=${PASSES:-"first duplicate mix"}
+HISTORY=${HISTORY:-0}
+STALE=${STALE:-0}
 AMOUNT=19900
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -85,15 +94,36 @@ createdb_url
 # The schema, from the service's own migrations.
 (cd "$WORK/keys" && PAYNOTIFY__DATABASE__URL=$DBURL "$BIN" migrate --config paynotify.toml >/dev/null 2>&1)
 
+seed_history
+
 CLK_TCK=$(getconf CLK_TCK)
-MACHINE="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(psql -qAt "$PGURL/postgres" -c 'SHOW server_version' | cut -d' ' -f1) PostgreSQL, synchronous_commit=$(psql -qAt "$PGURL/postgres" -c 'SHOW synchronous_commit')"
-RESULTS=$WORK/results.tsv   # config channel pass answered ok errors rate p50 p99 p999 cpu_us rss_mb check group
+MACHINE="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(psql -qAt "$PGURL/postgres" -c 'SHOW server_version' | cut -d' ' -f1) PostgreSQL, synchronous_commit=$(psql -qAt "$PGURL/postgres" -c 'SHOW synchronous_commit'); history $HISTORY orders, statistics $([ "$STALE" = 1 ] && echo "stale (the pass's orders never analysed)" || echo fresh)"
+RESULTS=$WORK/results.tsv   # config channel pass answered ok errors rate p50 p99 p999 cpu_us rss_mb check group machine_us db_us
 : >"$RESULTS"
 
 seed_orders() { # prefix count [amount]
+    local analyse="ANALYZE orders;"
+    [ "$STALE" = 1 ] && analyse=
     sql "INSERT INTO orders (order_no, status, amount_fen, refunded_fen, currency, subject, created_at, expire_at)
          SELECT '$1' || g, 'WAIT_PAY', ${3:-$AMOUNT}, 0, 'CNY', 'bench', now(), now() + interval '1 day'
-         FROM generate_series(1, $2) g; ANALYZE orders;"
+         FROM generate_series(1, $2) g; $analyse"
+}
+
+# HISTORY paid orders, a day old, with their callback rows and sent messages; analysed.
+seed_history() {
+    [ "$HISTORY" -gt 0 ] || return 0
+    echo "seeding $HISTORY orders of history"
+    sql "INSERT INTO orders (order_no, status, amount_fen, refunded_fen, currency, subject, channel, transaction_id, created_at, paid_at, expire_at)
+         SELECT 'H' || g, 'PAID', $AMOUNT, 0, 'CNY', 'history', 'wechat', 'TH' || g, now() - interval '1 day', now() - interval '1 day', now()
+         FROM generate_series(1, $HISTORY) g;
+         INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at)
+         SELECT 'H' || g, 'wechat', 'TH' || g, $AMOUNT, md5(g::text) || md5(g::text), now() - interval '1 day'
+         FROM generate_series(1, $HISTORY) g;
+         INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at, sent_at)
+         SELECT 'ORDER_PAID', 'H' || g, jsonb_build_object('order_no', 'H' || g, 'amount_fen', $AMOUNT), 1, 1,
+                now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
+         FROM generate_series(1, $HISTORY) g;
+         VACUUM ANALYZE orders; VACUUM ANALYZE pay_callback; VACUUM ANALYZE local_message;"
 }
 
 forge() { # kind prefix count file
@@ -132,6 +162,14 @@ group_counts() {
         $1 == "paynotify_gate_round_trips_total" {r = $2}
         $1 == "paynotify_gate_calls_total" {c = $2}
         END {print g + 0, p + 0, r + 0, c + 0}'
+}
+# CPU ticks of the database's backends for this benchmark's database (the service's pool).
+db_ticks() {
+    local total=0 pid
+    for pid in $(pgrep -f "postgres: [^ ]+ $DB " || true); do
+        total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
+    done
+    echo "$total"
 }
 rss_mb() { awk '/VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$SERVICE_PID/status"; }
 
@@ -187,8 +225,9 @@ pass() { # config channel pass file checks...
     local groups_before
     groups_before=$(group_counts)
     before=$(cpu_ticks)
-    local machine_before
+    local machine_before db_before
     machine_before=$(machine_ticks)
+    db_before=$(db_ticks)
     rm -f "$WORK"/done.*
     BENCH_REQUESTS=$file BENCH_THREADS=$THREADS BENCH_DONE=$WORK/done wrk -t"$THREADS" -c"$CONNS" \
         -d300s --timeout 10s -s bench/notify.lua "http://127.0.0.1:$PORT" >"$WORK/wrk.out" &
@@ -204,8 +243,9 @@ pass() { # config channel pass file checks...
     wait "$wrk_pid" || true
     line=$(grep '^RESULT' "$WORK/wrk.out")
     after=$(cpu_ticks)
-    local machine_after
+    local machine_after db_after
     machine_after=$(machine_ticks)
+    db_after=$(db_ticks)
     local group pipeline counts
     counts="$groups_before $(group_counts)"
     # The mean group size of the pass: payments per group ("-" when nothing was grouped).
@@ -230,18 +270,19 @@ pass() { # config channel pass file checks...
         [ "$(check "$1" "$2")" = ok ] || verdict=FAILED
         shift 2
     done
-    local rate cpu machine
+    local rate cpu machine db
     rate=$(awk -v a="$answered" -v d="$duration" 'BEGIN {printf "%.0f", a / (d / 1e6)}')
     cpu=$(awk -v t=$((after - before)) -v hz="$CLK_TCK" -v a="$answered" 'BEGIN {printf "%.0f", t / hz / a * 1e6}')
     machine=$(awk -v t=$((machine_after - machine_before)) -v hz="$CLK_TCK" -v a="$answered" 'BEGIN {printf "%.0f", t / hz / a * 1e6}')
+    db=$(awk -v t=$((db_after - db_before)) -v hz="$CLK_TCK" -v a="$answered" 'BEGIN {printf "%.0f", t / hz / a * 1e6}')
     local ms50 ms99 ms999
     ms50=$(awk -v v="$p50" 'BEGIN {printf "%.1f", v / 1000}')
     ms99=$(awk -v v="$p99" 'BEGIN {printf "%.1f", v / 1000}')
     ms999=$(awk -v v="$p999" 'BEGIN {printf "%.1f", v / 1000}')
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$config" "$channel" "$name" \
-        "$answered" "$ok" "$errors" "$rate" "$ms50" "$ms99" "$ms999" "$cpu" "$(rss_mb)" "$verdict" "$group" "$machine" >>"$RESULTS"
-    printf '  %-17s %-6s %-9s %6s answered, %s errors (%s), %6s/s, p50 %s ms, p99 %s ms, CPU %s µs/request (machine %s), group %s, gate pipeline %s, exactly-once %s\n' \
-        "$config" "$channel" "$name" "$answered" "$errors" "$statuses" "$rate" "$ms50" "$ms99" "$cpu" "$machine" "$group" "$pipeline" "$verdict"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$config" "$channel" "$name" \
+        "$answered" "$ok" "$errors" "$rate" "$ms50" "$ms99" "$ms999" "$cpu" "$(rss_mb)" "$verdict" "$group" "$machine" "$db" >>"$RESULTS"
+    printf '  %-17s %-6s %-9s %6s answered, %s errors (%s), %6s/s, p50 %s ms, p99 %s ms, CPU %s µs/request (database %s, machine %s), group %s, gate pipeline %s, exactly-once %s\n' \
+        "$config" "$channel" "$name" "$answered" "$errors" "$statuses" "$rate" "$ms50" "$ms99" "$cpu" "$db" "$machine" "$group" "$pipeline" "$verdict"
 }
 
 PG_ROWS=$WORK/pgbench.tsv
@@ -369,11 +410,11 @@ out = []
 w = out.append
 w(f"Run of {when}, commit {commit}: {machine}; N = {n} per pass, wrk {conns} connections; "
   f"pgbench {clients} clients; load average at the end {load}.\n")
-w("| configuration | channel | pass | answered | errors | per s | p50 ms | p99 ms | p99.9 ms | service CPU µs/request | machine CPU µs/request | RSS MB | mean group | exactly-once |")
-w("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+w("| configuration | channel | pass | answered | errors | per s | p50 ms | p99 ms | p99.9 ms | service CPU µs/request | database CPU µs/request | machine CPU µs/request | RSS MB | mean group | exactly-once |")
+w("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for r in rows:
-    config, channel, name, answered, ok, errors, rate, p50, p99, p999, cpu, rss, check, group, machine = r
-    w(f"| {config} | {channel} | {name} | {answered} | {errors} | {int(rate):,} | {p50} | {p99} | {p999} | {cpu} | {machine} | {rss} | {group} | {check} |")
+    config, channel, name, answered, ok, errors, rate, p50, p99, p999, cpu, rss, check, group, machine, db = r
+    w(f"| {config} | {channel} | {name} | {answered} | {errors} | {int(rate):,} | {p50} | {p99} | {p999} | {cpu} | {db} | {machine} | {rss} | {group} | {check} |")
 w("")
 w("| pgbench (same server, same run) | tx/s |")
 w("|---|---:|")

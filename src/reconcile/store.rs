@@ -185,7 +185,7 @@ impl Store {
             diesel::update(
                 orders::table
                     .filter(orders::order_no.eq(order_no))
-                    .filter(orders::status.eq(OrderStatus::WaitPay)),
+                    .filter(crate::store::still_waiting()),
             )
             .set((
                 orders::next_query_at.eq(Some(at)),

@@ -563,7 +563,7 @@ impl Store {
                 let moved = diesel::update(
                     orders::table
                         .filter(orders::order_no.eq(order_no))
-                        .filter(orders::status.eq(OrderStatus::WaitPay)),
+                        .filter(super::still_waiting()),
                 )
                 .set((orders::status.eq(OrderStatus::Closed), orders::closed_at.eq(now)))
                 .execute(conn)

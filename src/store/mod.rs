@@ -12,6 +12,12 @@ pub mod outbox;
 pub mod relay;
 pub mod schema;
 mod statements;
+
+/// "The order is still waiting", for a by-key statement written with diesel's DSL: an
+/// expression no partial index can serve ([`statements::WAITING`]).
+pub(crate) fn still_waiting() -> diesel::expression::SqlLiteral<diesel::sql_types::Bool> {
+    diesel::dsl::sql(statements::WAITING)
+}
 pub mod types;
 
 use std::path::Path;
@@ -380,11 +386,13 @@ impl Store {
                         // cheapest read of one page, and every pooled connection's prepared
                         // statements keep that plan while the table grows. Off, every
                         // statement with an index to use uses it; one with none still scans.
+                        // jit = off: such a scan's inflated cost would cross every JIT
+                        // threshold, and compiling costs more than any short statement.
                         // (docs/design.md, "Plans that do not depend on statistics".)
                         conn.batch_execute(&format!(
                             "SET statement_timeout = {statement_timeout_ms}; \
                              SET TIME ZONE 'UTC'; SET application_name = 'paynotify'; \
-                             SET enable_seqscan = off"
+                             SET enable_seqscan = off; SET jit = off"
                         ))
                         .await
                         .map_err(ConnectionError::CouldntSetupConfiguration)?;

@@ -64,36 +64,13 @@ macro_rules! sql {
     };
 }
 
-/// PostgreSQL: "the order is waiting", for a statement that found the order by its primary
-/// key. Written as an expression of the column, which no partial index's `WHERE status =
-/// 'WAIT_PAY'` can serve, so the planner has only the primary key to find the row by: with
-/// statistics taken while no order waited, reading a whole partial index looked cheaper than
-/// one lookup, and was read whole once per statement while a sale filled it (docs/design.md,
-/// "Plans that do not depend on statistics").
-const WAITING: &str = "status || '' = 'WAIT_PAY'";
-
-/// [`WAITING`] in each backend's statements: MySQL has no partial indexes, and SQLite always
-/// takes a primary-key equality over any other index.
-pub trait Waiting {
-    const WAITING: &'static str;
-}
-
-impl Waiting for Pg {
-    const WAITING: &'static str = WAITING;
-}
-
-impl Waiting for Mysql {
-    const WAITING: &'static str = "status = 'WAIT_PAY'";
-}
-
-impl Waiting for Sqlite {
-    const WAITING: &'static str = "status = 'WAIT_PAY'";
-}
-
-/// [`Waiting::WAITING`] of the backend `out` writes for.
-fn waiting<DB: diesel::backend::Backend + Waiting>(_: &AstPass<'_, '_, DB>) -> &'static str {
-    DB::WAITING
-}
+/// "The order is waiting", for a statement that finds the order by its primary key. Written
+/// as an expression of the column, which no partial index's `WHERE status = 'WAIT_PAY'` can
+/// serve, so the planner has only the primary key to find the row by: with statistics taken
+/// while no order waited, reading a whole partial index looked cheaper than one lookup, and
+/// was read whole once per statement while a sale filled it (docs/design.md, "Plans that do
+/// not depend on statistics"). The same SQL on every backend (`status` is `NOT NULL`).
+pub const WAITING: &str = "COALESCE(status, '') = 'WAIT_PAY'";
 
 /// Declares a statement: its SQL on every backend and a static query id (so the prepared
 /// statement is cached). `unless_exists:` is the `ON CONFLICT … DO NOTHING` clause, written on
@@ -257,7 +234,7 @@ impl<'a> MarkPaid<'a> {
 statement!(MarkPaid, |self, out| {
     "UPDATE orders SET status = 'PAID', channel = " [Text: self.channel]
     ", transaction_id = " [Text: self.transaction_id] ", paid_at = " [UtcTs: &self.paid_at]
-    " WHERE order_no = " [Text: self.order_no] " AND " {waiting(&out)} " AND amount_fen = "
+    " WHERE order_no = " [Text: self.order_no] " AND " {WAITING} " AND amount_fen = "
     [BigInt: &self.amount_fen] " AND currency = " [Text: self.currency]
 });
 
@@ -307,11 +284,12 @@ impl<'a> InsertMessage<'a> {
 /// itself), in place of `BEGIN`, [`InsertPayCallback`], [`MarkPaid`], [`InsertMessage`],
 /// `COMMIT`.
 ///
-/// The order row is locked first, found by its primary key alone (`FOR UPDATE`, which under
-/// READ COMMITTED waits for a concurrent writer and returns the row as it committed), then
-/// checked as locked: waiting, for exactly this amount and currency. So once `target` holds
-/// the order, nothing else can move it before this statement commits. Every table is reached
-/// by its primary key and nothing else (see [`WAITING`]), whatever the statistics say. The callback row is written
+/// The order row is locked first, found by its primary key and only while it waits for exactly
+/// this amount and currency (`FOR UPDATE`, which under READ COMMITTED waits for a concurrent
+/// writer and re-checks the row as it committed; a duplicate of a paid order locks nothing).
+/// So once `target` holds the order, nothing else can move it before this statement commits.
+/// Every table is reached by its primary key and nothing else (see [`WAITING`]), whatever the
+/// statistics say. The callback row is written
 /// only for a locked, waiting order, and only if its key is new (`ON CONFLICT DO NOTHING`,
 /// the arbiter as everywhere else); the order moves only with a new callback row, and the
 /// `ORDER_PAID` message only with the move. So the statement writes all three rows or none.
@@ -337,10 +315,9 @@ pub struct PayFirst<'a> {
 impl QueryFragment<Pg> for PayFirst<'_> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         sql!(out;
-            "WITH locked AS (SELECT order_no, status, amount_fen, currency FROM orders WHERE order_no = "
-            [Text: self.out_trade_no] " FOR UPDATE), "
-            "target AS (SELECT order_no FROM locked WHERE status = 'WAIT_PAY' AND amount_fen = "
-            [BigInt: &self.amount_fen] " AND currency = " [Text: self.currency] "), "
+            "WITH target AS (SELECT order_no FROM orders WHERE order_no = " [Text: self.out_trade_no]
+            " AND " {WAITING} " AND amount_fen = " [BigInt: &self.amount_fen]
+            " AND currency = " [Text: self.currency] " FOR UPDATE), "
             "cb AS (INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at) "
             "SELECT order_no, " [Text: self.channel] ", " [Text: self.transaction_id] ", "
             [BigInt: &self.amount_fen] ", " [Text: self.digest] ", " [UtcTs: &self.now]
@@ -373,8 +350,8 @@ impl diesel::query_builder::Query for PayFirst<'_> {
 /// PostgreSQL: [`PayFirst`] for a group of payments at once — one statement, one commit for
 /// all of them (see `store/group.rs`). Every notice in it names a different order.
 ///
-/// The same rules per notice: the order rows are locked first, by their primary keys
-/// (`= ANY` of the group's keys, never a join the planner could hash over a whole index;
+/// The same rules per notice: the waiting order rows are locked first, found by their primary
+/// keys (`= ANY` of the group's keys, never a join the planner could hash over a whole index;
 /// `FOR UPDATE`, in `order_no` order), skipping any that another transaction holds (`SKIP LOCKED`: that notice is left
 /// undecided and takes the ordinary path, which waits for the lock, so one busy order never
 /// holds up a whole group), a callback row is written only
@@ -404,10 +381,11 @@ impl QueryFragment<Pg> for PayGroup<'_> {
             [Array<Text>: &self.currency] ", " [Array<Text>: &self.digest] ", "
             [Array<Json>: &self.payload] ", " [Array<UtcTs>: &self.now]
             ") WITH ORDINALITY AS i(out_trade_no, channel, transaction_id, amount_fen, currency, digest, payload, now, position)), "
-            "locked AS (SELECT order_no, status, amount_fen, currency FROM orders "
-            "WHERE order_no = ANY(ARRAY(SELECT out_trade_no FROM input)) ORDER BY order_no FOR UPDATE SKIP LOCKED), "
+            "locked AS (SELECT order_no, amount_fen, currency FROM orders "
+            "WHERE order_no = ANY(ARRAY(SELECT out_trade_no FROM input)) AND " {WAITING}
+            " ORDER BY order_no FOR UPDATE SKIP LOCKED), "
             "target AS (SELECT l.order_no FROM locked l JOIN input i ON i.out_trade_no = l.order_no "
-            "WHERE l.status = 'WAIT_PAY' AND l.amount_fen = i.amount_fen AND l.currency = i.currency), "
+            "WHERE l.amount_fen = i.amount_fen AND l.currency = i.currency), "
             "cb AS (INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at) "
             "SELECT i.out_trade_no, i.channel, i.transaction_id, i.amount_fen, i.digest, i.now"
             " FROM input i JOIN target t ON t.order_no = i.out_trade_no "

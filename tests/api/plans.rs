@@ -199,3 +199,30 @@ async fn after_a_quiet_night_analysed_each_notice_reads_a_few_index_entries() {
         );
     }
 }
+
+/// A duplicate of a paid order locks nothing: it is answered at once while a refund (here,
+/// any transaction) holds the order row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_is_answered_while_another_transaction_holds_the_paid_order() {
+    use diesel_async::SimpleAsyncConnection;
+    let app = spawn_app(Backend::Postgres).await;
+    waiting_orders(&app.db, 0, 1).await;
+    let notice = TestNotification::paid("WO0", "T0", 19900).to_notice();
+    let outcome = app.store.apply(&notice, app.clock.now()).await;
+    assert_eq!(outcome.expect("applied"), Outcome::Applied);
+    let mut holder = AsyncPgConnection::establish(&pg_url(&app.db))
+        .await
+        .expect("connect");
+    holder
+        .batch_execute("BEGIN; SELECT order_no FROM orders WHERE order_no = 'WO0' FOR UPDATE")
+        .await
+        .expect("hold the order");
+    let again = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        app.store.apply(&notice, app.clock.now()),
+    )
+    .await
+    .expect("answered without waiting for the order's lock");
+    assert_eq!(again.expect("a duplicate"), Outcome::Duplicate);
+    holder.batch_execute("ROLLBACK").await.expect("rollback");
+}
