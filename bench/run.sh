@@ -94,8 +94,6 @@ createdb_url
 # The schema, from the service's own migrations.
 (cd "$WORK/keys" && PAYNOTIFY__DATABASE__URL=$DBURL "$BIN" migrate --config paynotify.toml >/dev/null 2>&1)
 
-seed_history
-
 CLK_TCK=$(getconf CLK_TCK)
 MACHINE="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(psql -qAt "$PGURL/postgres" -c 'SHOW server_version' | cut -d' ' -f1) PostgreSQL, synchronous_commit=$(psql -qAt "$PGURL/postgres" -c 'SHOW synchronous_commit'); history $HISTORY orders, statistics $([ "$STALE" = 1 ] && echo "stale (the pass's orders never analysed)" || echo fresh)"
 RESULTS=$WORK/results.tsv   # config channel pass answered ok errors rate p50 p99 p999 cpu_us rss_mb check group machine_us db_us
@@ -122,9 +120,11 @@ seed_history() {
          INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at, sent_at)
          SELECT 'ORDER_PAID', 'H' || g, jsonb_build_object('order_no', 'H' || g, 'amount_fen', $AMOUNT), 1, 1,
                 now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
-         FROM generate_series(1, $HISTORY) g;
-         VACUUM ANALYZE orders; VACUUM ANALYZE pay_callback; VACUUM ANALYZE local_message;"
+         FROM generate_series(1, $HISTORY) g;"
+    local t
+    for t in orders pay_callback local_message; do sql "VACUUM ANALYZE $t"; done
 }
+seed_history
 
 forge() { # kind prefix count file
     (cd "$WORK/keys" && "$BIN" forge "$1" --prefix "$2" --count "$3" --amount-fen $AMOUNT \
@@ -166,7 +166,7 @@ group_counts() {
 # CPU ticks of the database's backends for this benchmark's database (the service's pool).
 db_ticks() {
     local total=0 pid
-    for pid in $(pgrep -f "postgres: [^ ]+ $DB " || true); do
+    for pid in $(pgrep -f "^postgres: .* $DB " || true); do
         total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
     done
     echo "$total"
