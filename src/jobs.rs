@@ -19,6 +19,7 @@ use crate::reconcile::Reconciler;
 use crate::refunds::Refunds;
 use crate::relay::Relay;
 use crate::store::Store;
+use crate::store::partitions::{self, Maintained};
 use crate::time::Clock;
 
 /// How many expired orders one expiry statement reads; each is closed in its own short
@@ -44,38 +45,73 @@ pub async fn expire_orders(
     reconciler.expire_due(clock.now(), EXPIRY_BATCH).await
 }
 
-/// The retention job: sent messages and idempotency keys older than `keep_days`, and
-/// receipts older than `receipts_keep_days`, in batches with pauses. Pending and dead
-/// messages stay.
+/// What one retention run did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Purged {
+    /// Rows deleted by statement: idempotency keys, SQLite's sent messages and receipts, and
+    /// on the partitioned backends what a kept or the future partition still held past its
+    /// window.
+    pub rows: usize,
+    /// The outbox's partitions created, dropped, compacted and kept.
+    pub outbox: Maintained,
+    /// The receipts' partitions.
+    pub receipts: Maintained,
+}
+
+impl Purged {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// The retention job. Where the database has partitions (docs/design.md, "Partitions"): the
+/// day partitions through [`AHEAD_DAYS`](crate::store::partitions::AHEAD_DAYS) ahead are
+/// created, and those wholly older than the window dropped — the outbox's rebuilt instead
+/// with only their pending and dead messages when they hold some. Then, on every backend,
+/// sent messages and idempotency keys older than `keep_days` and receipts older than
+/// `receipts_keep_days` are deleted in batches with pauses (on the partitioned backends
+/// only leftovers are found). Pending and dead messages stay.
 pub async fn purge(
     store: &Store,
     clock: &dyn Clock,
     keep_days: u32,
     receipts_keep_days: u32,
-) -> Result<usize, crate::store::StoreError> {
-    let receipts_cutoff = clock
-        .now()
-        .plus_seconds(-i64::from(receipts_keep_days.max(1)) * 86_400);
-    let mut total = 0;
+) -> Result<Purged, crate::store::StoreError> {
+    let now = clock.now();
+    let receipts_cutoff = now.plus_seconds(-i64::from(receipts_keep_days.max(1)) * 86_400);
+    let cutoff = now.plus_seconds(-i64::from(keep_days.max(2)) * 86_400);
+    // A table whose partitions could not be kept (a lock waited for too long, say) is tried
+    // again next run; the rest of the run goes on.
+    let maintain = async |table: partitions::Partitioned, cutoff| {
+        store
+            .maintain_partitions(table, now, Some(cutoff))
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(table = table.table, error = %e, "partitions not kept; next run retries");
+                Maintained::default()
+            })
+    };
+    let mut done = Purged {
+        outbox: maintain(partitions::OUTBOX, cutoff).await,
+        receipts: maintain(partitions::RECEIPTS, receipts_cutoff).await,
+        rows: 0,
+    };
     loop {
         let deleted = store
             .purge_receipts_batch(receipts_cutoff, RETENTION_BATCH)
             .await?;
-        total += deleted;
+        done.rows += deleted;
         if (deleted as i64) < RETENTION_BATCH {
             break;
         }
         tokio::time::sleep(RETENTION_PAUSE).await;
     }
-    let cutoff = clock
-        .now()
-        .plus_seconds(-i64::from(keep_days.max(2)) * 86_400);
     loop {
         let deleted = store.purge_batch(cutoff, RETENTION_BATCH).await?;
         let most = deleted.iter().map(|(_, n)| *n).max().unwrap_or(0);
-        total += deleted.iter().map(|(_, n)| *n).sum::<usize>();
+        done.rows += deleted.iter().map(|(_, n)| *n).sum::<usize>();
         if (most as i64) < RETENTION_BATCH {
-            return Ok(total);
+            return Ok(done);
         }
         tokio::time::sleep(RETENTION_PAUSE).await;
     }
@@ -317,8 +353,15 @@ impl Jobs {
                 let (s, c) = (s.clone(), Arc::clone(&c));
                 unless_busy(&busy, async move {
                     match purge(&s, c.as_ref(), keep_days, receipts_keep_days).await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(deleted = n, "retention purge"),
+                        Ok(done) if done.is_empty() => {}
+                        Ok(done) => tracing::info!(
+                            deleted = done.rows,
+                            partitions_created = done.outbox.created.len() + done.receipts.created.len(),
+                            partitions_dropped = ?[&done.outbox.dropped, &done.receipts.dropped],
+                            partitions_compacted = ?done.outbox.compacted,
+                            partitions_kept = ?done.outbox.kept,
+                            "retention purge"
+                        ),
                         Err(e) => {
                             tracing::warn!(error = %e, "retention purge failed; next run retries")
                         }

@@ -22,7 +22,7 @@ use crate::reconcile::Reconciler;
 use crate::refunds::Refunds;
 use crate::relay::{Relay, Sink, sinks};
 use crate::routes::{self, AppState, ExtraRoutes};
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, partitions};
 use crate::time::{Clock, SystemClock};
 
 /// How long a graceful shutdown waits for in-flight requests before closing them.
@@ -171,6 +171,16 @@ impl Application {
         }
         if let Err(e) = store.ping().await {
             return Err(explain(&store, e).await);
+        }
+        // Today's partitions and the next days', before the first request; a table whose DDL
+        // cannot run now takes its rows in its future partition until the retention job can.
+        for table in [partitions::OUTBOX, partitions::RECEIPTS] {
+            if let Err(e) = store
+                .maintain_partitions(table, options.clock.now(), None)
+                .await
+            {
+                tracing::warn!(table = table.table, error = %e, "partitions not created ahead; the retention job retries");
+            }
         }
 
         let addr = settings.server.listen;

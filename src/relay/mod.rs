@@ -129,9 +129,9 @@ impl Relay {
                 )
                 .await?;
             let full_batch = claimed.len() as i64 == self.batch_size;
-            if claimed.is_empty() {
+            let Some(written_since) = claimed.iter().map(|c| c.created_at).min() else {
                 break;
-            }
+            };
             let events: Vec<Event> = claimed.into_iter().map(event).collect();
             let results = self.sink.publish(&events).await;
             let mut delivered = Vec::with_capacity(events.len());
@@ -154,7 +154,7 @@ impl Relay {
                 }
             }
             self.store
-                .mark_sent(&self.owner, &delivered, self.clock.now())
+                .mark_sent(&self.owner, &delivered, written_since, self.clock.now())
                 .await?;
             report.published += delivered.len();
             self.metrics.relay_published.inc_by(delivered.len() as u64);

@@ -13,7 +13,7 @@ use diesel_async::{AsyncConnection, RunQueryDsl};
 use super::group::{GroupResult, Payment};
 use super::schema::{orders, pay_callback, refund_callback, refund_request};
 use super::statements::{
-    InsertMessage, InsertPayCallback, InsertRefundCallback, InsertStatusCallback, MESSAGE_KEY,
+    InsertAnomaly, InsertMessage, InsertPayCallback, InsertRefundCallback, InsertStatusCallback,
     MarkPaid, PRIMARY, PayFirst, unless_exists,
 };
 use super::types::Payload;
@@ -126,17 +126,20 @@ impl PaymentFastPath for diesel_async::AsyncMysqlConnection {}
 /// SQLite: one writer, no network; the transaction costs no round trips.
 impl PaymentFastPath for super::SqliteAsync {}
 
-/// Writes a `PAYMENT_ANOMALY` message once: `Outcome::Anomaly` when it is new; when the
-/// message exists already, the notice is a repeat of a recorded anomaly, and the
-/// transaction is rolled back as a duplicate.
+/// Records a payment anomaly once, with its `PAYMENT_ANOMALY` message: `Outcome::Anomaly`
+/// when it is new; when its `payment_anomaly` row exists already, the notice is a repeat of a
+/// recorded anomaly, and the transaction is rolled back as a duplicate.
 macro_rules! insert_anomaly {
     ($conn:expr, $n:expr, $provider_id:expr, $reason:expr, $order:expr, $now:expr) => {{
         let reason = $reason;
         let message = Message::payment_anomaly($n, $provider_id, reason, $order);
-        let written = InsertMessage::once(&message, $now).execute($conn).await;
-        if unless_exists(written, MESSAGE_KEY)? == 0 {
+        let written = InsertAnomaly::of(&message, $now).execute($conn).await;
+        if unless_exists(written, PRIMARY)? == 0 {
             Err(Abort::With(Outcome::Duplicate))
         } else {
+            InsertMessage::pending(&message, $now)
+                .execute($conn)
+                .await?;
             Ok(Outcome::Anomaly(reason))
         }
     }};

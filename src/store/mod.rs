@@ -5,6 +5,7 @@
 //! one arm in `with_conn!`, and a `Dialect` value for the few statements whose SQL differs.
 
 mod group;
+pub mod partitions;
 pub use group::GroupCounts;
 pub mod ledger;
 pub mod orders;

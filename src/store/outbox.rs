@@ -1,7 +1,7 @@
 //! Reading the outbox (the relay that drains it lives beside the scheduler).
 
 use diesel::prelude::*;
-use diesel_async::RunQueryDsl;
+use diesel_async::{AsyncConnection, RunQueryDsl};
 use serde::Serialize;
 
 use super::schema::local_message;
@@ -34,18 +34,25 @@ pub struct StoredMessage {
 }
 
 impl Store {
-    /// Writes `message` unless its `(topic, biz_key)` exists: an event raised once however
-    /// often what raises it runs. Whether it was written now.
+    /// Records the anomaly `message` announces, with the message, unless an anomaly under its
+    /// key is recorded already: raised once however often what raises it runs. Whether it was
+    /// written now.
     pub async fn raise_once(
         &self,
         message: &crate::outbox::Message,
         now: Timestamp,
     ) -> Result<bool, StoreError> {
-        let statement = super::statements::InsertMessage::once(message, now);
-        let written = with_conn!(self, conn => {
-            super::statements::unless_exists(statement.execute(conn).await, super::statements::MESSAGE_KEY)?
-        });
-        Ok(written > 0)
+        use super::statements::{InsertAnomaly, InsertMessage, PRIMARY, unless_exists};
+        with_conn!(self, conn => {
+            conn.transaction::<_, StoreError, _>(async |conn| {
+                let written = unless_exists(InsertAnomaly::of(message, now).execute(conn).await, PRIMARY)?;
+                if written > 0 {
+                    InsertMessage::pending(message, now).execute(conn).await?;
+                }
+                Ok(written > 0)
+            })
+            .await
+        })
     }
 
     /// Outbox rows, newest first; all statuses when `status` is `None`.

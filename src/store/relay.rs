@@ -51,6 +51,13 @@ const CLAIM_IDS_MYSQL: &str = "SELECT id FROM local_message \
      WHERE status = 0 AND next_attempt_at <= ? AND (locked_until IS NULL OR locked_until < ?) \
      ORDER BY next_attempt_at, id LIMIT ? FOR UPDATE SKIP LOCKED";
 
+/// "Still pending", for a statement that finds its messages by id: an expression of the
+/// column, which the partial index `local_message_pending_due` (`WHERE status = 0`) cannot
+/// serve, so the primary key is the only way to the rows. A day partition new since the last
+/// `ANALYZE` has no statistics, and reading its whole pending index for a few ids looked as
+/// cheap (docs/design.md, "Plans that do not depend on statistics").
+const STILL_PENDING: &str = "COALESCE(status, -1) = 0";
+
 #[derive(QueryableByName)]
 struct Id {
     #[diesel(sql_type = BigInt)]
@@ -60,39 +67,40 @@ struct Id {
 /// A failed delivery: one more attempt, the error, and the next attempt 2^attempts seconds
 /// after `now` (capped at 10 minutes) with ±25 % jitter, all computed in SQL from the row's
 /// own `attempts`; at `max_attempts` the message is parked dead (status 2) with the error.
+/// "Still pending" is [`STILL_PENDING`]'s expression, so the row is found by its key.
 const FAIL_POSTGRES: &str = "UPDATE local_message SET attempts = attempts + 1, last_error = $1, \
      status = CASE WHEN attempts + 1 >= $2 THEN 2 ELSE 0 END, \
      next_attempt_at = $3 + make_interval(secs => LEAST(600, 1 << LEAST(attempts, 10)) * (0.75 + random() / 2)), \
      locked_by = NULL, locked_until = NULL \
-     WHERE id = $4 AND locked_by = $5 AND status = 0";
+     WHERE id = $4 AND locked_by = $5 AND COALESCE(status, -1) = 0";
 const FAIL_SQLITE: &str = "UPDATE local_message SET attempts = attempts + 1, last_error = $1, \
      status = CASE WHEN attempts + 1 >= $2 THEN 2 ELSE 0 END, \
      next_attempt_at = strftime('%Y-%m-%dT%H:%M:%f', $3, \
        '+' || (MIN(600, 1 << MIN(attempts, 10)) * (0.75 + (abs(random()) % 1000) / 2000.0)) || ' seconds') || '000Z', \
      locked_by = NULL, locked_until = NULL \
-     WHERE id = $4 AND locked_by = $5 AND status = 0";
+     WHERE id = $4 AND locked_by = $5 AND COALESCE(status, -1) = 0";
 /// MySQL assigns left to right, each assignment seeing the ones before it: `attempts` is
 /// incremented last so the others read its old value, as the other backends do.
 const FAIL_MYSQL: &str = "UPDATE local_message SET last_error = ?, \
      status = CASE WHEN attempts + 1 >= ? THEN 2 ELSE 0 END, \
      next_attempt_at = DATE_ADD(?, INTERVAL ROUND(LEAST(600, 1 << LEAST(attempts, 10)) * (0.75 + RAND() / 2) * 1000000) MICROSECOND), \
      locked_by = NULL, locked_until = NULL, attempts = attempts + 1 \
-     WHERE id = ? AND locked_by = ? AND status = 0";
+     WHERE id = ? AND locked_by = ? AND COALESCE(status, -1) = 0";
 
-/// Rows the retry windows no longer need, at most `$2` per statement. Callback rows are not
-/// among them: they are what makes a late repeat of a payment or refund a duplicate, so they
-/// live as long as their order. Nor are `PAYMENT_ANOMALY` messages: a second payment under a
-/// recorded key has no callback row, and its anomaly message is what makes its repeats
-/// duplicates. Each is emitted once for the life of its order.
+/// Rows the retry windows no longer need, at most `$2` per statement: sent messages created
+/// before `$1`, idempotency keys. Callback rows are not among them: they are what makes a
+/// late repeat of a payment or refund a duplicate, so they live as long as their order; nor
+/// are `payment_anomaly` rows, which do the same for a second payment under a recorded key.
+/// On the partitioned backends the outbox's day partitions are dropped whole first
+/// ([`partitions`](super::partitions)), so the statement here finds only what a kept
+/// partition or the future partition still holds.
 const PURGE: [(&str, &str, &str); 2] = [
     (
         "local_message",
         "DELETE FROM local_message WHERE id IN (\
-           SELECT id FROM local_message WHERE status = 1 AND sent_at < $1 \
-           AND topic <> 'PAYMENT_ANOMALY' LIMIT $2)",
+           SELECT id FROM local_message WHERE status = 1 AND created_at < $1 LIMIT $2)",
         // MySQL: no LIMIT in an IN subquery, but a single-table DELETE takes one.
-        "DELETE FROM local_message WHERE status = 1 AND sent_at < ? \
-           AND topic <> 'PAYMENT_ANOMALY' LIMIT ?",
+        "DELETE FROM local_message WHERE status = 1 AND created_at < ? LIMIT ?",
     ),
     (
         "idempotency_key",
@@ -204,19 +212,22 @@ impl Store {
     }
 
     /// Marks delivered messages sent, only while `owner` still holds their lease. Returns
-    /// how many it marked.
+    /// how many it marked. `written_since` is the oldest `created_at` among them: on the
+    /// partitioned backends it keeps the update to the partitions that can hold them.
     pub async fn mark_sent(
         &self,
         owner: &str,
         ids: &[i64],
+        written_since: Timestamp,
         now: Timestamp,
     ) -> Result<usize, StoreError> {
         with_conn!(self, conn => {
             Ok(diesel::update(
                 local_message::table
                     .filter(local_message::id.eq_any(ids))
+                    .filter(local_message::created_at.ge(written_since))
                     .filter(local_message::locked_by.eq(owner))
-                    .filter(local_message::status.eq(status::PENDING)),
+                    .filter(diesel::dsl::sql::<diesel::sql_types::Bool>(STILL_PENDING)),
             )
             .set((
                 local_message::status.eq(status::SENT),

@@ -249,7 +249,20 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::store::types::{Json, UtcTs};
+
+    payment_anomaly (biz_key) {
+        biz_key -> Text,
+        order_no -> Text,
+        payload -> Json,
+        created_at -> UtcTs,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(
+    payment_anomaly,
     bill_report,
     bill_item,
     bill_line,

@@ -26,10 +26,8 @@ use super::types::{Json, Payload, UtcTs};
 use crate::notice::{Digest, Notice};
 use crate::time::Timestamp;
 
-/// The unique key a MySQL duplicate-key error names: the primary key, or the outbox's
-/// `(topic, biz_key)`.
+/// The unique key a MySQL duplicate-key error names: the primary key.
 pub const PRIMARY: &str = "PRIMARY";
-pub const MESSAGE_KEY: &str = "local_message_topic_biz_key";
 
 /// The rows an insert-unless-exists wrote: MySQL's duplicate-key error (1062) for `key`
 /// becomes 0, as `ON CONFLICT DO NOTHING` reports elsewhere. Any other error stays an error.
@@ -238,8 +236,8 @@ statement!(MarkPaid, |self, out| {
     [BigInt: &self.amount_fen] " AND currency = " [Text: self.currency]
 });
 
-/// A new pending outbox message, an event the transaction just earned: fails on an existing
-/// `(topic, biz_key)`, which rolls the transaction back.
+/// A new pending outbox message, an event the transaction just earned (written once by the
+/// compare-and-set or callback row that earned it, or by [`InsertAnomaly`]).
 pub struct InsertMessage<'a> {
     pub topic: &'a str,
     pub biz_key: &'a str,
@@ -253,14 +251,34 @@ statement!(InsertMessage, |self, out| {
     [UtcTs: &self.now] ", " [UtcTs: &self.now] ")"
 });
 
-/// A new pending outbox message unless it exists (0 rows): an anomaly is recorded once.
-pub struct InsertMessageOnce<'a>(pub InsertMessage<'a>);
+/// Records a payment anomaly under its message's key; 0 rows when the key exists: an anomaly
+/// is raised once, however often what raises it arrives. Its outbox message is written only
+/// when this wrote a row (`local_message` is partitioned by time and keeps no key that could
+/// tell).
+pub struct InsertAnomaly<'a> {
+    pub biz_key: &'a str,
+    pub order_no: &'a str,
+    pub payload: Payload,
+    pub created_at: Timestamp,
+}
 
-statement!(InsertMessageOnce, |self, out| {
-    "INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) VALUES ("
-    [Text: self.0.topic] ", " [Text: self.0.biz_key] ", " [Json: &self.0.payload] ", 0, 0, "
-    [UtcTs: &self.0.now] ", " [UtcTs: &self.0.now] ")"
-}, unless_exists: " ON CONFLICT (topic, biz_key) DO NOTHING");
+statement!(InsertAnomaly, |self, out| {
+    "INSERT INTO payment_anomaly (biz_key, order_no, payload, created_at) VALUES ("
+    [Text: self.biz_key] ", " [Text: self.order_no] ", " [Json: &self.payload] ", "
+    [UtcTs: &self.created_at] ")"
+}, unless_exists: " ON CONFLICT (biz_key) DO NOTHING");
+
+impl<'a> InsertAnomaly<'a> {
+    /// The anomaly row of a `PAYMENT_ANOMALY` message.
+    pub fn of(message: &'a crate::outbox::Message, created_at: Timestamp) -> Self {
+        Self {
+            biz_key: &message.biz_key,
+            order_no: message.payload["order_no"].as_str().unwrap_or_default(),
+            payload: Payload(message.payload.clone()),
+            created_at,
+        }
+    }
+}
 
 impl<'a> InsertMessage<'a> {
     /// The message, pending from `now`.
@@ -271,11 +289,6 @@ impl<'a> InsertMessage<'a> {
             payload: Payload(message.payload.clone()),
             now,
         }
-    }
-
-    /// The message, pending from `now`, unless it exists.
-    pub fn once(message: &'a crate::outbox::Message, now: Timestamp) -> InsertMessageOnce<'a> {
-        InsertMessageOnce(Self::pending(message, now))
     }
 }
 

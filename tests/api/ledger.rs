@@ -348,7 +348,7 @@ async fn payments_released_together_share_groups_and_each_commits_once(backend: 
     assert_eq!((counts.payments, counts.decided), (400, 400), "{counts:?}");
 }
 
-/// A group that fails as a whole (here: one order's `ORDER_PAID` already exists, so the
+/// A group that fails as a whole (here: one order's `ORDER_PAID` insert fails, so the
 /// group's outbox insert fails) is undone and its payments are applied one by one: the one
 /// that cannot be written fails alone, every other one is applied.
 async fn a_failed_group_is_retried_payment_by_payment(backend: Backend) {
@@ -362,13 +362,7 @@ async fn a_failed_group_is_retried_payment_by_payment(backend: Backend) {
         let prefix = format!("FG{round}");
         let notices = orders_with_payments(&app, 30, &prefix).await;
         let poisoned = &notices[7].out_trade_no;
-        app.db
-            .execute(&format!(
-                "INSERT INTO local_message (topic, biz_key, payload, status, attempts, \
-                 next_attempt_at, created_at) VALUES ('ORDER_PAID', '{poisoned}', '{{}}', 1, 0, \
-                 '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')"
-            ))
-            .await;
+        app.db.poison_outbox(poisoned).await;
         let before = app.store.group_stats();
         let outcomes = apply_at_once(&app, &notices, app.clock.now()).await;
         for (n, outcome) in notices.iter().zip(&outcomes) {
@@ -746,15 +740,8 @@ async fn payment_by_a_second_channel_is_a_duplicate_payment_anomaly(backend: Bac
 async fn a_failure_after_the_cas_rolls_back_everything(backend: Backend) {
     let app = spawn_app(backend).await;
     app.create_order("O-RB", 19900).await;
-    // A row that makes the ORDER_PAID insert — the last statement, after the order CAS —
-    // fail on the unique (topic, biz_key).
-    app.db
-        .execute(
-            "INSERT INTO local_message (topic, biz_key, payload, status, attempts, \
-             next_attempt_at, created_at) VALUES ('ORDER_PAID', 'O-RB', '{}', 1, 0, \
-             '2026-01-01T00:00:00.000000Z', '2026-01-01T00:00:00.000000Z')",
-        )
-        .await;
+    // The ORDER_PAID insert — the last statement, after the order CAS — fails.
+    app.db.poison_outbox("O-RB").await;
     let notice = paid("O-RB", "T-RB", 19900);
     let result = app.store.apply(&notice, app.clock.now()).await;
     assert!(result.is_err(), "the outbox insert must fail: {result:?}");
@@ -768,14 +755,10 @@ async fn a_failure_after_the_cas_rolls_back_everything(backend: Backend) {
         0,
         "callback row rolled back"
     );
-    assert_eq!(
-        app.db.count("local_message").await,
-        1,
-        "only the planted row"
-    );
+    assert_eq!(app.db.count("local_message").await, 0, "no message");
 
     // Nothing half-written blocks the provider's retry once the fault is gone.
-    app.db.execute("DELETE FROM local_message").await;
+    app.db.unpoison_outbox("O-RB").await;
     assert_eq!(app.apply(&notice).await, Outcome::Applied);
     assert_eq!(app.status_of("O-RB").await, "PAID");
 }

@@ -19,6 +19,7 @@ mod migrations;
 mod notify;
 mod openapi;
 mod orders;
+mod partitions;
 mod plans;
 mod qa;
 mod readme;

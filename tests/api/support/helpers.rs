@@ -226,6 +226,41 @@ impl TestDb {
         }
     }
 
+    /// Makes every outbox insert of `biz_key` fail (a trigger that raises), so a test can see
+    /// what a failure after the order's compare-and-set undoes. Undone by
+    /// [`TestDb::unpoison_outbox`].
+    pub async fn poison_outbox(&self, biz_key: &str) {
+        let name = poison_name(biz_key);
+        let sql = match self {
+            TestDb::Postgres { .. } => format!(
+                "CREATE OR REPLACE FUNCTION poison_outbox() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN RAISE EXCEPTION 'poisoned outbox key %', NEW.biz_key; END $$; \
+                 CREATE TRIGGER {name} BEFORE INSERT ON local_message FOR EACH ROW \
+                 WHEN (NEW.biz_key = '{biz_key}') EXECUTE FUNCTION poison_outbox()"
+            ),
+            TestDb::Mysql { .. } => format!(
+                "CREATE TRIGGER {name} BEFORE INSERT ON local_message FOR EACH ROW \
+                 BEGIN IF NEW.biz_key = '{biz_key}' THEN \
+                 SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'poisoned outbox key'; END IF; END"
+            ),
+            TestDb::Sqlite { .. } => format!(
+                "CREATE TRIGGER {name} BEFORE INSERT ON local_message \
+                 WHEN NEW.biz_key = '{biz_key}' BEGIN SELECT RAISE(ABORT, 'poisoned outbox key'); END"
+            ),
+        };
+        self.execute(&sql).await;
+    }
+
+    /// Takes [`TestDb::poison_outbox`] back.
+    pub async fn unpoison_outbox(&self, biz_key: &str) {
+        let name = poison_name(biz_key);
+        let sql = match self {
+            TestDb::Postgres { .. } => format!("DROP TRIGGER {name} ON local_message"),
+            _ => format!("DROP TRIGGER {name}"),
+        };
+        self.execute(&sql).await;
+    }
+
     /// Holds a write lock for `hold` on a connection of its own: SQLite's one writer
     /// (`BEGIN IMMEDIATE`), or on PostgreSQL the row of `order_no` (`FOR UPDATE`). Resolves
     /// once the lock is taken; the returned task commits when the time is up.
@@ -1137,4 +1172,13 @@ pub fn vector_files(dir: &std::path::Path) -> Vec<(String, serde_json::Value)> {
             (name, read_json(&path))
         })
         .collect()
+}
+
+/// A trigger name for an outbox key (letters, digits and `_` only).
+fn poison_name(biz_key: &str) -> String {
+    let key: String = biz_key
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!("poison_{}", key.to_ascii_lowercase())
 }
