@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_cron_scheduler::{Job, JobScheduler, JobSchedulerError};
 
+use crate::archive::Archiver;
 use crate::bills::Bills;
 use crate::certificates::Certificates;
 use crate::reconcile::Reconciler;
@@ -194,11 +195,13 @@ pub fn relay_stall_after(relay_every: Duration) -> Duration {
 }
 
 /// How long the retention job keeps what it purges (`retention.keep_days`,
-/// `receipts.keep_days`).
-#[derive(Debug, Clone, Copy)]
+/// `receipts.keep_days`), and the orders' archive (`retention.orders_keep_days`,
+/// `retention.archive_dir`).
+#[derive(Debug, Clone)]
 pub struct Retention {
     pub keep_days: u32,
     pub receipts_keep_days: u32,
+    pub archive: Archiver,
 }
 
 /// What the scheduled jobs other than the relay and retention work on.
@@ -268,7 +271,9 @@ impl Jobs {
         let Retention {
             keep_days,
             receipts_keep_days,
+            archive,
         } = retention;
+        let archive = Arc::new(archive);
         let scheduler = JobScheduler::new().await?;
         let (r, c, busy) = (
             Arc::clone(&reconciler),
@@ -350,7 +355,7 @@ impl Jobs {
         let (s, c, busy) = (store, clock, Arc::new(Mutex::new(())));
         scheduler
             .add(Job::new_repeated_async(RETENTION_EVERY, move |_, _| {
-                let (s, c) = (s.clone(), Arc::clone(&c));
+                let (s, c, a) = (s.clone(), Arc::clone(&c), Arc::clone(&archive));
                 unless_busy(&busy, async move {
                     match purge(&s, c.as_ref(), keep_days, receipts_keep_days).await {
                         Ok(done) if done.is_empty() => {}
@@ -364,6 +369,18 @@ impl Jobs {
                         ),
                         Err(e) => {
                             tracing::warn!(error = %e, "retention purge failed; next run retries")
+                        }
+                    }
+                    match a.run(&s, c.as_ref()).await {
+                        Ok(done) if done.orders == 0 => {}
+                        Ok(done) => tracing::info!(
+                            orders = done.orders,
+                            deleted = done.rows,
+                            files = ?done.files,
+                            "orders archived"
+                        ),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "order archive failed; nothing of the batch was removed; next run retries")
                         }
                     }
                 })

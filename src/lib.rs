@@ -1,6 +1,7 @@
 //! paynotify: verifies payment notifications and turns each into exactly one order state
 //! change plus one outbox message.
 
+pub mod archive;
 pub(crate) mod batch;
 pub mod bills;
 pub mod body_deadline;

@@ -43,6 +43,9 @@ enum Command {
     /// The daily bill reconciliation (对账).
     #[command(subcommand)]
     Bills(BillsCommand),
+    /// Orders past `retention.orders_keep_days`, in the archive the retention job writes.
+    #[command(subcommand)]
+    Archive(ArchiveCommand),
     /// QA: forge one signed notification per order into a file of raw HTTP requests, for a
     /// load generator to replay (`bench/run.sh`).
     Forge(ForgeArgs),
@@ -74,6 +77,24 @@ enum BillsCommand {
         /// The reports as JSON (the admin API's shape).
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum ArchiveCommand {
+    /// Print every archived record of an order (its row, accounts, callbacks, refund
+    /// requests, anomalies), one JSON line each. Exits 0 when found, 1 when not, 2 when the
+    /// archive could not be read.
+    Show {
+        order_no: String,
+        /// Read only the files of the order's creation day (UTC); every file when absent.
+        #[arg(long, value_name = "YYYY-MM-DD")]
+        day: Option<chrono::NaiveDate>,
+        /// The archive directory; default: `retention.archive_dir` of the configuration.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
 }
 
@@ -191,12 +212,27 @@ async fn main() -> ExitCode {
             }
         };
     }
+    if let Command::Archive(ArchiveCommand::Show {
+        order_no,
+        day,
+        dir,
+        config,
+    }) = command
+    {
+        return match show_archived(&order_no, day, dir, config) {
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                eprintln!("paynotify: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     let result = match command {
         Command::Serve { config } => serve(config).await,
         Command::Migrate { config } => migrate(config).await,
         Command::Replay(args) => replay(args).await,
         Command::Explain(args) => explain(args).await,
-        Command::Bills(_) => unreachable!("handled above"),
+        Command::Bills(_) | Command::Archive(_) => unreachable!("handled above"),
         Command::Forge(args) => forge(args),
         Command::SandboxKeys { out, listen } => {
             paynotify::telemetry::init();
@@ -399,6 +435,39 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     } else {
         anyhow::bail!("some responses were not what the contract says for this input")
     }
+}
+
+/// `paynotify archive show`: 0 when the order was found, 1 when not.
+fn show_archived(
+    order_no: &str,
+    day: Option<chrono::NaiveDate>,
+    dir: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> anyhow::Result<u8> {
+    let dir = match dir {
+        Some(dir) => dir,
+        None => load_settings(config.as_deref())?.retention.archive_dir,
+    };
+    let found = paynotify::archive::find(&dir, order_no, day)
+        .with_context(|| format!("cannot read the archive {}", dir.display()))?;
+    for (file, reason) in &found.damaged {
+        eprintln!(
+            "warning: {} could not be read to the end: {reason}",
+            file.display()
+        );
+    }
+    for record in &found.records {
+        println!("{record}");
+    }
+    if found.records.is_empty() {
+        eprintln!(
+            "{order_no}: not in the {} archive file(s) read under {}",
+            found.files_read,
+            dir.display()
+        );
+        return Ok(1);
+    }
+    Ok(0)
 }
 
 fn forge(args: ForgeArgs) -> anyhow::Result<()> {

@@ -8,6 +8,7 @@ use actix_web::dev::Service;
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::{App, HttpServer, web};
 
+use crate::archive::Archiver;
 use crate::bills::Bills;
 use crate::body_deadline;
 use crate::certificates::Certificates;
@@ -39,6 +40,12 @@ pub enum StartupError {
     /// The database did not answer at start-up: where and why, in one line.
     #[error("{0}")]
     DatabaseUnreachable(String),
+    /// `retention.archive_dir` cannot be created: the archive would fail every hour.
+    #[error("retention.archive_dir: cannot create {}: {source}", path.display())]
+    ArchiveDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -367,6 +374,11 @@ impl Application {
         settings: &Settings,
         clock: Arc<dyn Clock>,
     ) -> Result<Jobs, StartupError> {
+        let archive_dir = &settings.retention.archive_dir;
+        std::fs::create_dir_all(archive_dir).map_err(|source| StartupError::ArchiveDir {
+            path: archive_dir.clone(),
+            source,
+        })?;
         let relay = Arc::new(Relay::new(
             self.store.clone(),
             Arc::clone(&self.sink),
@@ -389,6 +401,10 @@ impl Application {
             Retention {
                 keep_days: settings.retention.keep_days,
                 receipts_keep_days: settings.receipts.keep_days,
+                archive: Archiver::new(
+                    settings.retention.archive_dir.clone(),
+                    settings.retention.orders_keep_days,
+                ),
             },
         )
         .await

@@ -100,6 +100,10 @@ impl Default for RelaySettings {
 
 impl Default for RetentionSettings {
     fn default() -> Self {
-        Self { keep_days: 7 }
+        Self {
+            keep_days: 7,
+            orders_keep_days: 400,
+            archive_dir: "data/archive".into(),
+        }
     }
 }

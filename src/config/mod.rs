@@ -169,7 +169,13 @@ pub struct RelaySettings {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetentionSettings {
+    /// Sent messages and idempotency keys are kept this long.
     pub keep_days: u32,
+    /// Final orders created longer ago than this (at least 366: refunds come up to a year
+    /// after the payment) are archived with their callbacks and anomalies, then removed.
+    pub orders_keep_days: u32,
+    /// Where the archive's files go (`src/archive`); created at start-up.
+    pub archive_dir: PathBuf,
 }
 
 /// Which notify requests leave a receipt (`receipts.store`).
@@ -398,6 +404,13 @@ mod tests {
         assert!(err.to_string().contains("relay.sink"), "{err}");
         let err = load("[retention]\nkeep_days = 1\n", &[]).unwrap_err();
         assert!(err.to_string().contains("retention.keep_days"), "{err}");
+        let err = load("[retention]\norders_keep_days = 365\n", &[]).unwrap_err();
+        assert!(
+            err.to_string().contains("retention.orders_keep_days"),
+            "{err}"
+        );
+        let err = load("[retention]\narchive_dir = \"\"\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("retention.archive_dir"), "{err}");
         let err = load("[server]\nbody_timeout_ms = 0\n", &[]).unwrap_err();
         assert!(err.to_string().contains("server.body_timeout_ms"), "{err}");
         let err = load("[database]\nurl = \"oracle://x\"\n", &[]).unwrap_err();

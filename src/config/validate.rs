@@ -172,6 +172,15 @@ impl Validate for RetentionSettings {
                 "must be between 2 (providers retry for up to 25 hours) and 3650",
             ));
         }
+        if !(366..=36500).contains(&self.orders_keep_days) {
+            return Err(invalid(
+                "retention.orders_keep_days",
+                "must be between 366 (a refund may come up to a year after the payment) and 36500",
+            ));
+        }
+        if self.archive_dir.as_os_str().is_empty() {
+            return Err(invalid("retention.archive_dir", "must name a directory"));
+        }
         Ok(())
     }
 }

@@ -10,7 +10,7 @@ use crate::store::{Store, StoreError, with_conn};
 use crate::time::Timestamp;
 
 /// A refund request as stored; `GET /orders/{no}/refunds` shows it through [`super::View`].
-#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Queryable, Selectable)]
 #[diesel(table_name = refund_request)]
 pub struct RefundRow {
     pub out_refund_no: String,

@@ -4,6 +4,7 @@ mod alipay;
 mod alipay_bill;
 mod alipay_vectors;
 mod amqp;
+mod archive;
 mod bills;
 mod certificates;
 mod cli;

@@ -596,6 +596,11 @@ pub fn test_settings(db_url: &str) -> Settings {
     settings.server.api_token = Secret::new(API_TOKEN);
     settings.database.url = Secret::new(db_url);
     settings.database.pool_size = 8;
+    // Never the working directory's data/archive.
+    settings.retention.archive_dir = std::env::temp_dir().join(format!(
+        "paynotify-archive-{}",
+        paynotify::random::token(b"abcdefghijklmnopqrstuvwxyz", 12).expect("random")
+    ));
     settings
 }
 

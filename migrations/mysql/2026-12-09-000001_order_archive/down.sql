@@ -1,0 +1,1 @@
+DROP INDEX orders_created_at ON orders;

@@ -1,0 +1,328 @@
+//! The archive's statements: one batch of orders past their lifetime locked, read with
+//! everything recorded of them, handed to the writer, and deleted — in one transaction, so
+//! a row is deleted only once the file holding it is on disk.
+
+use std::collections::HashMap;
+use std::future::Future;
+
+use diesel::prelude::*;
+use diesel_async::{AsyncConnection, RunQueryDsl};
+use serde::Serialize;
+
+use crate::order::RefundStatus;
+use crate::refunds::store::RefundRow;
+use crate::store::orders::{PayCallback, RefundCallback, StatusCallback};
+use crate::store::schema::{
+    order_account, orders, pay_callback, payment_anomaly, refund_callback, refund_request,
+    status_callback,
+};
+use crate::store::types::Payload;
+use crate::store::{Store, StoreError, with_conn};
+use crate::time::Timestamp;
+
+/// The statuses nothing moves any more but a refund, which the window leaves room for.
+const FINAL: [&str; 3] = ["PAID", "REFUNDED", "CLOSED"];
+
+/// An order's row, every column.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Queryable, Selectable)]
+#[diesel(table_name = orders)]
+pub struct OrderRow {
+    pub order_no: String,
+    pub status: String,
+    pub amount_fen: i64,
+    pub refunded_fen: i64,
+    pub currency: String,
+    pub subject: String,
+    pub channel: Option<String>,
+    pub transaction_id: Option<String>,
+    pub created_at: Timestamp,
+    pub paid_at: Option<Timestamp>,
+    pub closed_at: Option<Timestamp>,
+    pub expire_at: Timestamp,
+    pub next_query_at: Option<Timestamp>,
+    pub close_attempts: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Queryable, Selectable)]
+#[diesel(table_name = order_account)]
+pub struct AccountRow {
+    pub order_no: String,
+    pub channel: String,
+    pub account: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Queryable, Selectable)]
+#[diesel(table_name = payment_anomaly)]
+pub struct AnomalyRow {
+    pub biz_key: String,
+    pub order_no: String,
+    pub payload: Payload,
+    pub created_at: Timestamp,
+}
+
+/// One archived order: a line of the archive (docs/operations.md, "The order archive").
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ArchivedOrder {
+    /// The line's format; a reader refuses one it does not know.
+    pub format: u32,
+    pub order: OrderRow,
+    pub accounts: Vec<AccountRow>,
+    pub pay_callbacks: Vec<PayCallback>,
+    pub refund_callbacks: Vec<RefundCallback>,
+    pub status_callbacks: Vec<StatusCallback>,
+    pub refund_requests: Vec<RefundRow>,
+    pub anomalies: Vec<AnomalyRow>,
+}
+
+/// The format [`ArchivedOrder::format`] is written in.
+pub const FORMAT: u32 = 1;
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchDone {
+    pub orders: usize,
+    /// Rows deleted, the orders' own included.
+    pub rows: usize,
+}
+
+/// Why a batch was not archived; nothing of it was deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum BatchError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The writer failed: the batch's rows stay and the next run writes them again.
+    #[error("the archive could not be written: {0}")]
+    Write(#[source] std::io::Error),
+}
+
+/// Inside the batch's transaction: a statement failed, or the writer did.
+#[derive(Debug)]
+enum InTx {
+    Query(diesel::result::Error),
+    Write(std::io::Error),
+}
+
+impl From<diesel::result::Error> for InTx {
+    fn from(e: diesel::result::Error) -> Self {
+        Self::Query(e)
+    }
+}
+
+impl From<InTx> for BatchError {
+    fn from(e: InTx) -> Self {
+        match e {
+            InTx::Query(e) => Self::Store(StoreError::Query(e)),
+            InTx::Write(e) => Self::Write(e),
+        }
+    }
+}
+
+impl Store {
+    /// Archives at most `limit` orders created before `cutoff` that are final and have no
+    /// refund in flight, oldest first: each is locked (an update of its row that changes
+    /// nothing: PostgreSQL and MySQL row locks, SQLite's write lock), read with its accounts,
+    /// callback rows, refund requests and anomalies, handed to `write`, and deleted with them
+    /// once `write` returned — all in one transaction. A refund recorded meanwhile waits for
+    /// the lock and then finds no order. `write` failing deletes nothing.
+    pub async fn archive_batch<W, F>(
+        &self,
+        cutoff: Timestamp,
+        limit: i64,
+        write: W,
+    ) -> Result<BatchDone, BatchError>
+    where
+        W: FnOnce(Vec<ArchivedOrder>) -> F + Send,
+        F: Future<Output = std::io::Result<()>> + Send,
+    {
+        with_conn!(self, conn => {
+            conn.transaction::<_, InTx, _>(async |conn| {
+                let in_flight = refund_request::table
+                    .filter(refund_request::order_no.eq(orders::order_no))
+                    .filter(
+                        refund_request::status
+                            .eq_any([RefundStatus::Submitting.as_str(), RefundStatus::Processing.as_str()])
+                            .or(refund_request::status
+                                .eq(RefundStatus::Abnormal.as_str())
+                                .and(refund_request::error_code.is_null())),
+                    );
+                let candidates: Vec<String> = orders::table
+                    .filter(orders::created_at.lt(cutoff))
+                    .filter(orders::status.eq_any(FINAL))
+                    .filter(diesel::dsl::not(diesel::dsl::exists(in_flight.clone())))
+                    .order(orders::created_at)
+                    .select(orders::order_no)
+                    .limit(limit)
+                    .load(conn)
+                    .await?;
+                if candidates.is_empty() {
+                    return Ok(BatchDone::default());
+                }
+                // The lock; the conditions again, as a concurrent change may have moved one.
+                diesel::update(
+                    orders::table
+                        .filter(orders::order_no.eq_any(&candidates))
+                        .filter(orders::created_at.lt(cutoff))
+                        .filter(orders::status.eq_any(FINAL))
+                        .filter(diesel::dsl::not(diesel::dsl::exists(in_flight.clone()))),
+                )
+                .set(orders::close_attempts.eq(orders::close_attempts))
+                .execute(conn)
+                .await?;
+                let locked: Vec<OrderRow> = orders::table
+                    .filter(orders::order_no.eq_any(&candidates))
+                    .filter(orders::created_at.lt(cutoff))
+                    .filter(orders::status.eq_any(FINAL))
+                    .filter(diesel::dsl::not(diesel::dsl::exists(in_flight.clone())))
+                    .order(orders::created_at)
+                    .select(OrderRow::as_select())
+                    .load(conn)
+                    .await?;
+                let keys: Vec<&str> = locked.iter().map(|o| o.order_no.as_str()).collect();
+                if keys.is_empty() {
+                    return Ok(BatchDone::default());
+                }
+                let accounts: Vec<AccountRow> = order_account::table
+                    .filter(order_account::order_no.eq_any(&keys))
+                    .select(AccountRow::as_select())
+                    .load(conn)
+                    .await?;
+                let pays: Vec<PayCallback> = pay_callback::table
+                    .filter(pay_callback::out_trade_no.eq_any(&keys))
+                    .order(pay_callback::created_at)
+                    .select(PayCallback::as_select())
+                    .load(conn)
+                    .await?;
+                let refunds: Vec<RefundCallback> = refund_callback::table
+                    .filter(refund_callback::out_trade_no.eq_any(&keys))
+                    .order(refund_callback::created_at)
+                    .select(RefundCallback::as_select())
+                    .load(conn)
+                    .await?;
+                let statuses: Vec<StatusCallback> = status_callback::table
+                    .filter(status_callback::out_trade_no.eq_any(&keys))
+                    .order(status_callback::created_at)
+                    .select(StatusCallback::as_select())
+                    .load(conn)
+                    .await?;
+                let requests: Vec<RefundRow> = refund_request::table
+                    .filter(refund_request::order_no.eq_any(&keys))
+                    .order(refund_request::created_at)
+                    .select(RefundRow::as_select())
+                    .load(conn)
+                    .await?;
+                let anomalies: Vec<AnomalyRow> = payment_anomaly::table
+                    .filter(payment_anomaly::order_no.eq_any(&keys))
+                    .order(payment_anomaly::created_at)
+                    .select(AnomalyRow::as_select())
+                    .load(conn)
+                    .await?;
+                let mut rows = 0;
+                rows += diesel::delete(order_account::table.filter(order_account::order_no.eq_any(&keys)))
+                    .execute(conn)
+                    .await?;
+                rows += diesel::delete(pay_callback::table.filter(pay_callback::out_trade_no.eq_any(&keys)))
+                    .execute(conn)
+                    .await?;
+                rows += diesel::delete(refund_callback::table.filter(refund_callback::out_trade_no.eq_any(&keys)))
+                    .execute(conn)
+                    .await?;
+                rows += diesel::delete(status_callback::table.filter(status_callback::out_trade_no.eq_any(&keys)))
+                    .execute(conn)
+                    .await?;
+                rows += diesel::delete(refund_request::table.filter(refund_request::order_no.eq_any(&keys)))
+                    .execute(conn)
+                    .await?;
+                rows += diesel::delete(payment_anomaly::table.filter(payment_anomaly::order_no.eq_any(&keys)))
+                    .execute(conn)
+                    .await?;
+                rows += diesel::delete(orders::table.filter(orders::order_no.eq_any(&keys)))
+                    .execute(conn)
+                    .await?;
+                let archived = assemble(locked, accounts, pays, refunds, statuses, requests, anomalies);
+                let orders = archived.len();
+                // Last, before the commit: a row is gone only once its line is on disk.
+                write(archived).await.map_err(InTx::Write)?;
+                Ok(BatchDone { orders, rows })
+            })
+            .await
+            .map_err(BatchError::from)
+        })
+    }
+}
+
+/// Each order with the rows that name it, in the order the orders came.
+fn assemble(
+    orders: Vec<OrderRow>,
+    accounts: Vec<AccountRow>,
+    pays: Vec<PayCallback>,
+    refunds: Vec<RefundCallback>,
+    statuses: Vec<StatusCallback>,
+    requests: Vec<RefundRow>,
+    anomalies: Vec<AnomalyRow>,
+) -> Vec<ArchivedOrder> {
+    let index: HashMap<String, usize> = orders
+        .iter()
+        .enumerate()
+        .map(|(i, o)| (o.order_no.clone(), i))
+        .collect();
+    let mut archived: Vec<ArchivedOrder> = orders
+        .into_iter()
+        .map(|order| ArchivedOrder {
+            format: FORMAT,
+            order,
+            accounts: Vec::new(),
+            pay_callbacks: Vec::new(),
+            refund_callbacks: Vec::new(),
+            status_callbacks: Vec::new(),
+            refund_requests: Vec::new(),
+            anomalies: Vec::new(),
+        })
+        .collect();
+    let a = &mut archived;
+    spread(a, &index, accounts, |r| &r.order_no, |o| &mut o.accounts);
+    spread(
+        a,
+        &index,
+        pays,
+        |r| &r.out_trade_no,
+        |o| &mut o.pay_callbacks,
+    );
+    spread(
+        a,
+        &index,
+        refunds,
+        |r| &r.out_trade_no,
+        |o| &mut o.refund_callbacks,
+    );
+    spread(
+        a,
+        &index,
+        statuses,
+        |r| &r.out_trade_no,
+        |o| &mut o.status_callbacks,
+    );
+    spread(
+        a,
+        &index,
+        requests,
+        |r| &r.order_no,
+        |o| &mut o.refund_requests,
+    );
+    spread(a, &index, anomalies, |r| &r.order_no, |o| &mut o.anomalies);
+    archived
+}
+
+/// Puts each row into the list of the order it names.
+fn spread<T>(
+    archived: &mut [ArchivedOrder],
+    index: &HashMap<String, usize>,
+    rows: Vec<T>,
+    order_no: impl Fn(&T) -> &String,
+    list: impl Fn(&mut ArchivedOrder) -> &mut Vec<T>,
+) {
+    for row in rows {
+        if let Some(&i) = index.get(order_no(&row)) {
+            list(&mut archived[i]).push(row);
+        }
+    }
+}

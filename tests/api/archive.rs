@@ -1,0 +1,326 @@
+//! Orders' lifetime (`retention.orders_keep_days`): final orders past the window archived
+//! with every row that names them, then removed; the rest untouched; the guarantee inside
+//! the window unchanged; a failed write removes nothing.
+
+use paynotify::archive::{Archiver, find};
+use paynotify::notice::Outcome;
+use paynotify::time::{Clock, Timestamp};
+
+use crate::support::helpers::{Backend, TestApp, spawn_app};
+use crate::support::test_channel::TestNotification;
+
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$name(crate::support::helpers::Backend::Postgres).await
+            })*
+        }
+        mod mysql {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$name(crate::support::helpers::Backend::Mysql).await
+            })*
+        }
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$name(crate::support::helpers::Backend::Sqlite).await
+            })*
+        }
+    };
+}
+
+on_every_backend!(
+    final_orders_past_the_window_are_archived_with_their_rows_then_removed,
+    a_failed_write_removes_nothing,
+    batches_take_every_order_past_the_window,
+);
+
+const DAY: i64 = 86_400;
+
+fn sql_time(t: Timestamp) -> String {
+    t.as_datetime().format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+/// A refund request of `order_no` in `status`, written straight into its table.
+async fn refund_request(app: &TestApp, order_no: &str, out_refund_no: &str, status: &str) {
+    let now = sql_time(app.clock.now());
+    app.db
+        .execute(&format!(
+            "INSERT INTO refund_request (out_refund_no, order_no, channel, account, transaction_id, \
+             amount_fen, total_fen, status, attempts, next_attempt_at, created_at, updated_at) \
+             VALUES ('{out_refund_no}', '{order_no}', 'wechat', '1900000001', 'T-{order_no}', 10, 100, \
+             '{status}', 0, '{now}', '{now}', '{now}')"
+        ))
+        .await;
+}
+
+/// Every row of the tables an archived order takes with it that names `order_no`.
+async fn rows_of(app: &TestApp, order_no: &str) -> i64 {
+    let mut n = 0;
+    for (table, column) in [
+        ("orders", "order_no"),
+        ("order_account", "order_no"),
+        ("pay_callback", "out_trade_no"),
+        ("refund_callback", "out_trade_no"),
+        ("status_callback", "out_trade_no"),
+        ("refund_request", "order_no"),
+        ("payment_anomaly", "order_no"),
+    ] {
+        n += app
+            .db
+            .count(&format!("{table} WHERE {column} = '{order_no}'"))
+            .await;
+    }
+    n
+}
+
+/// Orders of every kind, created on day 0; then 401 days later the archive run: the final
+/// ones without a refund in flight are in the archive with their callbacks, refund requests
+/// and anomalies, and gone from every table; a waiting order, one with a refund in flight and
+/// one created inside the window stay whole. A repeat of an archived order's payment is an
+/// unknown order; one inside the window is still a duplicate.
+async fn final_orders_past_the_window_are_archived_with_their_rows_then_removed(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let created = app.clock.now();
+
+    // Paid, then refunded in part, with a finished refund request.
+    let paid = TestNotification::paid("AR-PAID", "T-AR-PAID", 100);
+    app.create_and_apply(&paid.to_notice()).await;
+    let mut refund = TestNotification::paid("AR-PAID", "T-AR-PAID", 100);
+    refund.kind = "refunded".into();
+    refund.refund = Some(("AR-PAID-R1".into(), "RF-1".into(), 30));
+    assert_eq!(app.apply(&refund.to_notice()).await, Outcome::Applied);
+    refund_request(&app, "AR-PAID", "AR-PAID-R1", "SUCCESS").await;
+    // Paid twice under two transactions: an anomaly.
+    let twice = TestNotification::paid("AR-TWICE", "T-AR-TWICE-1", 100);
+    app.create_and_apply(&twice.to_notice()).await;
+    let second = TestNotification::paid("AR-TWICE", "T-AR-TWICE-2", 100);
+    assert!(matches!(
+        app.apply(&second.to_notice()).await,
+        Outcome::Anomaly(_)
+    ));
+    // Waiting for ever (never paid, never closed), and paid with a refund still in flight.
+    app.create_order("AR-WAIT", 100).await;
+    let held = TestNotification::paid("AR-HELD", "T-AR-HELD", 100);
+    app.create_and_apply(&held.to_notice()).await;
+    refund_request(&app, "AR-HELD", "AR-HELD-R1", "PROCESSING").await;
+    // Closed by expiry.
+    app.create_order("AR-CLOSED", 100).await;
+    app.clock.advance(3_600);
+    app.db
+        .execute("UPDATE orders SET status = 'CLOSED' WHERE order_no = 'AR-CLOSED'")
+        .await;
+    let mut before = 0;
+    for order in ["AR-PAID", "AR-TWICE", "AR-CLOSED"] {
+        before += rows_of(&app, order).await;
+    }
+    assert!(
+        app.db
+            .count("payment_anomaly WHERE order_no = 'AR-TWICE'")
+            .await
+            == 1
+    );
+
+    // Inside the window until the last day: paid 30 days before the run.
+    app.clock.advance(371 * DAY);
+    let recent = TestNotification::paid("AR-RECENT", "T-AR-RECENT", 100);
+    app.create_and_apply(&recent.to_notice()).await;
+    app.clock.advance(30 * DAY);
+
+    let archiver = Archiver::new(dir.path(), 400);
+    // Created 399 days ago: nothing yet.
+    app.clock.advance(-2 * DAY);
+    let early = archiver
+        .run(&app.store, app.clock.as_ref())
+        .await
+        .expect("archive");
+    assert_eq!(early.orders, 0, "{early:?}");
+    app.clock.advance(2 * DAY);
+    let done = archiver
+        .run(&app.store, app.clock.as_ref())
+        .await
+        .expect("archive");
+    assert_eq!(done.orders, 3, "{done:?}");
+    assert_eq!(done.rows as i64, before, "every row of theirs: {done:?}");
+    let day = created.as_datetime().format("%Y%m%d").to_string();
+    assert_eq!(done.files.len(), 1, "{done:?}");
+    let name = done.files[0]
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("name");
+    assert!(
+        name.starts_with(&format!("orders-{day}-")) && name.ends_with(".jsonl.gz"),
+        "{name}"
+    );
+
+    for order in ["AR-PAID", "AR-TWICE", "AR-CLOSED"] {
+        assert_eq!(rows_of(&app, order).await, 0, "{order} removed");
+    }
+    for order in ["AR-WAIT", "AR-HELD", "AR-RECENT"] {
+        assert!(
+            app.db
+                .count(&format!("orders WHERE order_no = '{order}'"))
+                .await
+                == 1,
+            "{order} kept"
+        );
+    }
+    assert_eq!(rows_of(&app, "AR-HELD").await, 3, "AR-HELD whole");
+
+    // The archive holds each with what was recorded of it.
+    let found = find(
+        dir.path(),
+        "AR-PAID",
+        Some(created.as_datetime().date_naive()),
+    )
+    .expect("read");
+    assert!(found.damaged.is_empty(), "{:?}", found.damaged);
+    assert_eq!(found.records.len(), 1);
+    let record = &found.records[0];
+    assert_eq!(record["format"], 1);
+    assert_eq!(record["order"]["status"], "PAID", "refunded in part");
+    assert_eq!(record["order"]["amount_fen"], 100);
+    assert_eq!(record["order"]["refunded_fen"], 30);
+    assert_eq!(record["pay_callbacks"][0]["transaction_id"], "T-AR-PAID");
+    assert_eq!(record["refund_callbacks"][0]["out_refund_no"], "AR-PAID-R1");
+    assert_eq!(record["refund_callbacks"][0]["refund_fen"], 30);
+    assert_eq!(record["refund_requests"][0]["status"], "SUCCESS");
+    let twice = find(dir.path(), "AR-TWICE", None).expect("read");
+    assert_eq!(twice.records.len(), 1);
+    assert_eq!(twice.records[0]["order"]["status"], "PAID");
+    assert_eq!(
+        twice.records[0]["anomalies"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        twice.records[0]
+    );
+    let closed = find(dir.path(), "AR-CLOSED", None).expect("read");
+    assert_eq!(closed.records[0]["order"]["status"], "CLOSED");
+    assert!(
+        find(dir.path(), "AR-WAIT", None)
+            .expect("read")
+            .records
+            .is_empty()
+    );
+
+    // Outside the window: an unknown order, nothing written. Inside: a duplicate.
+    assert_eq!(app.apply(&paid.to_notice()).await, Outcome::UnknownOrder);
+    assert_eq!(rows_of(&app, "AR-PAID").await, 0, "nothing written");
+    assert_eq!(app.apply(&recent.to_notice()).await, Outcome::Duplicate);
+    assert_eq!(app.apply(&held.to_notice()).await, Outcome::Duplicate);
+
+    // Once is enough: the next run finds nothing.
+    let again = archiver
+        .run(&app.store, app.clock.as_ref())
+        .await
+        .expect("archive");
+    assert_eq!(again.orders, 0, "{again:?}");
+}
+
+/// The archive directory cannot be written: the run fails and every row stays.
+async fn a_failed_write_removes_nothing(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let blocked = dir.path().join("not-a-directory");
+    std::fs::write(&blocked, b"a file where the archive would go").expect("file");
+    let paid = TestNotification::paid("AF-1", "T-AF-1", 100);
+    app.create_and_apply(&paid.to_notice()).await;
+    app.clock.advance(401 * DAY);
+    let err = Archiver::new(&blocked, 400)
+        .run(&app.store, app.clock.as_ref())
+        .await
+        .expect_err("the write fails");
+    assert!(
+        matches!(err, paynotify::archive::store::BatchError::Write(_)),
+        "{err}"
+    );
+    assert_eq!(
+        rows_of(&app, "AF-1").await,
+        2,
+        "the order and its callback stay"
+    );
+    assert_eq!(app.apply(&paid.to_notice()).await, Outcome::Duplicate);
+    // Writable again: archived then.
+    let done = Archiver::new(dir.path().join("archive"), 400)
+        .run(&app.store, app.clock.as_ref())
+        .await
+        .expect("archive");
+    assert_eq!(done.orders, 1);
+    assert_eq!(rows_of(&app, "AF-1").await, 0);
+}
+
+/// More orders than a batch: every one archived once, over several batches of one run.
+async fn batches_take_every_order_past_the_window(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    for i in 0..25 {
+        let paid = TestNotification::paid(&format!("AB-{i}"), &format!("T-AB-{i}"), 100);
+        app.create_and_apply(&paid.to_notice()).await;
+        // Across two creation days.
+        app.clock.advance(3 * 3_600);
+    }
+    app.clock.advance(401 * DAY);
+    let mut archiver = Archiver::new(dir.path(), 400);
+    archiver.batch = 4;
+    let done = archiver
+        .run(&app.store, app.clock.as_ref())
+        .await
+        .expect("archive");
+    assert_eq!(done.orders, 25, "{done:?}");
+    assert_eq!(done.rows, 50, "{done:?}");
+    assert!(done.files.len() >= 2, "a file per creation day: {done:?}");
+    assert_eq!(app.db.count("orders").await, 0);
+    assert_eq!(app.db.count("pay_callback").await, 0);
+    for i in 0..25 {
+        let found = find(dir.path(), &format!("AB-{i}"), None).expect("read");
+        assert_eq!(found.records.len(), 1, "AB-{i} once");
+        assert!(found.damaged.is_empty());
+    }
+}
+
+/// `paynotify archive show` finds an archived order in what a run wrote, by its day or in
+/// every file, prints its record as one JSON line, and exits 1 for an order not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_show_prints_an_archived_order_and_exits_1_for_one_not_there() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let created = app.clock.now().as_datetime().date_naive();
+    let paid = TestNotification::paid("AS-1", "T-AS-1", 100);
+    app.create_and_apply(&paid.to_notice()).await;
+    app.clock.advance(401 * DAY);
+    let done = Archiver::new(dir.path(), 400)
+        .run(&app.store, app.clock.as_ref())
+        .await
+        .expect("archive");
+    assert_eq!(done.orders, 1);
+
+    let show = |order: &str, day: Option<String>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_paynotify"));
+        command
+            .args(["archive", "show", order, "--dir"])
+            .arg(dir.path());
+        if let Some(day) = day {
+            command.args(["--day", &day]);
+        }
+        command.output().expect("paynotify runs")
+    };
+    for day in [None, Some(created.format("%Y-%m-%d").to_string())] {
+        let out = show("AS-1", day.clone());
+        assert_eq!(out.status.code(), Some(0), "{day:?}: {out:?}");
+        let stdout = String::from_utf8(out.stdout).expect("utf-8");
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.len(), 1, "{stdout}");
+        let record: serde_json::Value = serde_json::from_str(lines[0]).expect("a JSON line");
+        assert_eq!(record["order"]["order_no"], "AS-1");
+        assert_eq!(record["pay_callbacks"][0]["transaction_id"], "T-AS-1");
+    }
+    let out = show("AS-2", None);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("AS-2: not in the 1 archive file"));
+    let other_day = show("AS-1", Some("2020-01-01".into()));
+    assert_eq!(other_day.status.code(), Some(1), "{other_day:?}");
+}
