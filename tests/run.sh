@@ -89,6 +89,9 @@ ensure_mysql
 ensure_redis
 ensure_rabbitmq
 echo "tests/run.sh: PostgreSQL for tests at ${PG_URL%%@*}@…"
+# The consumer's tests run its example binary (consumer/tests/support builds it when it is
+# stale): built first with the same command, so no test waits beside a build of its own.
+cargo build --locked --quiet -p paynotify-consumer --example inventory
 cargo test --locked --workspace "$@"
 
 # The fast part of the fault suite (docs/reliability.md): two instances on one database,
