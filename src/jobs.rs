@@ -31,7 +31,6 @@ const EXPIRY_EVERY: Duration = Duration::from_secs(10);
 /// waits on the purge.
 const RETENTION_BATCH: i64 = 1000;
 const RETENTION_PAUSE: Duration = Duration::from_millis(50);
-const RETENTION_EVERY: Duration = Duration::from_secs(3600);
 /// How often the reconcile job looks for unpaid orders to ask about (each order is asked at
 /// most once per `reconcile.every_secs`).
 const RECONCILE_EVERY: Duration = Duration::from_secs(10);
@@ -178,13 +177,13 @@ pub async fn reconcile_bills(bills: &Bills) {
 const WATCHDOG_EVERY: Duration = Duration::from_secs(10);
 
 /// The jobs `Jobs::start` runs and how often, for the start-up log line.
-pub fn schedule(relay_every: Duration) -> String {
+pub fn schedule(relay_every: Duration, retention_every: Duration) -> String {
     format!(
         "relay every {} ms, order expiry every {} s, reconcile every {} s, retention every {} s, relay watchdog every {} s",
         relay_every.as_millis(),
         EXPIRY_EVERY.as_secs(),
         RECONCILE_EVERY.as_secs(),
-        RETENTION_EVERY.as_secs(),
+        retention_every.as_secs(),
         WATCHDOG_EVERY.as_secs()
     )
 }
@@ -199,6 +198,8 @@ pub fn relay_stall_after(relay_every: Duration) -> Duration {
 /// `retention.archive_dir`).
 #[derive(Debug, Clone)]
 pub struct Retention {
+    /// How often the job runs (`retention.every_secs`).
+    pub every: Duration,
     pub keep_days: u32,
     pub receipts_keep_days: u32,
     pub archive: Archiver,
@@ -269,6 +270,7 @@ impl Jobs {
             refunds,
         } = work;
         let Retention {
+            every: retention_every,
             keep_days,
             receipts_keep_days,
             archive,
@@ -354,12 +356,14 @@ impl Jobs {
         }
         let (s, c, busy) = (store, clock, Arc::new(Mutex::new(())));
         scheduler
-            .add(Job::new_repeated_async(RETENTION_EVERY, move |_, _| {
+            .add(Job::new_repeated_async(retention_every, move |_, _| {
                 let (s, c, a) = (s.clone(), Arc::clone(&c), Arc::clone(&archive));
                 unless_busy(&busy, async move {
+                    let started = std::time::Instant::now();
                     match purge(&s, c.as_ref(), keep_days, receipts_keep_days).await {
                         Ok(done) if done.is_empty() => {}
                         Ok(done) => tracing::info!(
+                            took_ms = started.elapsed().as_millis() as u64,
                             deleted = done.rows,
                             partitions_created = done.outbox.created.len() + done.receipts.created.len(),
                             partitions_dropped = ?[&done.outbox.dropped, &done.receipts.dropped],
@@ -371,9 +375,11 @@ impl Jobs {
                             tracing::warn!(error = %e, "retention purge failed; next run retries")
                         }
                     }
+                    let started = std::time::Instant::now();
                     match a.run(&s, c.as_ref()).await {
                         Ok(done) if done.orders == 0 => {}
                         Ok(done) => tracing::info!(
+                            took_ms = started.elapsed().as_millis() as u64,
                             orders = done.orders,
                             deleted = done.rows,
                             files = ?done.files,

@@ -282,7 +282,10 @@ async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
         backend = app.store().backend(),
         redis_gate = if settings.redis.url.is_empty() { "off" } else { "on" },
         relay_sink,
-        jobs = %paynotify::jobs::schedule(Duration::from_millis(settings.relay.interval_ms)),
+        jobs = %paynotify::jobs::schedule(
+            Duration::from_millis(settings.relay.interval_ms),
+            Duration::from_secs(settings.retention.every_secs),
+        ),
         %listen,
         "paynotify serving on {listen}"
     );

@@ -399,6 +399,7 @@ impl Application {
             relay,
             Duration::from_millis(settings.relay.interval_ms),
             Retention {
+                every: Duration::from_secs(settings.retention.every_secs),
                 keep_days: settings.retention.keep_days,
                 receipts_keep_days: settings.receipts.keep_days,
                 archive: Archiver::new(

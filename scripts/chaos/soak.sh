@@ -22,6 +22,16 @@
 # order paid exactly once (one callback row, one ORDER_PAID), every event in the stream, and
 # SIGTERM still prompt. Reports them all.
 #   CHAOS_SOAK_SECS (600), CHAOS_SOAK_SEGMENT (60), CHAOS_SOAK_CONNS (32), CHAOS_SOAK_FIRSTS (2000)
+#
+# With retention (docs/benchmarks.md, "Sustained, with retention running"):
+#   CHAOS_SOAK_HISTORY_DAYS (0)        days of sent messages and receipts older than the window,
+#                                      in their day partitions (the retention job drops them)
+#   CHAOS_SOAK_HISTORY_PER_DAY (200000) messages per such day (and a tenth as many receipts)
+#   CHAOS_SOAK_ARCHIVE_ORDERS (0)      paid orders with their callback rows created 401 days ago
+#                                      (the archive takes them)
+# Either makes the retention job run every 60 s (retention.keep_days and receipts.keep_days 2),
+# and the report adds each segment's table sizes and WAL bytes, the WAL bytes per request and
+# per first delivery, and the retention runs' rows per second.
 source "$(dirname "$0")/lib.sh"
 chaos_begin soak
 SECS=${CHAOS_SOAK_SECS:-600}
@@ -40,7 +50,68 @@ redis_start
 RP=$REDIS_PORT
 PN_ENV=(PAYNOTIFY__DATABASE__AUTO_MIGRATE=false PAYNOTIFY__REDIS__URL="redis://127.0.0.1:$RP"
   PAYNOTIFY__RELAY__SINK=redis-stream PAYNOTIFY__RELAY__INTERVAL_MS=200)
+HIST_DAYS=${CHAOS_SOAK_HISTORY_DAYS:-0}
+HIST_PER_DAY=${CHAOS_SOAK_HISTORY_PER_DAY:-200000}
+ARCHIVE_ORDERS=${CHAOS_SOAK_ARCHIVE_ORDERS:-0}
+RETENTION=0
+if [ "$HIST_DAYS" -gt 0 ] || [ "$ARCHIVE_ORDERS" -gt 0 ]; then
+  RETENTION=1
+  PN_ENV+=(PAYNOTIFY__RETENTION__EVERY_SECS=60 PAYNOTIFY__RETENTION__KEEP_DAYS=2
+    PAYNOTIFY__RECEIPTS__KEEP_DAYS=2 PAYNOTIFY__RETENTION__ARCHIVE_DIR="$T/archive")
+fi
 pn_migrate
+
+# Sent messages and receipts of HIST_DAYS days from three days ago back, each day in its own
+# partition (or the migration's "before" partition for days before its bound); paid orders
+# of 401 days ago with their callback rows.
+seed_history() {
+  local bound d day next t
+  bound=$(sql "SELECT substring(c.relname from '_before_([0-9]{8})$') FROM pg_inherits i
+               JOIN pg_class c ON c.oid = i.inhrelid
+               WHERE i.inhparent = 'local_message'::regclass AND c.relname LIKE 'local_message_before_%'")
+  for d in $(seq 3 $((HIST_DAYS + 2))); do
+    day=$(date -u -d "-$d days" +%Y-%m-%d)
+    next=$(date -u -d "$day + 1 day" +%Y-%m-%d)
+    if [ "${day//-/}" -ge "$bound" ]; then
+      for t in local_message notify_receipt; do
+        sql "CREATE TABLE ${t}_${day//-/} PARTITION OF $t
+             FOR VALUES FROM ('$day 00:00:00+00') TO ('$next 00:00:00+00')" >/dev/null
+      done
+    fi
+    sql "INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at, sent_at)
+         SELECT 'ORDER_PAID', 'H$d-' || g, jsonb_build_object('order_no', 'H$d-' || g, 'channel', 'wechat',
+                'transaction_id', '42000' || lpad(g::text, 23, '0'), 'amount_fen', $AMOUNT, 'currency', 'CNY'),
+                1, 1, '$day 12:00:00+00', '$day 12:00:00+00', '$day 12:00:01+00'
+         FROM generate_series(1, $HIST_PER_DAY) g" >/dev/null || die "seeding day $day failed"
+    sql "INSERT INTO notify_receipt (channel, received_at, peer, headers, body_b64, body_bytes, status, outcome, detail, out_trade_no, route)
+         SELECT 'wechat', '$day 12:00:00+00', '127.0.0.1', '{\"content-type\": \"application/json\"}',
+                encode(convert_to(repeat(md5(g::text), 28), 'UTF8'), 'base64'), 896, 401, 'bad_signature',
+                'seeded', 'H$d-' || g, '/notify/wechat'
+         FROM generate_series(1, $((HIST_PER_DAY / 10))) g" >/dev/null || die "seeding receipts of $day failed"
+  done
+  if [ "$ARCHIVE_ORDERS" -gt 0 ]; then
+    sql "INSERT INTO orders (order_no, status, amount_fen, refunded_fen, currency, subject, channel, transaction_id, created_at, paid_at, expire_at)
+         SELECT 'Z' || g, 'PAID', $AMOUNT, 0, 'CNY', 'a year ago', 'wechat', 'TZ' || g,
+                now() - interval '401 days', now() - interval '401 days', now() - interval '401 days'
+         FROM generate_series(1, $ARCHIVE_ORDERS) g;
+         INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at)
+         SELECT 'Z' || g, 'wechat', 'TZ' || g, $AMOUNT, md5(g::text) || md5(g::text), now() - interval '401 days'
+         FROM generate_series(1, $ARCHIVE_ORDERS) g" >/dev/null || die "seeding old orders failed"
+  fi
+  sql "VACUUM ANALYZE" >/dev/null
+}
+# "message-bytes receipt-bytes orders-bytes callback-bytes wal-position"
+sizes() {
+  sql "SELECT (SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0) FROM pg_inherits WHERE inhparent = 'local_message'::regclass)
+       || ' ' || (SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0) FROM pg_inherits WHERE inhparent = 'notify_receipt'::regclass)
+       || ' ' || pg_total_relation_size('orders') || ' ' || pg_total_relation_size('pay_callback')
+       || ' ' || (pg_current_wal_lsn() - '0/0'::pg_lsn)"
+}
+if [ "$RETENTION" = 1 ]; then
+  log "seeding $HIST_DAYS days × $HIST_PER_DAY sent messages (and a tenth as many receipts) before the window, $ARCHIVE_ORDERS orders of 401 days ago"
+  seed_history
+  log "sizes before (messages receipts orders callbacks, bytes; WAL position): $(sizes)"
+fi
 pn_start s "$(free_port)"
 U=$(pn_url s)
 
@@ -126,6 +197,11 @@ log "peak $PEAK requests/s (p99 $((p99 / 1000)) ms); soak at $RATE/s: $SEGMENTS 
 RSS_PEAK=$(pn_rss_kb s)
 segment s1 "$PER_SEG" 0 peak
 : >"$T/report"
+: >"$T/sizes"
+# First deliveries so far: callback rows of the soak's own orders (the archive removes the
+# seeded ones meanwhile).
+firsts_so_far() { sql "SELECT count(*) FROM pay_callback WHERE out_trade_no NOT LIKE 'Z%'"; }
+[ "$RETENTION" = 1 ] && echo "0 $(sizes) $(firsts_so_far)" >>"$T/sizes"
 for k in $(seq 1 "$SEGMENTS"); do
   next=$((k + 1))
   if [ "$k" -lt "$SEGMENTS" ]; then
@@ -140,6 +216,10 @@ for k in $(seq 1 "$SEGMENTS"); do
   fds=$(pn_fds s)
   echo "$k $answered $((answered * 1000000 / duration)) $((p99 / 1000)) $rss $fds $took $statuses" >>"$T/report"
   log "segment $k: $answered requests at $((answered * 1000000 / duration))/s, p99 $((p99 / 1000)) ms, RSS $rss kB, $fds fds, ${took} s"
+  if [ "$RETENTION" = 1 ]; then
+    echo "$k $(sizes) $(firsts_so_far)" >>"$T/sizes"
+    log "segment $k sizes (messages receipts orders callbacks, bytes; WAL position; first deliveries so far): $(tail -n 1 "$T/sizes")"
+  fi
   [ "$took" -le $((SEG * 3 / 2)) ] || fail "segment $k took $took s (the service fell behind $RATE/s)"
   if [ "$k" -lt "$SEGMENTS" ]; then wait "$forging" || die "forging segment $next failed"; fi
   rm -f "$T/seg-s$k.req" "$T/s$((k - 1)).first"
@@ -154,6 +234,21 @@ errors=$(grep -cE ' ERROR |panicked' "$T/pn-s.log")
 [ "$errors" = 0 ] || fail "$errors ERROR/panic lines in the log: $(grep -m 3 -E ' ERROR |panicked' "$T/pn-s.log")"
 
 wait_drained 120
+if [ "$RETENTION" = 1 ]; then
+  # WAL per request and per first delivery over the soak's segments; the retention runs.
+  read -r _ _ _ _ _ WAL0 CB0 <"$T/sizes"
+  read -r _ _ _ _ _ WAL1 CB1 < <(tail -n 1 "$T/sizes")
+  soaked=$(awk '{n += $2} END {print n}' "$T/report")
+  log "WAL over the soak: $((WAL1 - WAL0)) bytes, $(((WAL1 - WAL0) / soaked)) per request, $(((WAL1 - WAL0) / (CB1 - CB0 > 0 ? CB1 - CB0 : 1))) per first delivery ($((CB1 - CB0)) first deliveries, $soaked requests)"
+  grep -E 'retention purge|orders archived|partitions not kept|order archive failed' "$T/pn-s.log" | sed 's/^/  /' >"$T/retention" || true
+  log "retention runs:"
+  cat "$T/retention"
+  [ "$(sql "SELECT count(*) FROM local_message WHERE biz_key LIKE 'H%'")" = 0 ] || fail "history messages left past the window"
+  [ "$(sql "SELECT count(*) FROM orders WHERE order_no LIKE 'Z%'")" = 0 ] || fail "orders of 401 days ago left"
+  [ "$(sql "SELECT count(*) FROM pay_callback WHERE out_trade_no LIKE 'Z%'")" = 0 ] || fail "callback rows of archived orders left"
+  archived=$(zcat "$T"/archive/orders-*.jsonl.gz 2>/dev/null | grep -c '"order_no":"Z' || true)
+  [ "$archived" -ge "$ARCHIVE_ORDERS" ] || fail "$archived orders in the archive, $ARCHIVE_ORDERS expected"
+fi
 ORDERS=$(sql "SELECT count(*) FROM orders")
 v=$(sql "SELECT count(*) FROM orders WHERE status = 'PAID'")
 [ "$v" = "$ORDERS" ] || fail "$v of $ORDERS orders PAID"

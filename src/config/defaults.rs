@@ -101,6 +101,7 @@ impl Default for RelaySettings {
 impl Default for RetentionSettings {
     fn default() -> Self {
         Self {
+            every_secs: 3600,
             keep_days: 7,
             orders_keep_days: 400,
             archive_dir: "data/archive".into(),

@@ -169,6 +169,8 @@ pub struct RelaySettings {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetentionSettings {
+    /// How often the retention job runs (partitions, purge, archive).
+    pub every_secs: u64,
     /// Sent messages and idempotency keys are kept this long.
     pub keep_days: u32,
     /// Final orders created longer ago than this (at least 366: refunds come up to a year
@@ -404,6 +406,8 @@ mod tests {
         assert!(err.to_string().contains("relay.sink"), "{err}");
         let err = load("[retention]\nkeep_days = 1\n", &[]).unwrap_err();
         assert!(err.to_string().contains("retention.keep_days"), "{err}");
+        let err = load("[retention]\nevery_secs = 59\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("retention.every_secs"), "{err}");
         let err = load("[retention]\norders_keep_days = 365\n", &[]).unwrap_err();
         assert!(
             err.to_string().contains("retention.orders_keep_days"),

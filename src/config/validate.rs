@@ -166,6 +166,12 @@ impl RelaySettings {
 
 impl Validate for RetentionSettings {
     fn validate(&self) -> Result<(), ConfigError> {
+        if !(60..=86_400).contains(&self.every_secs) {
+            return Err(invalid(
+                "retention.every_secs",
+                "must be between 60 and 86400 (partitions are made three days ahead)",
+            ));
+        }
         if !(2..=3650).contains(&self.keep_days) {
             return Err(invalid(
                 "retention.keep_days",
