@@ -197,42 +197,23 @@ async fn main() -> ExitCode {
     // reqwest is built without a TLS provider of its own: ring, before any client is built.
     paynotify::https::install_crypto();
     let command = Cli::parse().command;
-    if let Command::Bills(BillsCommand::Reconcile {
-        date,
-        channel,
-        config,
-        json,
-    }) = command
-    {
-        return match reconcile_bills(date, channel.as_deref(), config, json).await {
-            Ok(code) => ExitCode::from(code),
-            Err(e) => {
-                eprintln!("paynotify: {e:#}");
-                ExitCode::from(2)
-            }
-        };
-    }
-    if let Command::Archive(ArchiveCommand::Show {
-        order_no,
-        day,
-        dir,
-        config,
-    }) = command
-    {
-        return match show_archived(&order_no, day, dir, config) {
-            Ok(code) => ExitCode::from(code),
-            Err(e) => {
-                eprintln!("paynotify: {e:#}");
-                ExitCode::from(2)
-            }
-        };
-    }
     let result = match command {
+        Command::Bills(BillsCommand::Reconcile {
+            date,
+            channel,
+            config,
+            json,
+        }) => return exit_with(reconcile_bills(date, channel.as_deref(), config, json).await),
+        Command::Archive(ArchiveCommand::Show {
+            order_no,
+            day,
+            dir,
+            config,
+        }) => return exit_with(show_archived(&order_no, day, dir, config)),
         Command::Serve { config } => serve(config).await,
         Command::Migrate { config } => migrate(config).await,
         Command::Replay(args) => replay(args).await,
         Command::Explain(args) => explain(args).await,
-        Command::Bills(_) | Command::Archive(_) => unreachable!("handled above"),
         Command::Forge(args) => forge(args),
         Command::SandboxKeys { out, listen } => {
             paynotify::telemetry::init();
@@ -246,6 +227,16 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The exit code of a command that has codes of its own; 2 when it could not run.
+fn exit_with(result: anyhow::Result<u8>) -> ExitCode {
+    result
+        .unwrap_or_else(|e| {
+            eprintln!("paynotify: {e:#}");
+            2
+        })
+        .into()
 }
 
 /// Loads the configuration, starts logging in its `log.format`, and warns about every

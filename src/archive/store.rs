@@ -117,6 +117,31 @@ impl From<InTx> for BatchError {
     }
 }
 
+/// For each table whose rows name an archived order (`list: table by column, oldest first by
+/// column => Row`): its rows of the batch's orders read into each record's `list`, then
+/// deleted, counted in `rows`. The column naming the order is the row's field of that name.
+macro_rules! rows_naming {
+    ($conn:expr, $keys:expr, $archived:expr, $index:expr, $rows:expr;
+     $($list:ident: $table:ident by $column:ident, oldest first by $order:ident => $row:ty),+ $(,)?) => {
+        $(
+            let found: Vec<$row> = $table::table
+                .filter($table::$column.eq_any($keys))
+                .order($table::$order)
+                .select(<$row>::as_select())
+                .load($conn)
+                .await?;
+            for row in found {
+                if let Some(&i) = $index.get(&row.$column) {
+                    $archived[i].$list.push(row);
+                }
+            }
+            $rows += diesel::delete($table::table.filter($table::$column.eq_any($keys)))
+                .execute($conn)
+                .await?;
+        )+
+    };
+}
+
 impl Store {
     /// Archives at most `limit` orders created before `cutoff` that are final and have no
     /// refund in flight, oldest first: each is locked (an update of its row that changes
@@ -177,68 +202,23 @@ impl Store {
                     .select(OrderRow::as_select())
                     .load(conn)
                     .await?;
-                let keys: Vec<&str> = locked.iter().map(|o| o.order_no.as_str()).collect();
+                let keys: Vec<String> = locked.iter().map(|o| o.order_no.clone()).collect();
                 if keys.is_empty() {
                     return Ok(BatchDone::default());
                 }
-                let accounts: Vec<AccountRow> = order_account::table
-                    .filter(order_account::order_no.eq_any(&keys))
-                    .select(AccountRow::as_select())
-                    .load(conn)
-                    .await?;
-                let pays: Vec<PayCallback> = pay_callback::table
-                    .filter(pay_callback::out_trade_no.eq_any(&keys))
-                    .order(pay_callback::created_at)
-                    .select(PayCallback::as_select())
-                    .load(conn)
-                    .await?;
-                let refunds: Vec<RefundCallback> = refund_callback::table
-                    .filter(refund_callback::out_trade_no.eq_any(&keys))
-                    .order(refund_callback::created_at)
-                    .select(RefundCallback::as_select())
-                    .load(conn)
-                    .await?;
-                let statuses: Vec<StatusCallback> = status_callback::table
-                    .filter(status_callback::out_trade_no.eq_any(&keys))
-                    .order(status_callback::created_at)
-                    .select(StatusCallback::as_select())
-                    .load(conn)
-                    .await?;
-                let requests: Vec<RefundRow> = refund_request::table
-                    .filter(refund_request::order_no.eq_any(&keys))
-                    .order(refund_request::created_at)
-                    .select(RefundRow::as_select())
-                    .load(conn)
-                    .await?;
-                let anomalies: Vec<AnomalyRow> = payment_anomaly::table
-                    .filter(payment_anomaly::order_no.eq_any(&keys))
-                    .order(payment_anomaly::created_at)
-                    .select(AnomalyRow::as_select())
-                    .load(conn)
-                    .await?;
+                let (mut archived, index) = records(locked);
                 let mut rows = 0;
-                rows += diesel::delete(order_account::table.filter(order_account::order_no.eq_any(&keys)))
-                    .execute(conn)
-                    .await?;
-                rows += diesel::delete(pay_callback::table.filter(pay_callback::out_trade_no.eq_any(&keys)))
-                    .execute(conn)
-                    .await?;
-                rows += diesel::delete(refund_callback::table.filter(refund_callback::out_trade_no.eq_any(&keys)))
-                    .execute(conn)
-                    .await?;
-                rows += diesel::delete(status_callback::table.filter(status_callback::out_trade_no.eq_any(&keys)))
-                    .execute(conn)
-                    .await?;
-                rows += diesel::delete(refund_request::table.filter(refund_request::order_no.eq_any(&keys)))
-                    .execute(conn)
-                    .await?;
-                rows += diesel::delete(payment_anomaly::table.filter(payment_anomaly::order_no.eq_any(&keys)))
-                    .execute(conn)
-                    .await?;
+                rows_naming!(conn, &keys, archived, index, rows;
+                    accounts: order_account by order_no, oldest first by order_no => AccountRow,
+                    pay_callbacks: pay_callback by out_trade_no, oldest first by created_at => PayCallback,
+                    refund_callbacks: refund_callback by out_trade_no, oldest first by created_at => RefundCallback,
+                    status_callbacks: status_callback by out_trade_no, oldest first by created_at => StatusCallback,
+                    refund_requests: refund_request by order_no, oldest first by created_at => RefundRow,
+                    anomalies: payment_anomaly by order_no, oldest first by created_at => AnomalyRow,
+                );
                 rows += diesel::delete(orders::table.filter(orders::order_no.eq_any(&keys)))
                     .execute(conn)
                     .await?;
-                let archived = assemble(locked, accounts, pays, refunds, statuses, requests, anomalies);
                 let orders = archived.len();
                 // Last, before the commit: a row is gone only once its line is on disk.
                 write(archived).await.map_err(InTx::Write)?;
@@ -250,22 +230,15 @@ impl Store {
     }
 }
 
-/// Each order with the rows that name it, in the order the orders came.
-fn assemble(
-    orders: Vec<OrderRow>,
-    accounts: Vec<AccountRow>,
-    pays: Vec<PayCallback>,
-    refunds: Vec<RefundCallback>,
-    statuses: Vec<StatusCallback>,
-    requests: Vec<RefundRow>,
-    anomalies: Vec<AnomalyRow>,
-) -> Vec<ArchivedOrder> {
-    let index: HashMap<String, usize> = orders
+/// The records of `orders`, in their order, each with its lists still empty, and where each
+/// order's record is.
+fn records(orders: Vec<OrderRow>) -> (Vec<ArchivedOrder>, HashMap<String, usize>) {
+    let index = orders
         .iter()
         .enumerate()
         .map(|(i, o)| (o.order_no.clone(), i))
         .collect();
-    let mut archived: Vec<ArchivedOrder> = orders
+    let archived = orders
         .into_iter()
         .map(|order| ArchivedOrder {
             format: FORMAT,
@@ -278,51 +251,5 @@ fn assemble(
             anomalies: Vec::new(),
         })
         .collect();
-    let a = &mut archived;
-    spread(a, &index, accounts, |r| &r.order_no, |o| &mut o.accounts);
-    spread(
-        a,
-        &index,
-        pays,
-        |r| &r.out_trade_no,
-        |o| &mut o.pay_callbacks,
-    );
-    spread(
-        a,
-        &index,
-        refunds,
-        |r| &r.out_trade_no,
-        |o| &mut o.refund_callbacks,
-    );
-    spread(
-        a,
-        &index,
-        statuses,
-        |r| &r.out_trade_no,
-        |o| &mut o.status_callbacks,
-    );
-    spread(
-        a,
-        &index,
-        requests,
-        |r| &r.order_no,
-        |o| &mut o.refund_requests,
-    );
-    spread(a, &index, anomalies, |r| &r.order_no, |o| &mut o.anomalies);
-    archived
-}
-
-/// Puts each row into the list of the order it names.
-fn spread<T>(
-    archived: &mut [ArchivedOrder],
-    index: &HashMap<String, usize>,
-    rows: Vec<T>,
-    order_no: impl Fn(&T) -> &String,
-    list: impl Fn(&mut ArchivedOrder) -> &mut Vec<T>,
-) {
-    for row in rows {
-        if let Some(&i) = index.get(order_no(&row)) {
-            list(&mut archived[i]).push(row);
-        }
-    }
+    (archived, index)
 }
