@@ -162,6 +162,10 @@ pub struct Metrics {
     pub db_pool: IntGaugeVec,
     /// 1 while the Redis gate's breaker is open (Redis bypassed), else 0.
     pub gate_breaker_open: IntGauge,
+    /// What `GET /readyz` checks, at every scrape: 1 when the database answered, else 0.
+    pub database_up: IntGauge,
+    /// 1 when the relay sink can take events, else 0 (the outbox keeps them meanwhile).
+    pub sink_up: IntGauge,
     /// The gate's calls for notices (one before the ledger; one after it, or after a cached
     /// answer to give back the marker taken with it), and the round trips that carried them.
     pub gate_calls: IntCounter,
@@ -420,6 +424,14 @@ impl Metrics {
             "paynotify_gate_breaker_open",
             "1 while the Redis gate is bypassed after repeated failures",
         );
+        let database_up = gauge(
+            "paynotify_database_up",
+            "1 when the database answered at this scrape (as GET /readyz asks it), else 0",
+        );
+        let sink_up = gauge(
+            "paynotify_sink_up",
+            "1 when the relay sink can take events now, else 0",
+        );
         let gate_calls = single(
             "paynotify_gate_calls_total",
             "Redis gate calls for notices: before the ledger, and after it",
@@ -505,6 +517,8 @@ impl Metrics {
             request_seconds,
             db_pool,
             gate_breaker_open,
+            database_up,
+            sink_up,
             gate_calls,
             gate_round_trips,
         }

@@ -84,8 +84,17 @@ MSG
   exit 1
 }
 
+# promtool, for the alert rules' checks and unit tests (tests/api/dashboards.rs).
+ensure_promtool() {
+  command -v promtool >/dev/null 2>&1 && return 0
+  echo "tests/run.sh: installing promtool (Debian's prometheus package)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus >/dev/null ||
+    { echo "tests/run.sh: promtool is required: apt-get install prometheus" >&2; exit 1; }
+}
+
 ensure_postgres
 ensure_mysql
+ensure_promtool
 ensure_redis
 ensure_rabbitmq
 echo "tests/run.sh: PostgreSQL for tests at ${PG_URL%%@*}@…"

@@ -71,14 +71,22 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let m = &state.metrics;
     let store = state.store.clone();
+    // The outbox's statement is the scrape's database check, as `/readyz`'s ping is its own.
     match detach(&state, async move { store.outbox_stats().await }).await {
-        Ok(stats) => m.outbox(
-            stats.pending,
-            stats.dead,
-            stats.oldest_pending_secs(state.clock.now()),
-        ),
-        Err(e) => tracing::warn!(error = %e, "metrics: outbox gauges not refreshed"),
+        Ok(stats) => {
+            m.outbox(
+                stats.pending,
+                stats.dead,
+                stats.oldest_pending_secs(state.clock.now()),
+            );
+            m.database_up.set(1);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics: outbox gauges not refreshed");
+            m.database_up.set(0);
+        }
     }
+    m.sink_up.set(i64::from(state.sink.is_up().await));
     m.pool(state.store.pool_status());
     let groups = state.store.group_stats();
     m.groups(groups.groups, groups.payments, groups.failed);

@@ -11,6 +11,7 @@ mod cli;
 mod commit;
 mod consumer_example;
 mod container;
+mod dashboards;
 mod gate;
 mod gate_cluster;
 mod health;
