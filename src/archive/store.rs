@@ -9,8 +9,8 @@ use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use serde::Serialize;
 
-use crate::order::RefundStatus;
-use crate::refunds::store::RefundRow;
+use crate::order::{OrderStatus, RefundStatus};
+use crate::refunds::store::{RefundRow, in_flight};
 use crate::store::orders::{PayCallback, RefundCallback, StatusCallback};
 use crate::store::schema::{
     order_account, orders, pay_callback, payment_anomaly, refund_callback, refund_request,
@@ -21,7 +21,11 @@ use crate::store::{Store, StoreError, with_conn};
 use crate::time::Timestamp;
 
 /// The statuses nothing moves any more but a refund, which the window leaves room for.
-const FINAL: [&str; 3] = ["PAID", "REFUNDED", "CLOSED"];
+const FINAL: [OrderStatus; 3] = [
+    OrderStatus::Paid,
+    OrderStatus::Refunded,
+    OrderStatus::Closed,
+];
 
 /// An order's row, every column.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Queryable, Selectable)]
@@ -163,16 +167,11 @@ impl Store {
             conn.transaction::<_, InTx, _>(async |conn| {
                 let in_flight = refund_request::table
                     .filter(refund_request::order_no.eq(orders::order_no))
-                    .filter(
-                        refund_request::status
-                            .eq_any([RefundStatus::Submitting.as_str(), RefundStatus::Processing.as_str()])
-                            .or(refund_request::status
-                                .eq(RefundStatus::Abnormal.as_str())
-                                .and(refund_request::error_code.is_null())),
-                    );
+                    .filter(in_flight!());
+                let finals = FINAL.map(OrderStatus::as_str);
                 let candidates: Vec<String> = orders::table
                     .filter(orders::created_at.lt(cutoff))
-                    .filter(orders::status.eq_any(FINAL))
+                    .filter(orders::status.eq_any(finals))
                     .filter(diesel::dsl::not(diesel::dsl::exists(in_flight.clone())))
                     .order(orders::created_at)
                     .select(orders::order_no)
@@ -187,7 +186,7 @@ impl Store {
                     orders::table
                         .filter(orders::order_no.eq_any(&candidates))
                         .filter(orders::created_at.lt(cutoff))
-                        .filter(orders::status.eq_any(FINAL))
+                        .filter(orders::status.eq_any(finals))
                         .filter(diesel::dsl::not(diesel::dsl::exists(in_flight.clone()))),
                 )
                 .set(orders::close_attempts.eq(orders::close_attempts))
@@ -196,7 +195,7 @@ impl Store {
                 let locked: Vec<OrderRow> = orders::table
                     .filter(orders::order_no.eq_any(&candidates))
                     .filter(orders::created_at.lt(cutoff))
-                    .filter(orders::status.eq_any(FINAL))
+                    .filter(orders::status.eq_any(finals))
                     .filter(diesel::dsl::not(diesel::dsl::exists(in_flight.clone())))
                     .order(orders::created_at)
                     .select(OrderRow::as_select())

@@ -87,6 +87,8 @@ macro_rules! in_flight {
                 .and(refund_request::error_code.is_null()))
     };
 }
+/// Also what keeps an order out of the archive (`crate::archive`).
+pub(crate) use in_flight;
 
 impl Store {
     /// The account an order names on `channel` (`POST /orders`), if any.
