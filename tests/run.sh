@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# The test command: brings up the local services the tests talk to (PostgreSQL, Redis,
-# RabbitMQ; when they are installed but down), then runs every test. The Redis Cluster tests
-# start their own redis-server nodes and need redis-cli. A service that is missing is a loud failure, never a skip.
-# Then the fast fault suite (scripts/chaos/run-all.sh --fast), which also needs initdb/pg_ctl,
-# mariadb-install-db/mariadbd, sqlite3, python3 and the nightly toolchain (its fuzz smoke
-# installs cargo-fuzz from crates.io when it is missing).
+# The test commands (README, "Test it"):
+#   bash tests/run.sh           the suite: every test of the workspace on PostgreSQL, MariaDB,
+#                               SQLite, Redis and RabbitMQ, the alert rules (promtool) and the
+#                               console in a browser (headless Chromium)
+#   bash tests/run.sh FILTER…   the same, only the tests cargo's FILTER selects
+#   bash tests/run.sh --faults  the fast fault suite (scripts/chaos/run-all.sh --fast)
+#   bash tests/run.sh --fuzz    the fuzz smoke: 15 s of each target under fuzz/
+#   bash tests/run.sh --all     all three in that order: what CI runs (.ci/run)
+# Each brings up the local services the tests talk to (PostgreSQL, MariaDB, Redis, RabbitMQ)
+# when they are installed but down, and installs promtool and Chromium from Debian's packages
+# when they are missing. A service that is missing is a loud failure, never a skip. The fault
+# suite also needs initdb/pg_ctl, mariadb-install-db/mariadbd, sqlite3 and python3; the fuzz
+# smoke the nightly toolchain (it installs cargo-fuzz from crates.io when it is missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -92,24 +99,55 @@ ensure_promtool() {
     { echo "tests/run.sh: promtool is required: apt-get install prometheus" >&2; exit 1; }
 }
 
-ensure_postgres
-ensure_mysql
-ensure_promtool
-ensure_redis
-ensure_rabbitmq
-echo "tests/run.sh: PostgreSQL for tests at ${PG_URL%%@*}@…"
-# The consumer's tests run its example binary (consumer/tests/support builds it when it is
-# stale): built first with the same command, so no test waits beside a build of its own.
-cargo build --locked --quiet -p paynotify-consumer --example inventory
-cargo test --locked --workspace "$@"
+# Chromium and chromedriver, for the console's browser tests (tests/api/console.rs).
+ensure_chromium() {
+  [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] && return 0
+  echo "tests/run.sh: installing Chromium and chromedriver (Debian's chromium, chromium-driver)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium chromium-driver >/dev/null ||
+    { echo "tests/run.sh: the browser tests need: apt-get install chromium chromium-driver" >&2; exit 1; }
+}
+
+timed() {
+  local started=$SECONDS
+  "$@"
+  echo "tests/run.sh: $1 ${2:-} done in $((SECONDS - started)) s" >&2
+}
+
+suite() {
+  ensure_postgres
+  ensure_mysql
+  ensure_promtool
+  ensure_chromium
+  ensure_redis
+  ensure_rabbitmq
+  echo "tests/run.sh: PostgreSQL for tests at ${PG_URL%%@*}@…"
+  # The consumer's tests run its example binary (consumer/tests/support builds it when it is
+  # stale): built first with the same command, so no test waits beside a build of its own.
+  cargo build --locked --quiet -p paynotify-consumer --example inventory
+  cargo test --locked --workspace "$@"
+}
 
 # The fast part of the fault suite (docs/reliability.md): two instances on one database,
 # database faults on PostgreSQL and on MariaDB, an SQLite storm, on database servers, Redis and
-# service processes of its own (never the services above), and 15 s of each fuzz target. Only
-# for a whole run: a test filter skips it.
-if [ $# -eq 0 ]; then
+# service processes of its own (never the services above).
+faults() {
   cargo build --locked --bin paynotify
-  target_dir="${CARGO_TARGET_DIR:-target}"
+  local target_dir="${CARGO_TARGET_DIR:-target}"
   case "$target_dir" in /*) ;; *) target_dir="$PWD/$target_dir" ;; esac
   PAYNOTIFY_BIN="$target_dir/debug/paynotify" bash scripts/chaos/run-all.sh --fast
-fi
+}
+
+fuzz() {
+  CHAOS_FAST=1 bash scripts/chaos/run-all.sh fuzz
+}
+
+case "${1:-}" in
+  --all)
+    timed suite
+    timed faults
+    timed fuzz
+    ;;
+  --faults) faults ;;
+  --fuzz) fuzz ;;
+  *) suite "$@" ;;
+esac

@@ -2,7 +2,9 @@
 # Runs every fault scenario (or the fast subset with --fast) and ends with "N passed, M failed".
 #   scripts/chaos/run-all.sh            every scenario at full size (the soak alone takes 10 min)
 #   scripts/chaos/run-all.sh --fast     two-instances, db-faults, mariadb-faults and sqlite-storm
-#                                       with a few dozen orders, and 15 s of each fuzz target
+#                                       with a few dozen orders (tests/run.sh --faults)
+#   CHAOS_FAST=1 scripts/chaos/run-all.sh fuzz
+#                                       15 s of each fuzz target (tests/run.sh --fuzz)
 #   scripts/chaos/run-all.sh NAME...    only these scenarios (file names without .sh; NAME@mariadb
 #                                       runs a scenario that calls db_start on MariaDB)
 # Each scenario starts its own PostgreSQL, MariaDB, Redis and paynotify processes on free ports under a
@@ -17,7 +19,7 @@ cd "$(dirname "$0")"
 
 ALL=(two-instances two-instances@mariadb db-faults mariadb-faults redis-faults redis-faults@mariadb
   process-death process-death@mariadb relay-lease sqlite-storm hostile-input fuzz soak)
-FAST=(two-instances db-faults mariadb-faults sqlite-storm fuzz)
+FAST=(two-instances db-faults mariadb-faults sqlite-storm)
 if [ "${1:-}" = --fast ]; then
   shift
   export CHAOS_ORDERS=${CHAOS_ORDERS:-30} CHAOS_FAST=1
