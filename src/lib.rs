@@ -8,6 +8,7 @@ pub mod body_deadline;
 pub mod certificates;
 pub mod channel;
 pub mod config;
+pub mod console;
 pub mod gate;
 pub mod https;
 pub mod jobs;

@@ -46,6 +46,9 @@ pub enum StartupError {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+    /// The operating system's random generator failed.
+    #[error("no random bytes for {0}")]
+    Random(&'static str),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -284,6 +287,10 @@ impl Application {
             bills: Arc::clone(&bills),
             refunds: Arc::clone(&refunds),
         });
+        let console = web::Data::new(
+            crate::console::Keys::new(&settings.server.api_token)
+                .map_err(|_| StartupError::Random("the console's signing key"))?,
+        );
         let limits = routes::Limits {
             max_body: settings.server.max_body_bytes,
         };
@@ -293,6 +300,7 @@ impl Application {
         let server = HttpServer::new(move || {
             let latency = Arc::clone(&request_metrics);
             let (state, providers, extra) = (state.clone(), Arc::clone(&providers), extra.clone());
+            let console = console.clone();
             App::new()
                 // Innermost: every body is read under server.body_timeout_ms (408 after).
                 .wrap_fn(move |mut req, srv| {
@@ -313,6 +321,7 @@ impl Application {
                     crate::telemetry::RequestSpan,
                 >::new())
                 .configure(|cfg| routes::configure(cfg, state, limits, &providers, extra.as_ref()))
+                .configure(|cfg| crate::console::configure(cfg, console))
         })
         .disable_signals()
         // In-flight requests get this long after SIGTERM; a slow body is cut sooner by

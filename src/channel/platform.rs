@@ -46,6 +46,15 @@ pub enum KeyOrigin {
     Downloaded,
 }
 
+impl KeyOrigin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Configured => "configured",
+            Self::Downloaded => "downloaded",
+        }
+    }
+}
+
 /// A key a channel verifies with, as `GET /admin/certificates` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct KnownKey {

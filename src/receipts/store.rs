@@ -77,6 +77,9 @@ pub struct ReceiptFilter {
     pub limit: i64,
     /// Oldest first (re-apply in arrival order) instead of newest first.
     pub oldest_first: bool,
+    /// Only requests answered with something other than a 2xx (the console's refused
+    /// deliveries: the provider was told to try again).
+    pub refused_only: bool,
 }
 
 impl Store {
@@ -125,6 +128,13 @@ impl Store {
             }
             if let Some(since) = filter.since {
                 query = query.filter(notify_receipt::received_at.ge(since));
+            }
+            if filter.refused_only {
+                query = query.filter(
+                    notify_receipt::status
+                        .lt(200)
+                        .or(notify_receipt::status.ge(300)),
+                );
             }
             Ok(query.load(conn).await?)
         })

@@ -153,6 +153,7 @@ impl ReceiptsQuery {
             since,
             limit,
             oldest_first,
+            refused_only: false,
         })
     }
 }
@@ -175,7 +176,7 @@ pub async fn receipts(
 }
 
 /// The body as text when it is UTF-8 without control characters (tabs and line ends aside).
-fn printable(body: &[u8]) -> Option<String> {
+pub(crate) fn printable(body: &[u8]) -> Option<String> {
     let text = std::str::from_utf8(body).ok()?;
     text.chars()
         .all(|c| !c.is_control() || matches!(c, '\n' | '\r' | '\t'))
@@ -223,7 +224,7 @@ pub struct Reapplied {
 /// Verifies a stored request again with the keys configured now, at the time it arrived
 /// (the receipt proves when: no timestamp window), and applies it through the gate and
 /// the ledger like a delivery.
-async fn reapply_receipt(
+pub(crate) async fn reapply_receipt(
     state: &web::Data<AppState>,
     receipt: &StoredReceipt,
 ) -> Result<Reapplied, ApiError> {
@@ -353,14 +354,22 @@ pub async fn reconcile(
     state: web::Data<AppState>,
     order_no: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
+    Ok(HttpResponse::Ok().json(reconcile_order(&state, order_no.into_inner()).await?))
+}
+
+/// Asks the providers about `order_no` now and applies a paid answer (`POST
+/// /admin/orders/{order_no}/reconcile`, and the console's reconcile page).
+pub(crate) async fn reconcile_order(
+    state: &web::Data<AppState>,
+    order_no: String,
+) -> Result<Reconciled, ApiError> {
     if !state.reconciler.asks_providers() {
         return Err(ApiError::Conflict(
             "no merchant or app has API credentials (wechat.merchants[].private_key_file, alipay.apps[].app_private_key_file)".to_owned(),
         ));
     }
     let reconciler = std::sync::Arc::clone(&state.reconciler);
-    let order_no = order_no.into_inner();
-    let found = detach(&state, async move {
+    let found = detach(state, async move {
         let store = reconciler.store();
         let Some(order) = store.reconcile_target(&order_no).await? else {
             return Ok(None);
@@ -377,10 +386,7 @@ pub async fn reconcile(
         }))
     })
     .await?;
-    match found {
-        Some(reconciled) => Ok(HttpResponse::Ok().json(reconciled)),
-        None => Err(ApiError::NotFound("no such order".to_owned())),
-    }
+    found.ok_or_else(|| ApiError::NotFound("no such order".to_owned()))
 }
 
 #[utoipa::path(get, path = "/admin/certificates", tag = "operations",
@@ -404,6 +410,13 @@ pub async fn refresh_certificates(
     _: Authorized,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
+    refresh_all_certificates(&state).await?;
+    Ok(HttpResponse::Ok().json(state.certificates.keys()))
+}
+
+/// Downloads every downloading merchant's platform certificates now; `Unavailable` naming
+/// each that failed (the keys known keep working).
+pub(crate) async fn refresh_all_certificates(state: &web::Data<AppState>) -> Result<(), ApiError> {
     // Run to its end even if the caller hangs up: a download that is stored half way is
     // harmless, but one request's work should not be cut short by another's.
     let certificates = std::sync::Arc::clone(&state.certificates);
@@ -427,5 +440,5 @@ pub async fn refresh_certificates(
             failed.join("; ")
         )));
     }
-    Ok(HttpResponse::Ok().json(state.certificates.keys()))
+    Ok(())
 }

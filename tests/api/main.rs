@@ -9,6 +9,7 @@ mod bills;
 mod certificates;
 mod cli;
 mod commit;
+mod console;
 mod consumer_example;
 mod container;
 mod dashboards;

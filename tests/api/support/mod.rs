@@ -5,6 +5,7 @@
 
 pub mod agree;
 pub mod alipay_bill;
+pub mod browser;
 pub mod helpers;
 pub mod keys;
 pub mod provider;
