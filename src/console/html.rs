@@ -40,8 +40,8 @@ pub fn secured(mut builder: HttpResponseBuilder) -> HttpResponseBuilder {
     builder
 }
 
-/// A page without the navigation (sign-in, errors).
-pub fn bare(status: StatusCode, title: &str, body: Markup) -> HttpResponse {
+/// The HTML document every console page is: its head (title, the stylesheet), then `content`.
+pub fn document(status: StatusCode, title: &str, content: Markup) -> HttpResponse {
     let markup = html! {
         (DOCTYPE)
         html lang="en" {
@@ -51,12 +51,17 @@ pub fn bare(status: StatusCode, title: &str, body: Markup) -> HttpResponse {
                 title { (title) " · paynotify" }
                 link rel="stylesheet" href="/admin/console/console.css";
             }
-            body { main { (body) } }
+            body { (content) }
         }
     };
     secured(HttpResponse::build(status))
         .insert_header((CONTENT_TYPE, "text/html; charset=utf-8"))
         .body(markup.into_string())
+}
+
+/// A page without the navigation (sign-in, errors).
+pub fn bare(status: StatusCode, title: &str, body: Markup) -> HttpResponse {
+    document(status, title, html! { main { (body) } })
 }
 
 /// The sign-in page; `failed` says the last try was wrong.

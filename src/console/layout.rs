@@ -2,11 +2,11 @@
 //! sign-out, and the forms' CSRF field.
 
 use actix_web::HttpResponse;
-use actix_web::http::header::CONTENT_TYPE;
-use maud::{DOCTYPE, Markup, html};
+use actix_web::http::StatusCode;
+use maud::{Markup, html};
 
 use super::auth::Viewer;
-use super::html::secured;
+use super::html::document;
 
 /// A console page: the navigation `nav` (its entry for `path` marked), then `body`.
 pub fn page(
@@ -16,39 +16,26 @@ pub fn page(
     title: &str,
     body: Markup,
 ) -> HttpResponse {
-    let markup = html! {
-        (DOCTYPE)
-        html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (title) " · paynotify" }
-                link rel="stylesheet" href="/admin/console/console.css";
-            }
-            body {
-                nav {
-                    span.brand { "paynotify" }
-                    @for (href, name) in nav {
-                        @if *href == path {
-                            a href=(href) aria-current="page" { (name) }
-                        } @else {
-                            a href=(href) { (name) }
-                        }
-                    }
-                    @if viewer.signed_in() {
-                        form.logout method="post" action="/admin/console/logout" {
-                            (csrf_field(viewer))
-                            button type="submit" { "Sign out" }
-                        }
-                    }
+    let content = html! {
+        nav {
+            span.brand { "paynotify" }
+            @for (href, name) in nav {
+                @if *href == path {
+                    a href=(href) aria-current="page" { (name) }
+                } @else {
+                    a href=(href) { (name) }
                 }
-                main { h1 { (title) } (body) }
+            }
+            @if viewer.signed_in() {
+                form.logout method="post" action="/admin/console/logout" {
+                    (csrf_field(viewer))
+                    button type="submit" { "Sign out" }
+                }
             }
         }
+        main { h1 { (title) } (body) }
     };
-    secured(HttpResponse::Ok())
-        .insert_header((CONTENT_TYPE, "text/html; charset=utf-8"))
-        .body(markup.into_string())
+    document(StatusCode::OK, title, content)
 }
 
 /// The hidden field every form posts.
