@@ -23,7 +23,7 @@ use super::error::ConsoleError;
 use super::html::{secured, sign_in_page};
 use crate::config::Secret;
 use crate::notice::Digest;
-use crate::routes::{AppState, PROXY_HEADERS};
+use crate::routes::{AppState, PROXY_HEADERS, from_another_site};
 
 /// The session cookie's name; its path is the console's.
 const COOKIE: &str = "paynotify_console";
@@ -109,7 +109,7 @@ impl Viewer {
         if matches!(self.access, Access::Bearer) {
             return Ok(());
         }
-        if cross_site(req) {
+        if from_another_site(req) {
             tracing::warn!(
                 path = req.path(),
                 "console form refused: posted from another site"
@@ -139,23 +139,6 @@ impl Access {
             Self::Session(value) => value,
             Self::Open => "open",
         }
-    }
-}
-
-/// A browser tells where a form was posted from: `Sec-Fetch-Site` (every current browser),
-/// else `Origin`. A page of another site, or of a sibling on this host, is refused even with
-/// a valid token.
-fn cross_site(req: &HttpRequest) -> bool {
-    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
-    if let Some(site) = header("sec-fetch-site") {
-        return !matches!(site, "same-origin" | "none");
-    }
-    match (header("origin"), header("host")) {
-        (Some("null"), _) => true,
-        (Some(origin), Some(host)) => origin
-            .split_once("://")
-            .is_none_or(|(_, authority)| authority != host),
-        _ => false,
     }
 }
 
@@ -253,7 +236,7 @@ async fn login(req: HttpRequest, form: web::Form<LoginForm>) -> Result<HttpRespo
     if state.api_token.is_empty() {
         return Ok(see_other(CONSOLE));
     }
-    if cross_site(&req) {
+    if from_another_site(&req) {
         tracing::warn!("console sign-in refused: posted from another site");
         return Err(ConsoleError::Forbidden("posted from another site"));
     }

@@ -206,9 +206,27 @@ pub fn error_body(message: &str) -> serde_json::Value {
 /// loopback address no longer says who sent it.
 pub const PROXY_HEADERS: [&str; 3] = ["forwarded", "x-forwarded-for", "x-real-ip"];
 
+/// Whether a browser says it sent the request from a page of another site: `Sec-Fetch-Site`
+/// (every current browser), else an `Origin` that is not this host. A page of a sibling on
+/// the same host (`same-site`) counts as another site. Requests from programs carry neither.
+pub fn from_another_site(req: &HttpRequest) -> bool {
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    if let Some(site) = header("sec-fetch-site") {
+        return !matches!(site, "same-origin" | "none");
+    }
+    match (header("origin"), header("host")) {
+        (Some("null"), _) => true,
+        (Some(origin), Some(host)) => origin
+            .split_once("://")
+            .is_none_or(|(_, authority)| authority != host),
+        _ => false,
+    }
+}
+
 /// Proof that the request carried `Authorization: Bearer <server.api_token>` (or that no
-/// token is configured, which config only allows on a loopback address, and that no proxy
-/// relayed it).
+/// token is configured, which config only allows on a loopback address, that no proxy
+/// relayed it, and that no browser sent it from another site: a web page open on this
+/// machine could otherwise post to the loopback API).
 #[derive(Debug, Clone, Copy)]
 pub struct Authorized;
 
@@ -225,6 +243,15 @@ impl FromRequest for Authorized {
             let relayed = PROXY_HEADERS
                 .iter()
                 .find(|name| req.headers().contains_key(**name));
+            if relayed.is_none() && from_another_site(req) {
+                tracing::warn!(
+                    path = req.path(),
+                    "request a browser sent from another site refused: server.api_token is empty"
+                );
+                return ready(Err(ApiError::Forbidden(
+                    "server.api_token is empty: requests a browser sends from another site are refused",
+                )));
+            }
             return ready(match relayed {
                 None => Ok(Authorized),
                 Some(header) => {

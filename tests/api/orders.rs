@@ -182,8 +182,9 @@ async fn close_moves_only_unpaid_orders(backend: Backend) {
 }
 
 /// An empty token is allowed on a loopback listener only; a reverse proxy on the same machine
-/// would relay anyone's request from that address, so a request it relayed is refused and
-/// writes nothing, while local callers keep working without a token.
+/// would relay anyone's request from that address, and a web page open in a browser there
+/// could post to it, so a request a proxy relayed or a browser sent from another site is
+/// refused and writes nothing, while local callers keep working without a token.
 async fn without_a_token_requests_relayed_by_a_proxy_are_refused(backend: Backend) {
     let app = spawn_app_with(backend, |s| {
         s.server.api_token = paynotify::config::Secret::default();
@@ -228,6 +229,35 @@ async fn without_a_token_requests_relayed_by_a_proxy_are_refused(backend: Backen
         assert_eq!(admin.status(), 403, "{header}");
     }
     assert_eq!(app.db.count("orders").await, 0, "nothing written");
+
+    // A web page open in a browser on this machine posting to the loopback API: a form post
+    // needs no preflight, so without this a page could close an order.
+    app.create_order("PX-2", 100).await;
+    for (header, value) in [
+        ("Sec-Fetch-Site", "cross-site"),
+        ("Sec-Fetch-Site", "same-site"),
+        ("Origin", "http://evil.example"),
+        ("Origin", "null"),
+    ] {
+        let closed = app
+            .client
+            .post(app.url("/orders/PX-2/close"))
+            .header(header, value)
+            .header("Content-Type", "application/x-www-form-urlencoded")
+            .send()
+            .await
+            .expect("close");
+        assert_eq!(closed.status(), 403, "{header}: {value}");
+    }
+    assert_eq!(app.status_of("PX-2").await, "WAIT_PAY", "nothing closed");
+    let same_origin = app
+        .client
+        .post(app.url("/orders/PX-2/close"))
+        .header("Sec-Fetch-Site", "same-origin")
+        .send()
+        .await
+        .expect("close");
+    assert_eq!(same_origin.status(), 200, "a request of this origin");
 
     let (status, body) = {
         let response = app
