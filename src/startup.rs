@@ -268,8 +268,8 @@ impl Application {
                 listen = %settings.server.listen,
                 "server.api_token is empty: /admin and /orders answer any process on this \
                  machine without a token; requests relayed by a proxy (Forwarded, \
-                 X-Forwarded-For, X-Real-IP) or sent by a browser from another site are \
-                 refused"
+                 X-Forwarded-For, X-Real-IP), naming another host, or sent by a browser \
+                 from another site are refused"
             );
         }
         let state = web::Data::new(AppState {

@@ -23,7 +23,7 @@ use super::error::ConsoleError;
 use super::html::{secured, sign_in_page};
 use crate::config::Secret;
 use crate::notice::Digest;
-use crate::routes::{AppState, PROXY_HEADERS, from_another_site};
+use crate::routes::{AppState, PROXY_HEADERS, from_another_site, refused_without_token};
 
 /// The session cookie's name; its path is the console's.
 const COOKIE: &str = "paynotify_console";
@@ -102,19 +102,21 @@ impl Viewer {
         matches!(self.access, Access::Session(_))
     }
 
-    /// A form posted by this viewer came from a console page: a bearer request carries its
-    /// credential in a header no other site can make a browser send; a cookie or an open
-    /// console needs the CSRF token its page was rendered with.
+    /// A form posted by this viewer came from a console page. Whatever the credential, a
+    /// browser saying it posted from another site is refused (a gateway in front may add the
+    /// bearer header to every request of a browser). A bearer request carries its credential
+    /// in a header no other site can make a browser send; a cookie or an open console needs
+    /// the CSRF token its page was rendered with.
     pub fn check_form(&self, req: &HttpRequest, presented: &str) -> Result<(), ConsoleError> {
-        if matches!(self.access, Access::Bearer) {
-            return Ok(());
-        }
         if from_another_site(req) {
             tracing::warn!(
                 path = req.path(),
                 "console form refused: posted from another site"
             );
             return Err(ConsoleError::Forbidden("posted from another site"));
+        }
+        if matches!(self.access, Access::Bearer) {
+            return Ok(());
         }
         let keys = keys(req)?;
         if keys.verify("csrf", self.access.bound_to(), presented) {
@@ -170,15 +172,8 @@ fn proxied(req: &HttpRequest) -> Option<&'static str> {
 fn admit(req: &HttpRequest) -> Result<Viewer, ConsoleError> {
     let (state, keys) = (state(req)?, keys(req)?);
     let access = if state.api_token.is_empty() {
-        if let Some(header) = proxied(req) {
-            tracing::warn!(
-                header,
-                path = req.path(),
-                "console request relayed by a proxy refused: server.api_token is empty"
-            );
-            return Err(ConsoleError::Forbidden(
-                "server.api_token is empty: requests relayed by a proxy are refused",
-            ));
+        if let Some(why) = refused_without_token(req) {
+            return Err(ConsoleError::Forbidden(why));
         }
         Access::Open
     } else if let Some(bearer) = req
@@ -261,6 +256,8 @@ async fn login(req: HttpRequest, form: web::Form<LoginForm>) -> Result<HttpRespo
 /// A console form that posts nothing but its CSRF token.
 #[derive(Deserialize)]
 pub struct CsrfForm {
+    /// Missing is the same as wrong: 403.
+    #[serde(default)]
     pub csrf: String,
 }
 

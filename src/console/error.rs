@@ -20,6 +20,10 @@ pub enum ConsoleError {
     #[error("{0}")]
     NotFound(String),
     #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Unprocessable(String),
+    #[error("{0}")]
     Unavailable(String),
     #[error("{0}")]
     Internal(&'static str),
@@ -33,6 +37,8 @@ impl From<crate::routes::ApiError> for ConsoleError {
         match e {
             ApiError::Database(cause) => Self::Database(cause),
             ApiError::NotFound(m) => Self::NotFound(m),
+            ApiError::Conflict(m) => Self::Conflict(m),
+            ApiError::Unprocessable(m) => Self::Unprocessable(m),
             ApiError::Unavailable(m) => Self::Unavailable(m),
             ApiError::Forbidden(m) => Self::Forbidden(m),
             ApiError::Unauthorized => Self::SignIn,
@@ -48,6 +54,8 @@ impl ResponseError for ConsoleError {
             Self::Forbidden(_) => StatusCode::FORBIDDEN,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Database(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) | Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,

@@ -80,6 +80,8 @@ pub struct ReceiptFilter {
     /// Only requests answered with something other than a 2xx (the console's refused
     /// deliveries: the provider was told to try again).
     pub refused_only: bool,
+    /// Only those never re-applied.
+    pub not_reapplied: bool,
 }
 
 impl Store {
@@ -128,6 +130,9 @@ impl Store {
             }
             if let Some(since) = filter.since {
                 query = query.filter(notify_receipt::received_at.ge(since));
+            }
+            if filter.not_reapplied {
+                query = query.filter(notify_receipt::reapplied_at.is_null());
             }
             if filter.refused_only {
                 query = query.filter(

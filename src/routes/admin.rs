@@ -154,6 +154,7 @@ impl ReceiptsQuery {
             limit,
             oldest_first,
             refused_only: false,
+            not_reapplied: false,
         })
     }
 }

@@ -223,10 +223,68 @@ pub fn from_another_site(req: &HttpRequest) -> bool {
     }
 }
 
-/// Proof that the request carried `Authorization: Bearer <server.api_token>` (or that no
-/// token is configured, which config only allows on a loopback address, that no proxy
-/// relayed it, and that no browser sent it from another site: a web page open on this
-/// machine could otherwise post to the loopback API).
+/// Whether the request names a host other than this machine (`Host`, or the HTTP/2
+/// authority): a page of `evil.example` whose name was made to resolve to 127.0.0.1 (DNS
+/// rebinding) is the same origin to the browser, and only its `Host` gives it away.
+fn names_another_host(req: &HttpRequest) -> bool {
+    let host = req
+        .headers()
+        .get(actix_web::http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    let Some(host) = host else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    !(name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()))
+}
+
+/// Why a request is refused when `server.api_token` is empty (config allows that on a
+/// loopback listen address only): relayed by a proxy (which would open the service to
+/// whoever reaches the proxy), naming another host (DNS rebinding), or sent by a browser
+/// from a page of another site (a web page open on this machine posting a form). Logged
+/// once with the reason.
+pub fn refused_without_token(req: &HttpRequest) -> Option<&'static str> {
+    if let Some(header) = PROXY_HEADERS
+        .iter()
+        .find(|name| req.headers().contains_key(**name))
+    {
+        tracing::warn!(
+            header,
+            path = req.path(),
+            "request relayed by a proxy refused: server.api_token is empty"
+        );
+        return Some("server.api_token is empty: requests relayed by a proxy are refused");
+    }
+    if names_another_host(req) {
+        tracing::warn!(
+            path = req.path(),
+            "request naming another host refused: server.api_token is empty"
+        );
+        return Some(
+            "server.api_token is empty: requests naming a host other than this machine are refused",
+        );
+    }
+    if from_another_site(req) {
+        tracing::warn!(
+            path = req.path(),
+            "request a browser sent from another site refused: server.api_token is empty"
+        );
+        return Some(
+            "server.api_token is empty: requests a browser sends from another site are refused",
+        );
+    }
+    None
+}
+
+/// Proof that the request carried `Authorization: Bearer <server.api_token>`, or that no
+/// token is configured and nothing in [`refused_without_token`] applies.
 #[derive(Debug, Clone, Copy)]
 pub struct Authorized;
 
@@ -240,30 +298,9 @@ impl FromRequest for Authorized {
         };
         let expected = state.api_token.expose();
         if expected.is_empty() {
-            let relayed = PROXY_HEADERS
-                .iter()
-                .find(|name| req.headers().contains_key(**name));
-            if relayed.is_none() && from_another_site(req) {
-                tracing::warn!(
-                    path = req.path(),
-                    "request a browser sent from another site refused: server.api_token is empty"
-                );
-                return ready(Err(ApiError::Forbidden(
-                    "server.api_token is empty: requests a browser sends from another site are refused",
-                )));
-            }
-            return ready(match relayed {
+            return ready(match refused_without_token(req) {
                 None => Ok(Authorized),
-                Some(header) => {
-                    tracing::warn!(
-                        header,
-                        path = req.path(),
-                        "request relayed by a proxy refused: server.api_token is empty"
-                    );
-                    Err(ApiError::Forbidden(
-                        "server.api_token is empty: requests relayed by a proxy are refused",
-                    ))
-                }
+                Some(why) => Err(ApiError::Forbidden(why)),
             });
         }
         let presented = req

@@ -35,7 +35,7 @@ async fn list(viewer: Viewer, state: web::Data<AppState>) -> Result<HttpResponse
                     @for a in &rows {
                         tr {
                             td { (at(a.created_at)) }
-                            td { a href={ "/admin/console/orders?order_no=" (a.order_no) } { (a.order_no) } }
+                            td { a href={ "/admin/console/orders?order_no=" (form_urlencoded::byte_serialize(a.order_no.as_bytes()).collect::<String>()) } { (a.order_no) } }
                             td { code { (a.payload.0.get("reason").and_then(|r| r.as_str()).unwrap_or("")) } }
                             td { code { (a.biz_key) } }
                             td { pre { (serde_json::to_string_pretty(&a.payload.0).unwrap_or_default()) } }

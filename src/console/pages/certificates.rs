@@ -45,7 +45,7 @@ async fn list(viewer: Viewer, state: web::Data<AppState>) -> HttpResponse {
                             td { (k.source.as_str()) }
                             td { (at_opt(k.effective_at)) }
                             td { (at_opt(k.expire_at)) }
-                            td.num class=[left.filter(|d| *d < WARN_DAYS).map(|_| "fail")] { (left.map(|d| d.to_string()).unwrap_or_default()) }
+                            td.num.fail[left.is_some_and(|d| d < WARN_DAYS)] { (left.map(|d| d.to_string()).unwrap_or_default()) }
                             td { (at_opt(k.fetched_at)) }
                         }
                     }

@@ -41,7 +41,12 @@ async fn list(
     let (store, order_no) = (state.store.clone(), given(&query.order_no));
     let rows = detach(&state, async move {
         match order_no {
-            Some(no) => Ok(store.order(&no).await?.into_iter().collect()),
+            Some(no) => Ok(store
+                .order(&no)
+                .await?
+                .into_iter()
+                .filter(|o| status.is_none_or(|s| o.status == s))
+                .collect()),
             None => store.recent_orders(status, LIST_LIMIT).await,
         }
     })

@@ -35,6 +35,7 @@ async fn show(
 
 #[derive(Deserialize)]
 struct Ask {
+    #[serde(default)]
     csrf: String,
     order_no: String,
 }

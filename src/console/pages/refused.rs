@@ -36,7 +36,9 @@ struct Filters {
 }
 
 impl Filters {
-    fn filter(&self, limit: i64, oldest_first: bool) -> ReceiptFilter {
+    /// `not_reapplied`: for the bulk re-apply, only those no re-apply has touched yet, so each
+    /// click takes the next ones instead of the same oldest again.
+    fn filter(&self, limit: i64, oldest_first: bool, not_reapplied: bool) -> ReceiptFilter {
         ReceiptFilter {
             channel: given(&self.channel),
             outcome: given(&self.outcome),
@@ -45,6 +47,7 @@ impl Filters {
             limit,
             oldest_first,
             refused_only: true,
+            not_reapplied,
         }
     }
 }
@@ -65,7 +68,7 @@ async fn list(
     state: web::Data<AppState>,
     query: web::Query<Filters>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let filter = query.filter(LIST_LIMIT, false);
+    let filter = query.filter(LIST_LIMIT, false, false);
     let store = state.store.clone();
     let rows = detach(&state, async move { store.receipts(&filter).await }).await?;
     let body = html! {
@@ -83,8 +86,8 @@ async fn list(
                 @for (name, value) in [("channel", &query.channel), ("outcome", &query.outcome), ("order_no", &query.order_no)] {
                     @if let Some(value) = value { input type="hidden" name=(name) value=(value); }
                 }
-                button type="submit" { "Re-apply all refused (oldest " (REAPPLY_LIMIT) ")" }
-                span.muted { "Each is verified again with the keys configured now, then applied once." }
+                button type="submit" { "Re-apply those not re-applied yet (oldest " (REAPPLY_LIMIT) ")" }
+                span.muted { "Each is verified again with the keys configured now, then applied once; one by one from a receipt's page." }
             }
             table #refused {
                 thead { tr {
@@ -113,6 +116,7 @@ async fn list(
 
 #[derive(Deserialize)]
 struct ReapplyForm {
+    #[serde(default)]
     csrf: String,
     #[serde(flatten)]
     filters: Filters,
@@ -125,7 +129,7 @@ async fn reapply_all(
     form: web::Form<ReapplyForm>,
 ) -> Result<HttpResponse, ConsoleError> {
     viewer.check_form(&req, &form.csrf)?;
-    let filter = form.filters.filter(REAPPLY_LIMIT, true);
+    let filter = form.filters.filter(REAPPLY_LIMIT, true, true);
     let store = state.store.clone();
     let rows = detach(&state, async move { store.receipts(&filter).await }).await?;
     let mut results = Vec::with_capacity(rows.len());
@@ -138,6 +142,9 @@ async fn reapply_all(
     );
     let body = html! {
         p.notice role="status" { (results.len()) " receipts re-applied, oldest first." }
+        @if results.len() as i64 == REAPPLY_LIMIT {
+            p { "There may be more: re-apply again for the next " (REAPPLY_LIMIT) "." }
+        }
         table #reapplied {
             thead { tr { th { "Receipt" } th { "Outcome" } th { "Order" } th { "Detail" } } }
             tbody {
