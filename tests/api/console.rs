@@ -506,29 +506,28 @@ async fn without_a_token_the_loopback_console_is_open_and_its_forms_still_need_t
         app.store.message_status(dead).await.expect("status"),
         Some(2)
     );
-    for path in ["/admin/console/dead", "/admin/messages"] {
-        let rebound = no_redirects()
+    let app = &app;
+    let get_with = |path: &'static str, header: &'static str, value: &'static str| async move {
+        let response = no_redirects()
             .get(app.url(path))
-            .header("host", "evil.example:8080")
+            .header(header, value)
             .send()
             .await
             .expect("get");
-        assert_eq!(rebound.status(), 403, "{path} named as evil.example");
+        response.status()
+    };
+    for (path, header, value, status) in [
+        ("/admin/console/dead", "host", "evil.example:8080", 403),
+        ("/admin/messages", "host", "evil.example:8080", 403),
+        ("/admin/messages", "host", "localhost", 200),
+        ("/admin/console/dead", "x-forwarded-for", "203.0.113.9", 403),
+    ] {
+        assert_eq!(
+            get_with(path, header, value).await,
+            status,
+            "{path} with {header}: {value}"
+        );
     }
-    let named = no_redirects()
-        .get(app.url("/admin/messages"))
-        .header("host", "localhost")
-        .send()
-        .await
-        .expect("get");
-    assert_eq!(named.status(), 200, "localhost is this machine");
-    let relayed = no_redirects()
-        .get(app.url("/admin/console/dead"))
-        .header("x-forwarded-for", "203.0.113.9")
-        .send()
-        .await
-        .expect("get");
-    assert_eq!(relayed.status(), 403, "a proxied request without a token");
     let done = no_redirects()
         .post(&action)
         .form_of(&[("csrf", csrf.as_str())])
