@@ -23,7 +23,7 @@ use super::error::ConsoleError;
 use super::html::{secured, sign_in_page};
 use crate::config::Secret;
 use crate::notice::Digest;
-use crate::routes::{AppState, PROXY_HEADERS, from_another_site, refused_without_token};
+use crate::routes::{ApiError, AppState, PROXY_HEADERS, from_another_site, refused_without_token};
 
 /// The session cookie's name; its path is the console's.
 const COOKIE: &str = "paynotify_console";
@@ -113,7 +113,9 @@ impl Viewer {
                 path = req.path(),
                 "console form refused: posted from another site"
             );
-            return Err(ConsoleError::Forbidden("posted from another site"));
+            return Err(ConsoleError::Api(ApiError::Forbidden(
+                "posted from another site",
+            )));
         }
         if matches!(self.access, Access::Bearer) {
             return Ok(());
@@ -126,9 +128,9 @@ impl Viewer {
                 path = req.path(),
                 "console form refused: wrong or missing CSRF token"
             );
-            Err(ConsoleError::Forbidden(
+            Err(ConsoleError::Api(ApiError::Forbidden(
                 "the form's CSRF token is wrong or missing: reload the page",
-            ))
+            )))
         }
     }
 }
@@ -173,7 +175,7 @@ fn admit(req: &HttpRequest) -> Result<Viewer, ConsoleError> {
     let (state, keys) = (state(req)?, keys(req)?);
     let access = if state.api_token.is_empty() {
         if let Some(why) = refused_without_token(req) {
-            return Err(ConsoleError::Forbidden(why));
+            return Err(ConsoleError::Api(ApiError::Forbidden(why)));
         }
         Access::Open
     } else if let Some(bearer) = req
@@ -233,7 +235,9 @@ async fn login(req: HttpRequest, form: web::Form<LoginForm>) -> Result<HttpRespo
     }
     if from_another_site(&req) {
         tracing::warn!("console sign-in refused: posted from another site");
-        return Err(ConsoleError::Forbidden("posted from another site"));
+        return Err(ConsoleError::Api(ApiError::Forbidden(
+            "posted from another site",
+        )));
     }
     if !is_token(state, &form.token) {
         let peer = req.peer_addr().map(|a| a.ip().to_string());

@@ -1,10 +1,12 @@
-//! Why a console request was not answered with its page, as a page.
+//! Why a console request was not answered with its page, as a page: the internal API's
+//! errors (`ApiError`: its statuses and messages), plus signing in.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use maud::html;
 
 use super::html::{bare, sign_in_page};
+use crate::routes::ApiError;
 use crate::store::StoreError;
 
 /// Why a console request was not answered with its page.
@@ -13,37 +15,26 @@ pub enum ConsoleError {
     /// No token, cookie or session: the sign-in page.
     #[error("sign in")]
     SignIn,
-    #[error("{0}")]
-    Forbidden(&'static str),
-    #[error("{0}")]
-    BadRequest(String),
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    Conflict(String),
-    #[error("{0}")]
-    Unprocessable(String),
-    #[error("{0}")]
-    Unavailable(String),
+    /// The application was built without something the console needs.
     #[error("{0}")]
     Internal(&'static str),
-    #[error("{}", if .0.is_unavailable() { "database unavailable: try again" } else { "internal error" })]
-    Database(#[from] StoreError),
+    /// As the JSON endpoints answer it, drawn as a page.
+    #[error(transparent)]
+    Api(ApiError),
 }
 
-impl From<crate::routes::ApiError> for ConsoleError {
-    fn from(e: crate::routes::ApiError) -> Self {
-        use crate::routes::ApiError;
+impl From<ApiError> for ConsoleError {
+    fn from(e: ApiError) -> Self {
         match e {
-            ApiError::Database(cause) => Self::Database(cause),
-            ApiError::NotFound(m) => Self::NotFound(m),
-            ApiError::Conflict(m) => Self::Conflict(m),
-            ApiError::Unprocessable(m) => Self::Unprocessable(m),
-            ApiError::Unavailable(m) => Self::Unavailable(m),
-            ApiError::Forbidden(m) => Self::Forbidden(m),
             ApiError::Unauthorized => Self::SignIn,
-            other => Self::BadRequest(other.to_string()),
+            other => Self::Api(other),
         }
+    }
+}
+
+impl From<StoreError> for ConsoleError {
+    fn from(e: StoreError) -> Self {
+        Self::Api(ApiError::Database(e))
     }
 }
 
@@ -51,19 +42,14 @@ impl ResponseError for ConsoleError {
     fn status_code(&self) -> StatusCode {
         match self {
             Self::SignIn => StatusCode::UNAUTHORIZED,
-            Self::Forbidden(_) => StatusCode::FORBIDDEN,
-            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
-            Self::NotFound(_) => StatusCode::NOT_FOUND,
-            Self::Conflict(_) => StatusCode::CONFLICT,
-            Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Database(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Internal(_) | Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Api(e) => e.status_code(),
         }
     }
 
     fn error_response(&self) -> HttpResponse {
-        if let Self::Database(cause) = self {
+        if let Self::Api(ApiError::Database(cause)) = self {
+            // The cause is for operators, not for the page.
             tracing::error!(error = %cause, "console request failed on the database");
         }
         if let Self::SignIn = self {

@@ -74,6 +74,17 @@ async fn seeded(app: &TestApp) {
         .await;
 }
 
+/// Every receipt kept, newest first.
+async fn receipts(app: &TestApp) -> Vec<paynotify::receipts::store::StoredReceipt> {
+    app.store
+        .receipts(&paynotify::receipts::store::ReceiptFilter {
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("receipts")
+}
+
 async fn get(app: &TestApp, path: &str) -> (StatusCode, reqwest::header::HeaderMap, String) {
     let response = no_redirects()
         .get(app.url(path))
@@ -100,14 +111,7 @@ async fn every_console_page_shows_its_rows_escaped(backend: Backend) {
         refused.contains("signature: the signature does not verify"),
         "{refused}"
     );
-    let id = app
-        .store
-        .receipts(&paynotify::receipts::store::ReceiptFilter {
-            limit: 100,
-            ..Default::default()
-        })
-        .await
-        .expect("receipts");
+    let id = receipts(&app).await;
     let pages = [
         (REFUSED.to_owned(), "/admin/console/receipts/"),
         (
@@ -212,14 +216,7 @@ async fn the_console_re_applies_refused_receipts_once_the_key_is_fixed(backend: 
     // The next click takes those not re-applied yet: none.
     assert!(second.contains("0 receipts re-applied"), "{second}");
     assert_eq!(app.messages("ORDER_PAID").await, 3, "applied once");
-    let stored = app
-        .store
-        .receipts(&paynotify::receipts::store::ReceiptFilter {
-            limit: 100,
-            ..Default::default()
-        })
-        .await
-        .expect("receipts");
+    let stored = receipts(&app).await;
     assert!(
         stored
             .iter()
@@ -599,16 +596,7 @@ async fn in_a_browser_the_console_signs_in_shows_every_page_inert_and_its_button
     }
 
     // The receipt: its body shown as the text it is (the payload's, the first refused).
-    let first = app
-        .store
-        .receipts(&paynotify::receipts::store::ReceiptFilter {
-            limit: 1,
-            oldest_first: true,
-            ..Default::default()
-        })
-        .await
-        .expect("receipts")[0]
-        .id;
+    let first = receipts(&app).await.last().expect("a receipt").id;
     browser.goto(&app.url(REFUSED)).await;
     browser
         .click(&format!(

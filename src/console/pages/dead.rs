@@ -11,6 +11,7 @@ use crate::console::error::ConsoleError;
 use crate::console::html::at;
 use crate::console::layout::{page, post_button};
 use crate::outbox::status;
+use crate::routes::ApiError;
 use crate::routes::{AppState, detach};
 
 pub const PATH: &str = "/admin/console/dead";
@@ -77,7 +78,7 @@ async fn redrive(
         tracing::info!(id, "dead message redriven from the console");
         return Ok(see_other(&format!("{PATH}?redriven={id}")));
     }
-    Err(ConsoleError::NotFound(format!(
+    Err(ConsoleError::Api(ApiError::NotFound(format!(
         "message {id} is not a dead letter (redriven already, or no such message)"
-    )))
+    ))))
 }

@@ -10,6 +10,7 @@ use crate::console::error::ConsoleError;
 use crate::console::html::{at, at_opt, yuan};
 use crate::console::layout::page;
 use crate::order::OrderStatus;
+use crate::routes::ApiError;
 use crate::routes::{AppState, detach};
 
 pub const PATH: &str = "/admin/console/orders";
@@ -33,9 +34,9 @@ async fn list(
     let status = match given(&query.status) {
         None => None,
         Some(s) => Some(OrderStatus::parse(&s).ok_or_else(|| {
-            ConsoleError::BadRequest(format!(
+            ConsoleError::Api(ApiError::BadRequest(format!(
                 "status: WAIT_PAY, PAID, REFUNDED or CLOSED, not {s:?}"
-            ))
+            )))
         })?),
     };
     let (store, order_no) = (state.store.clone(), given(&query.order_no));

@@ -11,6 +11,7 @@ use crate::console::html::{at, at_opt};
 use crate::console::layout::{page, post_button};
 use crate::receipts::explain::{Request, check_order, explain};
 use crate::receipts::store::StoredReceipt;
+use crate::routes::ApiError;
 use crate::routes::admin::{printable, reapply_receipt};
 use crate::routes::{AppState, detach};
 
@@ -27,9 +28,9 @@ async fn load(state: &web::Data<AppState>, id: i64) -> Result<StoredReceipt, Con
     detach(state, async move { store.receipt(id).await })
         .await?
         .ok_or_else(|| {
-            ConsoleError::NotFound(format!(
+            ConsoleError::Api(ApiError::NotFound(format!(
                 "no receipt {id} (never stored, or purged after receipts.keep_days)"
-            ))
+            )))
         })
 }
 

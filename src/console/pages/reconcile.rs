@@ -9,6 +9,7 @@ use super::{NAV, given};
 use crate::console::auth::Viewer;
 use crate::console::error::ConsoleError;
 use crate::console::layout::{csrf_field, page};
+use crate::routes::ApiError;
 use crate::routes::admin::{Reconciled, reconcile_order};
 use crate::routes::{AppState, detach};
 
@@ -49,7 +50,9 @@ async fn ask(
     viewer.check_form(&req, &form.csrf)?;
     let order_no = form.order_no.trim().to_owned();
     if order_no.is_empty() {
-        return Err(ConsoleError::BadRequest("order_no: required".to_owned()));
+        return Err(ConsoleError::Api(ApiError::BadRequest(
+            "order_no: required".to_owned(),
+        )));
     }
     let said = reconcile_order(&state, order_no).await?;
     render(&viewer, &state, None, Some(said)).await
@@ -62,8 +65,9 @@ async fn render(
     said: Option<Reconciled>,
 ) -> Result<HttpResponse, ConsoleError> {
     let date = match date {
-        Some(d) => chrono::NaiveDate::parse_from_str(&d, "%Y-%m-%d")
-            .map_err(|_| ConsoleError::BadRequest(format!("date: YYYY-MM-DD, not {d:?}")))?,
+        Some(d) => chrono::NaiveDate::parse_from_str(&d, "%Y-%m-%d").map_err(|_| {
+            ConsoleError::Api(ApiError::BadRequest(format!("date: YYYY-MM-DD, not {d:?}")))
+        })?,
         None => state.bills.yesterday(state.clock.now()),
     }
     .format("%Y-%m-%d")

@@ -53,7 +53,7 @@ impl Filters {
 }
 
 /// The first check `explain` finds failing, in words.
-pub fn first_failure(state: &AppState, receipt: &StoredReceipt) -> String {
+fn first_failure(state: &AppState, receipt: &StoredReceipt) -> String {
     match Request::from_receipt(receipt).and_then(|r| explain(&state.providers, r)) {
         Ok(report) => report.first_failure().map_or_else(
             || "every check passes now".to_owned(),
