@@ -109,6 +109,12 @@ impl Relay {
 
     /// Delivers due messages batch by batch until none is due (a backlog drains at full
     /// speed, not one batch per tick) or shutdown begins.
+    ///
+    /// While the sink publishes a full batch, the next one is claimed: database and sink
+    /// time overlap instead of adding up. The next batch is published only once this one is
+    /// confirmed and marked, so messages go out in the order they were claimed, as one batch
+    /// after another. A batch claimed ahead that will not be published now (a delivery
+    /// failed, shutdown began, the database failed) has its leases given back at once.
     pub async fn tick(&self) -> Result<TickReport, StoreError> {
         let Ok(_running) = self.running.try_lock() else {
             return Ok(TickReport {
@@ -117,59 +123,107 @@ impl Relay {
             });
         };
         let mut report = TickReport::default();
-        while !self.stopping.load(Ordering::Acquire) {
-            let now = self.clock.now();
-            let claimed = self
-                .store
-                .claim_messages(
-                    &self.owner,
-                    now,
-                    now.plus_seconds(LEASE_SECS),
-                    self.batch_size,
-                )
-                .await?;
+        let mut claimed = if self.stopping.load(Ordering::Acquire) {
+            Vec::new()
+        } else {
+            self.claim().await?
+        };
+        while !claimed.is_empty() {
             let full_batch = claimed.len() as i64 == self.batch_size;
-            let Some(written_since) = claimed.iter().map(|c| c.created_at).min() else {
-                break;
-            };
-            let events: Vec<Event> = claimed.into_iter().map(event).collect();
-            let results = self.sink.publish(&events).await;
-            let mut delivered = Vec::with_capacity(events.len());
-            for (e, result) in events.iter().zip(results) {
-                match result {
-                    Ok(()) => delivered.push(e.id),
-                    Err(error) => {
-                        tracing::warn!(id = e.id, topic = %e.topic, biz_key = %e.biz_key, sink = self.sink.name(), %error, "relay: delivery failed; will retry");
-                        self.store
-                            .mark_failed(
-                                &self.owner,
-                                e.id,
-                                &error.to_string(),
-                                self.max_attempts,
-                                self.clock.now(),
-                            )
-                            .await?;
-                        report.failed += 1;
-                    }
+            let ahead = full_batch && !self.stopping.load(Ordering::Acquire);
+            let (delivered, next) = tokio::join!(self.deliver(claimed, &mut report), async {
+                if ahead {
+                    self.claim().await
+                } else {
+                    Ok(Vec::new())
                 }
-            }
-            self.store
-                .mark_sent(&self.owner, &delivered, written_since, self.clock.now())
-                .await?;
-            report.published += delivered.len();
-            self.metrics.relay_published.inc_by(delivered.len() as u64);
-            self.metrics
-                .relay_failed
-                .inc_by((events.len() - delivered.len()) as u64);
-            // A long backlog is drained batch by batch: each one is progress.
-            self.record_success();
-            if !full_batch || report.failed > 0 {
-                break;
+            });
+            let go_on = delivered.is_ok()
+                && next.is_ok()
+                && report.failed == 0
+                && !self.stopping.load(Ordering::Acquire);
+            match next {
+                Ok(next) if go_on => claimed = next,
+                Ok(next) => {
+                    if !next.is_empty() {
+                        self.give_back().await;
+                    }
+                    delivered?;
+                    break;
+                }
+                Err(e) => {
+                    delivered?;
+                    return Err(e);
+                }
             }
         }
         self.refresh_gauges().await?;
         self.record_success();
         Ok(report)
+    }
+
+    /// Claims the next due batch under a lease.
+    async fn claim(&self) -> Result<Vec<Claimed>, StoreError> {
+        let now = self.clock.now();
+        self.store
+            .claim_messages(
+                &self.owner,
+                now,
+                now.plus_seconds(LEASE_SECS),
+                self.batch_size,
+            )
+            .await
+    }
+
+    /// Publishes one claimed batch and marks each row sent or failed.
+    async fn deliver(
+        &self,
+        claimed: Vec<Claimed>,
+        report: &mut TickReport,
+    ) -> Result<(), StoreError> {
+        let Some(written_since) = claimed.iter().map(|c| c.created_at).min() else {
+            return Ok(());
+        };
+        let events: Vec<Event> = claimed.into_iter().map(event).collect();
+        let results = self.sink.publish(&events).await;
+        let mut delivered = Vec::with_capacity(events.len());
+        for (e, result) in events.iter().zip(results) {
+            match result {
+                Ok(()) => delivered.push(e.id),
+                Err(error) => {
+                    tracing::warn!(id = e.id, topic = %e.topic, biz_key = %e.biz_key, sink = self.sink.name(), %error, "relay: delivery failed; will retry");
+                    self.store
+                        .mark_failed(
+                            &self.owner,
+                            e.id,
+                            &error.to_string(),
+                            self.max_attempts,
+                            self.clock.now(),
+                        )
+                        .await?;
+                    report.failed += 1;
+                }
+            }
+        }
+        self.store
+            .mark_sent(&self.owner, &delivered, written_since, self.clock.now())
+            .await?;
+        report.published += delivered.len();
+        self.metrics.relay_published.inc_by(delivered.len() as u64);
+        self.metrics
+            .relay_failed
+            .inc_by((events.len() - delivered.len()) as u64);
+        // A long backlog is drained batch by batch: each one is progress.
+        self.record_success();
+        Ok(())
+    }
+
+    /// Gives back the leases of a batch claimed ahead and not published; on failure they
+    /// run out after [`LEASE_SECS`].
+    async fn give_back(&self) {
+        if let Err(e) = self.store.release_leases(&self.owner).await {
+            tracing::warn!(error = %e, "relay: leases of the batch claimed ahead not released; they expire in {LEASE_SECS} s");
+        }
     }
 
     /// Pending count, dead count and the age of the oldest pending message.

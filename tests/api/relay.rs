@@ -155,6 +155,9 @@ crate::on_every_backend!(
     the_job_never_overlaps_itself,
     a_late_mark_by_a_relay_whose_lease_expired_changes_nothing,
     shutdown_gives_back_the_leases_it_holds,
+    the_next_batch_is_claimed_during_a_publish_and_published_after_it,
+    a_batch_claimed_ahead_is_given_back_when_a_delivery_fails,
+    a_batch_claimed_ahead_is_given_back_at_shutdown,
     expiry_closes_only_unpaid_orders_past_their_deadline,
     retention_keeps_callbacks_anomalies_pending_dead_and_recent_rows,
 );
@@ -416,6 +419,134 @@ async fn shutdown_gives_back_the_leases_it_holds(backend: Backend) {
         blocked.sink.ids().len(),
         2,
         "published once already: at least once"
+    );
+}
+
+/// A relay of batches of 2 whose sink blocks until notified, with a tick started on it.
+fn gated_tick_of_twos(app: &TestApp) -> BlockedTick {
+    let gate = Arc::new(Notify::new());
+    let sink = Arc::new(TestSink {
+        gate: Some(gate.clone()),
+        ..TestSink::default()
+    });
+    let relay = Arc::new(Relay::new(
+        app.store.clone(),
+        sink.clone(),
+        app.clock.clone(),
+        app.metrics.clone(),
+        2,
+        16,
+    ));
+    let tick = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.tick().await }
+    });
+    BlockedTick {
+        relay,
+        sink,
+        gate,
+        tick,
+    }
+}
+
+/// Waits until exactly `n` rows are leased.
+async fn leased(app: &TestApp, n: i64) {
+    let mut now = 0;
+    for _ in 0..300 {
+        now = app
+            .db
+            .count("local_message WHERE locked_by IS NOT NULL")
+            .await;
+        if now == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{now} rows leased, want {n}");
+}
+
+async fn the_next_batch_is_claimed_during_a_publish_and_published_after_it(backend: Backend) {
+    let app = spawn_app(backend).await;
+    pending(&app, 6).await;
+    let blocked = gated_tick_of_twos(&app);
+    // The first batch is inside the sink and the second is already claimed …
+    leased(&app, 4).await;
+    // … but not published: nothing goes out before the batch ahead of it is confirmed.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(blocked.sink.ids().is_empty());
+    assert_eq!(app.db.count("local_message WHERE status = 1").await, 0);
+    let release = tokio::spawn({
+        let gate = blocked.gate.clone();
+        async move {
+            for _ in 0..500 {
+                gate.notify_one();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    });
+    let report = blocked.tick.await.expect("task").expect("tick");
+    release.abort();
+    assert_eq!((report.published, report.failed), (6, 0));
+    let ids = blocked.sink.ids();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(ids, sorted, "published once each, in the order claimed");
+    assert_eq!(ids.len(), 6);
+    assert_eq!(app.db.count("local_message WHERE status = 1").await, 6);
+}
+
+async fn a_batch_claimed_ahead_is_given_back_when_a_delivery_fails(backend: Backend) {
+    let app = spawn_app(backend).await;
+    pending(&app, 6).await;
+    let sink = Arc::new(TestSink::failing(1));
+    let relay = Relay::new(
+        app.store.clone(),
+        sink.clone(),
+        app.clock.clone(),
+        app.metrics.clone(),
+        2,
+        16,
+    );
+    let report = relay.tick().await.expect("tick");
+    assert_eq!((report.published, report.failed), (1, 1));
+    // The failing sink is not asked again in this tick; the batch claimed ahead is not
+    // published, keeps its attempts, and is claimable at once.
+    assert_eq!(sink.ids().len(), 1);
+    assert_eq!(
+        app.db
+            .count("local_message WHERE status = 0 AND attempts = 0 AND locked_by IS NULL")
+            .await,
+        4
+    );
+    // The next tick delivers them (the failed one backs off).
+    let report = relay.tick().await.expect("tick");
+    assert_eq!((report.published, report.failed), (4, 0));
+    assert_eq!(app.db.count("local_message WHERE status = 1").await, 5);
+}
+
+async fn a_batch_claimed_ahead_is_given_back_at_shutdown(backend: Backend) {
+    let app = spawn_app(backend).await;
+    pending(&app, 6).await;
+    let blocked = gated_tick_of_twos(&app);
+    leased(&app, 4).await;
+    let shutdown = tokio::spawn({
+        let relay = blocked.relay.clone();
+        async move { relay.shutdown(Duration::from_secs(10)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    blocked.gate.notify_one();
+    let report = blocked.tick.await.expect("task").expect("tick");
+    shutdown.await.expect("shutdown");
+    // The batch in flight finished; the one claimed ahead went back unpublished.
+    assert_eq!((report.published, report.failed), (2, 0));
+    assert_eq!(blocked.sink.ids().len(), 2);
+    assert_eq!(app.db.count("local_message WHERE status = 1").await, 2);
+    assert_eq!(
+        app.db
+            .count("local_message WHERE status = 0 AND attempts = 0 AND locked_by IS NULL")
+            .await,
+        4
     );
 }
 
