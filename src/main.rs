@@ -192,11 +192,45 @@ struct ReplayArgs {
 /// leases back.
 const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     // reqwest is built without a TLS provider of its own: ring, before any client is built.
     paynotify::https::install_crypto();
     let command = Cli::parse().command;
+    // `serve` sizes its runtime from its configuration (`server.io_threads`), read first.
+    let serving = match &command {
+        Command::Serve { config } => match load_settings(config.as_deref()) {
+            Ok(settings) => Some(settings),
+            Err(e) => return result_code(Err(e)),
+        },
+        _ => None,
+    };
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(settings) = &serving {
+        runtime.worker_threads(settings.server.runtime_threads());
+    }
+    let runtime = match runtime.enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => return result_code(Err(anyhow::anyhow!("cannot start the runtime: {e}"))),
+    };
+    runtime.block_on(async move {
+        match serving {
+            Some(settings) => result_code(serve(settings).await),
+            None => run(command).await,
+        }
+    })
+}
+
+fn result_code(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("paynotify: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> ExitCode {
     let result = match command {
         Command::Bills(BillsCommand::Reconcile {
             date,
@@ -210,7 +244,10 @@ async fn main() -> ExitCode {
             dir,
             config,
         }) => return exit_with(show_archived(&order_no, day, dir, config)),
-        Command::Serve { config } => serve(config).await,
+        Command::Serve { config } => match load_settings(config.as_deref()) {
+            Ok(settings) => serve(settings).await,
+            Err(e) => Err(e),
+        },
         Command::Migrate { config } => migrate(config).await,
         Command::Replay(args) => replay(args).await,
         Command::Explain(args) => explain(args).await,
@@ -220,13 +257,7 @@ async fn main() -> ExitCode {
             sandbox_keys(&out, listen)
         }
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("paynotify: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    result_code(result)
 }
 
 /// The exit code of a command that has codes of its own; 2 when it could not run.
@@ -256,8 +287,7 @@ fn load_settings(config: Option<&std::path::Path>) -> anyhow::Result<Settings> {
     Ok(settings)
 }
 
-async fn serve(config: Option<PathBuf>) -> anyhow::Result<()> {
-    let settings = load_settings(config.as_deref())?;
+async fn serve(settings: Settings) -> anyhow::Result<()> {
     let options = Options::default();
     let clock = Arc::clone(&options.clock);
     let app = Application::build(&settings, options).await?;

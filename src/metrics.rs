@@ -79,6 +79,8 @@ impl Refusal {
 /// What the Redis gate did: the `result` label of `paynotify_gate_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GateResult {
+    /// Answered from this instance's recent final answers, without Redis.
+    HitLocal,
     Hit,
     HitAfterWait,
     Busy,
@@ -90,6 +92,7 @@ pub enum GateResult {
 impl GateResult {
     pub fn label(self) -> &'static str {
         match self {
+            Self::HitLocal => "hit_local",
             Self::Hit => "hit",
             Self::HitAfterWait => "hit_after_wait",
             Self::Busy => "busy",

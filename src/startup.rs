@@ -325,6 +325,7 @@ impl Application {
                 .configure(|cfg| crate::console::configure(cfg, console))
         })
         .disable_signals()
+        .workers(settings.server.http_workers())
         // In-flight requests get this long after SIGTERM; a slow body is cut sooner by
         // server.body_timeout_ms.
         .shutdown_timeout(SHUTDOWN_TIMEOUT_SECS)

@@ -44,6 +44,8 @@ impl Default for ServerSettings {
             max_body_bytes: 65536,
             body_timeout_ms: 10_000,
             api_token: Secret::default(),
+            workers: 0,
+            io_threads: 0,
         }
     }
 }
@@ -69,6 +71,7 @@ impl Default for RedisSettings {
             timeout_ms: 50,
             result_ttl_secs: 172_800,
             marker_ttl_ms: 5000,
+            recent_answers: 100_000,
         }
     }
 }

@@ -102,6 +102,34 @@ pub struct ServerSettings {
     pub body_timeout_ms: u64,
     /// Bearer token for `/orders` and `/admin`; may be empty only on a loopback address.
     pub api_token: Secret,
+    /// HTTP workers: each reads requests and verifies signatures on a thread of its own.
+    /// 0: one per core.
+    pub workers: usize,
+    /// Threads of the runtime that talks to the database, Redis and the sinks (its work is
+    /// waiting, not computing). 0: a quarter of the cores, at least one.
+    pub io_threads: usize,
+}
+
+impl ServerSettings {
+    /// `server.workers`, with 0 resolved.
+    pub fn http_workers(&self) -> usize {
+        match self.workers {
+            0 => cores(),
+            n => n,
+        }
+    }
+
+    /// `server.io_threads`, with 0 resolved.
+    pub fn runtime_threads(&self) -> usize {
+        match self.io_threads {
+            0 => (cores() / 4).max(1),
+            n => n,
+        }
+    }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
 #[derive(Debug, Deserialize)]
@@ -128,6 +156,9 @@ pub struct RedisSettings {
     pub timeout_ms: u64,
     pub result_ttl_secs: u64,
     pub marker_ttl_ms: u64,
+    /// Final answers each instance also keeps in memory, so a repeat it answered lately
+    /// needs no Redis round trip (between half and all of them are kept); 0: none.
+    pub recent_answers: usize,
 }
 
 #[derive(Debug, Deserialize)]
@@ -502,6 +533,37 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn thread_counts_resolve_zero_and_are_bounded() {
+        let auto = load("", &[]).expect("default");
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(auto.server.http_workers(), cores);
+        assert_eq!(auto.server.runtime_threads(), (cores / 4).max(1));
+        let set = load("[server]\nworkers = 3\nio_threads = 5\n", &[]).expect("set");
+        assert_eq!(
+            (set.server.http_workers(), set.server.runtime_threads()),
+            (3, 5)
+        );
+        for (bad, key) in [
+            ("[server]\nworkers = 1025\n", "server.workers"),
+            ("[server]\nio_threads = 1025\n", "server.io_threads"),
+            ("[server]\nio_threads = -1\n", "server.io_threads"),
+        ] {
+            let err = load(bad, &[]).unwrap_err();
+            assert!(err.to_string().contains(key), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn recent_answers_default_to_100000_and_are_bounded() {
+        let on = load("", &[]).expect("default");
+        assert_eq!(on.redis.recent_answers, 100_000);
+        let off = load("[redis]\nrecent_answers = 0\n", &[]).expect("0 keeps none");
+        assert_eq!(off.redis.recent_answers, 0);
+        let err = load("[redis]\nrecent_answers = 10000001\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("redis.recent_answers"), "{err}");
     }
 
     #[test]

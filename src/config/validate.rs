@@ -40,6 +40,18 @@ impl Validate for ServerSettings {
                 "must be between 100 and 300000",
             ));
         }
+        if self.workers > 1024 {
+            return Err(invalid(
+                "server.workers",
+                "must be between 0 (one per core) and 1024",
+            ));
+        }
+        if self.io_threads > 1024 {
+            return Err(invalid(
+                "server.io_threads",
+                "must be between 0 (a quarter of the cores) and 1024",
+            ));
+        }
         if self.api_token.is_empty() && !self.listen.ip().is_loopback() {
             return Err(invalid(
                 "server.api_token",
@@ -82,7 +94,14 @@ impl Validate for RedisSettings {
             ("redis.timeout_ms", self.timeout_ms),
             ("redis.result_ttl_secs", self.result_ttl_secs),
             ("redis.marker_ttl_ms", self.marker_ttl_ms),
-        ])
+        ])?;
+        if self.recent_answers > 10_000_000 {
+            return Err(invalid(
+                "redis.recent_answers",
+                "must be between 0 (none) and 10000000",
+            ));
+        }
+        Ok(())
     }
 }
 

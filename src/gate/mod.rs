@@ -16,6 +16,7 @@
 
 mod call;
 mod link;
+mod recent;
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -29,6 +30,7 @@ use crate::notice::{Notice, NoticeKind, Outcome};
 
 use call::Call;
 use link::Link;
+use recent::Recent;
 
 /// How long a twin waits for the marker holder's answer before asking the provider to retry.
 const TWIN_WAIT: Duration = Duration::from_millis(250);
@@ -59,6 +61,9 @@ pub struct Gate {
     link: Arc<Link>,
     /// After-ledger calls, queued; started by the first notice that needs it.
     queue: OnceLock<Batcher<Call, Option<Vec<Value>>>>,
+    /// The final answers this instance gave lately (`redis.recent_answers`), in front of
+    /// Redis.
+    recent: Recent,
     prefix: String,
     marker_ttl_ms: u64,
     result_ttl_secs: u64,
@@ -98,6 +103,10 @@ impl Gate {
         Ok(Self {
             link: Arc::new(link),
             queue: OnceLock::new(),
+            recent: Recent::new(
+                settings.recent_answers,
+                Duration::from_secs(settings.result_ttl_secs),
+            ),
             prefix: prefix.to_owned(),
             marker_ttl_ms: settings.marker_ttl_ms,
             result_ttl_secs: settings.result_ttl_secs,
@@ -154,6 +163,12 @@ impl Gate {
             return Decision::Proceed(None);
         };
         let digest = n.digest();
+        if self.recent.answered(&digest) {
+            // This instance gave this content its final answer lately: no round trip, and
+            // no Redis needed at all.
+            self.link.metrics.gate_result(GateResult::HitLocal);
+            return Decision::Answered;
+        }
         let marker = Self::marker_key(&key);
         if self.link.breaker.is_open() {
             self.link.metrics.gate_result(GateResult::BypassBreakerOpen);
@@ -185,6 +200,7 @@ impl Gate {
         match cached {
             Some(seen) if seen == digest.as_str() => {
                 self.link.metrics.gate_result(GateResult::Hit);
+                self.recent.remember(&digest);
                 if let Some(Marker(marker)) = taken {
                     self.post(Call::Leave {
                         key,
@@ -199,7 +215,13 @@ impl Gate {
             // Different content under this key: the ledger decides (a conflict).
             Some(_) => Decision::Proceed(taken),
             None if taken.is_some() => Decision::Proceed(taken),
-            None => self.wait_for_twin(&key, &marker, digest.as_str()).await,
+            None => {
+                let decision = self.wait_for_twin(&key, &marker, digest.as_str()).await;
+                if let Decision::Answered = decision {
+                    self.recent.remember(&digest);
+                }
+                decision
+            }
         }
     }
 
@@ -254,9 +276,14 @@ impl Gate {
             outcome,
             Some(Outcome::Applied | Outcome::Duplicate | Outcome::Anomaly(_))
         );
+        let answer = settled.then(|| {
+            let digest = n.digest();
+            self.recent.remember(&digest);
+            digest.as_str().to_owned()
+        });
         let leave = Call::Leave {
             key,
-            answer: settled.then(|| n.digest().as_str().to_owned()),
+            answer,
             marker: marker.map(|Marker(key)| key),
             ttl_secs: self.result_ttl_secs,
         };

@@ -51,6 +51,25 @@ async fn app_with_redis_timeout(
     .await
 }
 
+/// The gate with nothing kept in memory (`redis.recent_answers = 0`): every repeat asks
+/// Redis, for the tests of what Redis itself does (a flush, a cut, a planted answer).
+async fn app_with_redis_only(backend: Backend, url: &str, prefix: &str) -> TestApp {
+    let (url, prefix) = (url.to_owned(), prefix.to_owned());
+    spawn_app_with(backend, move |s| {
+        s.redis.url = paynotify::config::Secret::new(url);
+        s.redis.key_prefix = prefix;
+        s.redis.timeout_ms = 1000;
+        s.redis.marker_ttl_ms = 2000;
+        s.redis.recent_answers = 0;
+    })
+    .await
+}
+
+/// Repeats answered from this instance's memory, without Redis.
+fn from_memory(app: &TestApp) -> u64 {
+    metric(app, "paynotify_gate_total", &["hit_local"])
+}
+
 async fn redis() -> redis::aio::MultiplexedConnection {
     redis::Client::open(REDIS)
         .expect("client")
@@ -247,8 +266,9 @@ impl Proxy {
 async fn redis_cut_mid_storm_stays_exactly_once_and_recovers() {
     let prefix = prefix();
     let proxy = Proxy::start().await;
+    // Nothing kept in memory: the storm's repeats and the recovery below must ask Redis.
     let app = Arc::new(
-        app_with_redis(
+        app_with_redis_only(
             Backend::Postgres,
             &format!("redis://127.0.0.1:{}", proxy.port),
             &prefix,
@@ -298,7 +318,7 @@ async fn redis_cut_mid_storm_stays_exactly_once_and_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_flush_the_next_duplicate_goes_to_the_ledger_and_is_still_a_duplicate() {
     let prefix = prefix();
-    let app = app_with_redis(Backend::Sqlite, REDIS, &prefix).await;
+    let app = app_with_redis_only(Backend::Sqlite, REDIS, &prefix).await;
     app.create_order("G-F", 100).await;
     let n = TestNotification::paid("G-F", "T", 100);
     assert_eq!(deliver(&app, &n).await.0, StatusCode::NO_CONTENT);
@@ -311,6 +331,7 @@ async fn after_a_flush_the_next_duplicate_goes_to_the_ledger_and_is_still_a_dupl
     );
     assert_eq!(from_ledger(&app), 1);
     assert_eq!(app.messages("ORDER_PAID").await, 1);
+    assert_eq!(from_memory(&app), 0, "recent_answers = 0 keeps nothing");
     flush(&prefix).await;
 }
 
@@ -385,7 +406,8 @@ async fn a_marker_whose_holder_died_blocks_only_until_it_expires() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cached_answer_never_turns_a_conflict_into_a_success() {
     let prefix = prefix();
-    let app = app_with_redis(Backend::Sqlite, REDIS, &prefix).await;
+    // What Redis holds is on trial here, so nothing is answered from memory.
+    let app = app_with_redis_only(Backend::Sqlite, REDIS, &prefix).await;
     app.create_order("G-C", 100).await;
     assert_eq!(
         deliver(&app, &TestNotification::paid("G-C", "T-1", 100))
@@ -503,5 +525,108 @@ async fn refunds_go_through_the_gate_by_their_own_key() {
         deliver(&app, &refund("R:1}", 301)).await.0,
         StatusCode::CONFLICT
     );
+    flush(&prefix).await;
+}
+
+/// A repeat this instance answered lately is answered from memory: no Redis round trip, so
+/// even with Redis cut off it needs neither Redis nor the database. Other content under the
+/// same key, and a notice this instance never answered, still go to the ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeat_this_instance_answered_needs_neither_redis_nor_the_database() {
+    let prefix = prefix();
+    let proxy = Proxy::start().await;
+    let app = app_with_redis(
+        Backend::Sqlite,
+        &format!("redis://127.0.0.1:{}", proxy.port),
+        &prefix,
+    )
+    .await;
+    app.create_order("G-MEM", 100).await;
+    app.create_order("G-MEM-2", 100).await;
+    let n = TestNotification::paid("G-MEM", "T-MEM", 100);
+    assert_eq!(deliver(&app, &n).await.0, StatusCode::NO_CONTENT);
+    // Its answer cached and marker given back: two calls.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.metrics.gate_calls.get() < 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(app.metrics.gate_calls.get(), 2);
+
+    assert_eq!(
+        deliver(&app, &n).await,
+        (StatusCode::NO_CONTENT, String::new())
+    );
+    assert_eq!(from_memory(&app), 1);
+    assert_eq!(cached(&app), 1);
+    assert_eq!(
+        app.metrics.gate_calls.get(),
+        2,
+        "no Redis call for the repeat"
+    );
+
+    proxy.cut.send_replace(true);
+    for _ in 0..3 {
+        assert_eq!(
+            deliver(&app, &n).await,
+            (StatusCode::NO_CONTENT, String::new())
+        );
+    }
+    assert_eq!(from_memory(&app), 4);
+    assert_eq!(
+        from_ledger(&app),
+        0,
+        "none of the repeats reached the ledger"
+    );
+    // The same key with other content: the ledger's 409, never the remembered success.
+    assert_eq!(
+        deliver(&app, &TestNotification::paid("G-MEM", "T-MEM", 99))
+            .await
+            .0,
+        StatusCode::CONFLICT
+    );
+    // An order this instance never answered: bypassed to the ledger, and paid.
+    assert_eq!(
+        deliver(&app, &TestNotification::paid("G-MEM-2", "T-MEM-2", 100))
+            .await
+            .0,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(app.status_of("G-MEM-2").await, "PAID");
+    assert_eq!(from_memory(&app), 4);
+    assert_eq!(app.messages("ORDER_PAID").await, 2);
+    assert_eq!(app.db.count("pay_callback").await, 2);
+    proxy.cut.send_replace(false);
+    flush(&prefix).await;
+}
+
+/// What an instance remembers lives no longer than the answer it cached in Redis
+/// (`redis.result_ttl_secs`): after it, a repeat goes to Redis, then to the ledger, which
+/// still answers it as a duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remembered_answer_expires_with_the_redis_one() {
+    let prefix = prefix();
+    let app = {
+        let prefix = prefix.clone();
+        spawn_app_with(Backend::Sqlite, move |s| {
+            s.redis.url = paynotify::config::Secret::new(REDIS);
+            s.redis.key_prefix = prefix;
+            s.redis.timeout_ms = 1000;
+            s.redis.result_ttl_secs = 1;
+        })
+        .await
+    };
+    app.create_order("G-TTL", 100).await;
+    let n = TestNotification::paid("G-TTL", "T", 100);
+    assert_eq!(deliver(&app, &n).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(deliver(&app, &n).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(from_memory(&app), 1);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        deliver(&app, &n).await,
+        (StatusCode::NO_CONTENT, String::new())
+    );
+    assert_eq!(from_memory(&app), 1, "forgotten after the TTL");
+    assert_eq!(from_ledger(&app), 1);
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
     flush(&prefix).await;
 }
