@@ -23,7 +23,10 @@
 # row and one ORDER_PAID message per order, no other message). Then receipts.store
 # "rejected" vs "off" for first deliveries, in alternating rounds (RECEIPT_ROUNDS, 0 to skip),
 # and the same for group apply on vs off (GROUP_ROUNDS, N each, 0 to skip) and for the Redis
-# gate on vs off (GATE_ROUNDS, N each, 0 to skip).
+# gate on vs off (GATE_ROUNDS, N each, 0 to skip). IO_ROUNDS compares server.io_threads
+# (0: a quarter of the cores) with one thread per core; RECENT_ROUNDS compares the gate with
+# and without redis.recent_answers, first deliveries then the same requests again (both off
+# by default).
 # pgbench runs benches/sql/ledger_first.sql (three statements, five round trips),
 # ledger_first_cte.sql (the same rows in one statement) and ledger_duplicate.sql.
 #
@@ -43,6 +46,8 @@ PGBENCH_CLIENTS=${PGBENCH_CLIENTS:-16}
 RECEIPT_ROUNDS=${RECEIPT_ROUNDS:-6}
 GROUP_ROUNDS=${GROUP_ROUNDS:-4}
 GATE_ROUNDS=${GATE_ROUNDS:-4}
+IO_ROUNDS=${IO_ROUNDS:-0}
+RECENT_ROUNDS=${RECENT_ROUNDS:-0}
 RECEIPT_N=${RECEIPT_N:-$((N / 2))}
 PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
@@ -351,8 +356,9 @@ done
 # always goes first), a fresh service and fresh orders per round. A setting is one or more
 # VAR=value words.
 ROUND=0
+ALT_PASSES=first   # what each round runs: "first", or "first duplicate" (the same requests again)
 alternate() { # rounds count name_a setting_a name_b setting_b
-    local rounds=$1 count=$2 order=() r mode setting i
+    local rounds=$1 count=$2 order=() r mode setting i p
     for r in $(seq "$rounds"); do
         if [ $(((r - 1) % 2)) -eq 0 ]; then order+=("$3" "$5"); else order+=("$5" "$3"); fi
     done
@@ -365,7 +371,9 @@ alternate() { # rounds count name_a setting_a name_b setting_b
         forge wechat "${mode:0:1}${i}R-" "$count" "$WORK/round-$i"
         # shellcheck disable=SC2086 # a setting may be several VAR=value words
         start_service "$mode" $setting
-        pass "$mode" wechat first "$WORK/round-$i" "${mode:0:1}${i}R-" "$count"
+        for p in $ALT_PASSES; do
+            pass "$mode" wechat "$p" "$WORK/round-$i" "${mode:0:1}${i}R-" "$count"
+        done
         stop_service
     done
 }
@@ -381,6 +389,21 @@ if [ "$GATE_ROUNDS" -gt 0 ]; then
     alternate "$GATE_ROUNDS" "$N" \
         gate-on "PAYNOTIFY__REDIS__URL=$REDIS_URL PAYNOTIFY__REDIS__KEY_PREFIX=$REDIS_PREFIX" \
         gate-off PAYNOTIFY__REDIS__URL=
+fi
+
+if [ "$IO_ROUNDS" -gt 0 ]; then
+    echo "server.io_threads auto vs one per core: $IO_ROUNDS rounds each of $N WeChat first deliveries"
+    alternate "$IO_ROUNDS" "$N" io-auto PAYNOTIFY__SERVER__IO_THREADS=0 \
+        io-cores "PAYNOTIFY__SERVER__IO_THREADS=$(nproc)"
+fi
+
+if [ "$RECENT_ROUNDS" -gt 0 ]; then
+    echo "gate with vs without recent answers in memory: $RECENT_ROUNDS rounds each of $N WeChat first deliveries, then the same again"
+    ALT_PASSES="first duplicate"
+    alternate "$RECENT_ROUNDS" "$N" \
+        recent-on "PAYNOTIFY__REDIS__URL=$REDIS_URL PAYNOTIFY__REDIS__KEY_PREFIX=$REDIS_PREFIX" \
+        recent-off "PAYNOTIFY__REDIS__URL=$REDIS_URL PAYNOTIFY__REDIS__KEY_PREFIX=$REDIS_PREFIX PAYNOTIFY__REDIS__RECENT_ANSWERS=0"
+    ALT_PASSES=first
 fi
 
 if [ "$RECEIPT_ROUNDS" -gt 0 ]; then
@@ -440,15 +463,16 @@ for channel in ("wechat", "alipay"):
     d = rate("ledger", channel, "duplicate")
     if d == d:
         w(f"| {channel}, ledger: duplicates / pgbench duplicate | {d / dup:.2f} |")
-def alternated(a, b, what):
-    ra = [float(r[6]) for r in rows if r[0] == a]
-    rb = [float(r[6]) for r in rows if r[0] == b]
-    ca = [float(r[10]) for r in rows if r[0] == a]
-    cb = [float(r[10]) for r in rows if r[0] == b]
-    ma = [float(r[14]) for r in rows if r[0] == a]
-    mb = [float(r[14]) for r in rows if r[0] == b]
+def alternated(a, b, what, name="first"):
+    ra = [float(r[6]) for r in rows if r[0] == a and r[2] == name]
+    rb = [float(r[6]) for r in rows if r[0] == b and r[2] == name]
+    ca = [float(r[10]) for r in rows if r[0] == a and r[2] == name]
+    cb = [float(r[10]) for r in rows if r[0] == b and r[2] == name]
+    ma = [float(r[14]) for r in rows if r[0] == a and r[2] == name]
+    mb = [float(r[14]) for r in rows if r[0] == b and r[2] == name]
+    kind = "first deliveries" if name == "first" else "the same again"
     if ra and rb:
-        w(f"| {what}, first deliveries (mean of {len(ra)} alternating rounds each: "
+        w(f"| {what}, {kind} (mean of {len(ra)} alternating rounds each: "
           f"{statistics.mean(ra):,.0f} / {statistics.mean(rb):,.0f} per s; service CPU "
           f"{statistics.mean(ca):.0f} / {statistics.mean(cb):.0f} µs; machine CPU "
           f"{statistics.mean(ma):.0f} / {statistics.mean(mb):.0f} µs) | {statistics.mean(ra) / statistics.mean(rb):.3f} |")
@@ -458,6 +482,9 @@ if on == on:
     w(f"| group apply on (alternating rounds) / pgbench three statements | {on / three:.2f} |")
 alternated("gate-on", "gate-off", "gate on / off")
 alternated("receipts-rejected", "receipts-off", "receipts rejected / off")
+alternated("io-auto", "io-cores", "io_threads auto / one per core")
+alternated("recent-on", "recent-off", "recent answers on / off")
+alternated("recent-on", "recent-off", "recent answers on / off", "duplicate")
 open(report, "w").write("\n".join(out) + "\n")
 EOF
 echo

@@ -308,6 +308,8 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
             Duration::from_secs(settings.retention.every_secs),
         ),
         %listen,
+        workers = settings.server.http_workers(),
+        io_threads = tokio::runtime::Handle::current().metrics().num_workers(),
         "paynotify serving on {listen}"
     );
     let handle = app.handle();

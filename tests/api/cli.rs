@@ -229,3 +229,58 @@ fn logs_in_a_file_have_no_colour_codes_and_json_lines_parse_with_request_fields(
         "the request id: {applied}"
     );
 }
+
+/// `server.workers` HTTP workers (threads of their own) and a runtime of `server.io_threads`
+/// for the database, Redis and the sinks, as the start-up line says.
+#[test]
+fn serve_runs_the_threads_its_configuration_asks_for() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    assert!(sandbox(dir.path(), &[]).status.success());
+    let port = free_port();
+    let log_path = dir.path().join("threads.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config", "paynotify.toml"])
+        .current_dir(dir.path())
+        .env("PAYNOTIFY__SERVER__LISTEN", format!("127.0.0.1:{port}"))
+        .env("PAYNOTIFY__SERVER__WORKERS", "3")
+        .env("PAYNOTIFY__SERVER__IO_THREADS", "2")
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::from(log))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("serve starts");
+    // actix names each worker's thread "actix-server worker N" (15 bytes of it in `comm`).
+    let workers = || {
+        std::fs::read_dir(format!("/proc/{}/task", child.id()))
+            .map(|tasks| {
+                tasks
+                    .filter_map(Result::ok)
+                    .filter(|t| {
+                        std::fs::read_to_string(t.path().join("comm"))
+                            .is_ok_and(|c| c.starts_with("actix-server wo"))
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut line, mut http) = (None, 0);
+    while (line.is_none() || http != 3) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        line = std::fs::read_to_string(&log_path)
+            .expect("log")
+            .lines()
+            .find(|l| l.contains("paynotify serving on"))
+            .map(str::to_owned);
+        http = workers();
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    let line = line.expect("the start-up line");
+    assert!(line.contains("workers=3"), "{line}");
+    assert!(line.contains("io_threads=2"), "{line}");
+    assert_eq!(http, 3, "HTTP worker threads");
+}
