@@ -41,12 +41,8 @@ async fn app_with_redis_timeout(
     prefix: &str,
     timeout_ms: u64,
 ) -> TestApp {
-    let (url, prefix) = (url.to_owned(), prefix.to_owned());
-    spawn_app_with(backend, move |s| {
-        s.redis.url = paynotify::config::Secret::new(url);
-        s.redis.key_prefix = prefix;
-        s.redis.timeout_ms = timeout_ms;
-        s.redis.marker_ttl_ms = 2000;
+    gate_app(backend, url, prefix, move |s| {
+        s.redis.timeout_ms = timeout_ms
     })
     .await
 }
@@ -54,13 +50,23 @@ async fn app_with_redis_timeout(
 /// The gate with nothing kept in memory (`redis.recent_answers = 0`): every repeat asks
 /// Redis, for the tests of what Redis itself does (a flush, a cut, a planted answer).
 async fn app_with_redis_only(backend: Backend, url: &str, prefix: &str) -> TestApp {
+    gate_app(backend, url, prefix, |s| s.redis.recent_answers = 0).await
+}
+
+/// The gate on `url` under `prefix` (1 s timeout, markers of 2 s), then `tweak`.
+async fn gate_app(
+    backend: Backend,
+    url: &str,
+    prefix: &str,
+    tweak: impl FnOnce(&mut paynotify::config::Settings),
+) -> TestApp {
     let (url, prefix) = (url.to_owned(), prefix.to_owned());
     spawn_app_with(backend, move |s| {
         s.redis.url = paynotify::config::Secret::new(url);
         s.redis.key_prefix = prefix;
         s.redis.timeout_ms = 1000;
         s.redis.marker_ttl_ms = 2000;
-        s.redis.recent_answers = 0;
+        tweak(s);
     })
     .await
 }
@@ -339,16 +345,10 @@ async fn after_a_flush_the_next_duplicate_goes_to_the_ledger_and_is_still_a_dupl
 async fn a_marker_whose_holder_died_blocks_only_until_it_expires() {
     let prefix = prefix();
     // Our own markers live 60 s here, so "given back" below is the release, never the TTL.
-    let app = {
-        let prefix = prefix.clone();
-        spawn_app_with(Backend::Sqlite, move |s| {
-            s.redis.url = paynotify::config::Secret::new(REDIS);
-            s.redis.key_prefix = prefix;
-            s.redis.timeout_ms = 1000;
-            s.redis.marker_ttl_ms = 60_000;
-        })
-        .await
-    };
+    let app = gate_app(Backend::Sqlite, REDIS, &prefix, |s| {
+        s.redis.marker_ttl_ms = 60_000;
+    })
+    .await;
     app.create_order("G-M", 100).await;
     let mut c = redis().await;
     let marker = format!("{prefix}{{G-M}}:marker:pay:wechat");
@@ -605,16 +605,10 @@ async fn a_repeat_this_instance_answered_needs_neither_redis_nor_the_database() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remembered_answer_expires_with_the_redis_one() {
     let prefix = prefix();
-    let app = {
-        let prefix = prefix.clone();
-        spawn_app_with(Backend::Sqlite, move |s| {
-            s.redis.url = paynotify::config::Secret::new(REDIS);
-            s.redis.key_prefix = prefix;
-            s.redis.timeout_ms = 1000;
-            s.redis.result_ttl_secs = 1;
-        })
-        .await
-    };
+    let app = gate_app(Backend::Sqlite, REDIS, &prefix, |s| {
+        s.redis.result_ttl_secs = 1;
+    })
+    .await;
     app.create_order("G-TTL", 100).await;
     let n = TestNotification::paid("G-TTL", "T", 100);
     assert_eq!(deliver(&app, &n).await.0, StatusCode::NO_CONTENT);
