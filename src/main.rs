@@ -195,32 +195,40 @@ const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
 fn main() -> ExitCode {
     // reqwest is built without a TLS provider of its own: ring, before any client is built.
     paynotify::https::install_crypto();
-    let command = Cli::parse().command;
-    // `serve` sizes its runtime from its configuration (`server.io_threads`), read first.
-    let serving = match &command {
-        Command::Serve { config } => match load_settings(config.as_deref()) {
-            Ok(settings) => Some(settings),
-            Err(e) => return result_code(Err(e)),
-        },
-        _ => None,
-    };
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let Some(settings) = &serving {
-        runtime.worker_threads(settings.server.runtime_threads());
-    }
-    let runtime = match runtime.enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(e) => return result_code(Err(anyhow::anyhow!("cannot start the runtime: {e}"))),
-    };
-    runtime.block_on(async move {
-        match serving {
-            Some(settings) => result_code(serve(settings).await),
-            None => run(command).await,
+    let result = match Cli::parse().command {
+        Command::Bills(BillsCommand::Reconcile {
+            date,
+            channel,
+            config,
+            json,
+        }) => {
+            return exit_with(on_runtime(None, async move {
+                reconcile_bills(date, channel.as_deref(), config, json).await
+            }));
         }
-    })
-}
-
-fn result_code(result: anyhow::Result<()>) -> ExitCode {
+        Command::Archive(ArchiveCommand::Show {
+            order_no,
+            day,
+            dir,
+            config,
+        }) => {
+            return exit_with(on_runtime(None, async move {
+                show_archived(&order_no, day, dir, config)
+            }));
+        }
+        // `serve` sizes its runtime from its configuration (`server.io_threads`).
+        Command::Serve { config } => load_settings(config.as_deref()).and_then(|settings| {
+            on_runtime(Some(settings.server.runtime_threads()), serve(settings))
+        }),
+        Command::Migrate { config } => on_runtime(None, migrate(config)),
+        Command::Replay(args) => on_runtime(None, replay(args)),
+        Command::Explain(args) => on_runtime(None, explain(args)),
+        Command::Forge(args) => on_runtime(None, async move { forge(args) }),
+        Command::SandboxKeys { out, listen } => {
+            paynotify::telemetry::init();
+            on_runtime(None, async move { sandbox_keys(&out, listen) })
+        }
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -230,34 +238,21 @@ fn result_code(result: anyhow::Result<()>) -> ExitCode {
     }
 }
 
-async fn run(command: Command) -> ExitCode {
-    let result = match command {
-        Command::Bills(BillsCommand::Reconcile {
-            date,
-            channel,
-            config,
-            json,
-        }) => return exit_with(reconcile_bills(date, channel.as_deref(), config, json).await),
-        Command::Archive(ArchiveCommand::Show {
-            order_no,
-            day,
-            dir,
-            config,
-        }) => return exit_with(show_archived(&order_no, day, dir, config)),
-        Command::Serve { config } => match load_settings(config.as_deref()) {
-            Ok(settings) => serve(settings).await,
-            Err(e) => Err(e),
-        },
-        Command::Migrate { config } => migrate(config).await,
-        Command::Replay(args) => replay(args).await,
-        Command::Explain(args) => explain(args).await,
-        Command::Forge(args) => forge(args),
-        Command::SandboxKeys { out, listen } => {
-            paynotify::telemetry::init();
-            sandbox_keys(&out, listen)
-        }
-    };
-    result_code(result)
+/// Runs `work` to its end on a multi-threaded runtime of `threads` workers (`None`: one per
+/// core).
+fn on_runtime<T>(
+    threads: Option<usize>,
+    work: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = threads {
+        runtime.worker_threads(threads);
+    }
+    runtime
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?
+        .block_on(work)
 }
 
 /// The exit code of a command that has codes of its own; 2 when it could not run.
