@@ -178,6 +178,63 @@ pub struct Found {
     pub damaged: Vec<(PathBuf, String)>,
 }
 
+/// The longest line an archive file may have: a record is one order with its callbacks,
+/// refunds and anomalies, a few KiB. A longer line is not a record, and reading that file
+/// stops there instead of holding it in memory (a file without a line end would be held
+/// whole).
+pub const MAX_RECORD_BYTES: usize = 16 << 20;
+
+/// The lines of an archive file, each at most [`MAX_RECORD_BYTES`], one at a time.
+struct RecordLines<R> {
+    input: BufReader<R>,
+    buf: Vec<u8>,
+    number: u64,
+}
+
+impl<R: std::io::Read> RecordLines<R> {
+    fn new(input: R) -> Self {
+        Self {
+            input: BufReader::new(input),
+            buf: Vec::new(),
+            number: 0,
+        }
+    }
+
+    /// The next line without its line end; an error for a line longer than
+    /// [`MAX_RECORD_BYTES`] or one that is not UTF-8.
+    fn next(&mut self) -> std::io::Result<Option<&str>> {
+        use std::io::Read;
+        self.buf.clear();
+        let n = (&mut self.input)
+            .take(MAX_RECORD_BYTES as u64 + 1)
+            .read_until(b'\n', &mut self.buf)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.number += 1;
+        if self.buf.last() == Some(&b'\n') {
+            self.buf.pop();
+            if self.buf.last() == Some(&b'\r') {
+                self.buf.pop();
+            }
+        } else if n > MAX_RECORD_BYTES {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "line {} is longer than {MAX_RECORD_BYTES} bytes: not an archive record",
+                    self.number
+                ),
+            ));
+        }
+        std::str::from_utf8(&self.buf).map(Some).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("line {} is not UTF-8: {e}", self.number),
+            )
+        })
+    }
+}
+
 /// The archived records of `order_no` in `dir`: in the files of its creation day when `day`
 /// is given, else in every archive file.
 pub fn find(dir: &Path, order_no: &str, day: Option<NaiveDate>) -> std::io::Result<Found> {
@@ -200,10 +257,11 @@ pub fn find(dir: &Path, order_no: &str, day: Option<NaiveDate>) -> std::io::Resu
     let plain = !order_no.contains(['"', '\\']) && !order_no.contains(char::is_control);
     for path in files {
         found.files_read += 1;
-        let reader = BufReader::new(MultiGzDecoder::new(std::fs::File::open(&path)?));
-        for line in reader.lines() {
-            let line = match line {
-                Ok(line) => line,
+        let mut lines = RecordLines::new(MultiGzDecoder::new(std::fs::File::open(&path)?));
+        loop {
+            let line = match lines.next() {
+                Ok(Some(line)) => line,
+                Ok(None) => break,
                 Err(e) => {
                     found.damaged.push((path.clone(), e.to_string()));
                     break;
@@ -213,7 +271,7 @@ pub fn find(dir: &Path, order_no: &str, day: Option<NaiveDate>) -> std::io::Resu
             if plain && !line.contains(order_no) {
                 continue;
             }
-            match serde_json::from_str::<serde_json::Value>(&line) {
+            match serde_json::from_str::<serde_json::Value>(line) {
                 Ok(record) if record["order"]["order_no"] == order_no => found.records.push(record),
                 Ok(_) => {}
                 Err(e) => {

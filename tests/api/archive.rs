@@ -324,3 +324,56 @@ async fn archive_show_prints_an_archived_order_and_exits_1_for_one_not_there() {
     let other_day = show("AS-1", Some("2020-01-01".into()));
     assert_eq!(other_day.status.code(), Some(1), "{other_day:?}");
 }
+
+/// An archive file whose first line never ends: more than a record's cap of `x` (gzip
+/// members of 1 MiB each, one after the other as the archive appends them), then bytes that
+/// are not gzip. A reader that held the line past the cap would meet those and fail on them.
+fn endless_line_file(dir: &std::path::Path) -> std::path::PathBuf {
+    use flate2::Compression;
+    use flate2::write::GzEncoder;
+    use std::io::Write;
+    let mut member = GzEncoder::new(Vec::new(), Compression::fast());
+    member.write_all(&vec![b'x'; 1 << 20]).expect("gzip");
+    let member = member.finish().expect("gzip");
+    let mut bytes = Vec::new();
+    for _ in 0..(paynotify::archive::MAX_RECORD_BYTES >> 20) + 2 {
+        bytes.extend_from_slice(&member);
+    }
+    bytes.extend_from_slice(b"not gzip: past the cap");
+    let path = dir.join("orders-20251001-r1.jsonl.gz");
+    std::fs::write(&path, bytes).expect("write");
+    path
+}
+
+/// A line without an end is not held whole (a file of one took a gigabyte): reading stops
+/// at `MAX_RECORD_BYTES` with the line named, `find` goes on with the other files, and
+/// `paynotify archive show` says which file could not be read and why.
+#[test]
+fn a_line_without_an_end_stops_the_read_at_the_record_cap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = endless_line_file(dir.path());
+    let cap = paynotify::archive::MAX_RECORD_BYTES;
+    let found = find(dir.path(), "AR-ANY", None).expect("read");
+    assert_eq!(found.files_read, 1);
+    assert!(found.records.is_empty());
+    assert_eq!(found.damaged.len(), 1, "{:?}", found.damaged);
+    assert_eq!(found.damaged[0].0, path);
+    let reason = &found.damaged[0].1;
+    assert!(
+        reason.contains(&format!("line 1 is longer than {cap} bytes")),
+        "{reason}"
+    );
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_paynotify"))
+        .args(["archive", "show", "AR-ANY", "--dir"])
+        .arg(dir.path())
+        .output()
+        .expect("archive show runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("orders-20251001-r1.jsonl.gz could not be read to the end")
+            && stderr.contains("longer than"),
+        "{stderr}"
+    );
+}
