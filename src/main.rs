@@ -266,7 +266,8 @@ fn exit_with(result: anyhow::Result<u8>) -> ExitCode {
 }
 
 /// Loads the configuration, starts logging in its `log.format`, and warns about every
-/// `PAYNOTIFY…` environment variable that configures nothing.
+/// `PAYNOTIFY…` environment variable that configures nothing and a `bills.timezone` other
+/// than the providers' (Beijing).
 fn load_settings(config: Option<&std::path::Path>) -> anyhow::Result<Settings> {
     let settings = Settings::load(config)?;
     paynotify::telemetry::init_with(settings.log.format);
@@ -277,6 +278,9 @@ fn load_settings(config: Option<&std::path::Path>) -> anyhow::Result<Settings> {
         )
     });
     for warning in paynotify::config::unused_env_vars(vars) {
+        tracing::warn!("{warning}");
+    }
+    if let Some(warning) = settings.bills.zone_warning() {
         tracing::warn!("{warning}");
     }
     Ok(settings)

@@ -17,7 +17,8 @@ pub struct BillSettings {
     /// Beijing time).
     pub run_at: String,
     /// An IANA time zone: a bill date is a provider-local day, and the ledger's payments
-    /// of that day are those recorded between its midnights in this zone.
+    /// of that day are those recorded between its midnights in this zone. Both providers'
+    /// bill days are Beijing days: `Asia/Shanghai`, and a warning at start-up for any other.
     pub timezone: String,
     /// A difference that can be timing (a payment near midnight that the other side dates
     /// to the day next to it) is `pending` for this many days, then reported.
@@ -48,6 +49,25 @@ impl BillSettings {
                     "{:?} is not an IANA time zone (Asia/Shanghai)",
                     self.timezone
                 ),
+            )
+        })
+    }
+
+    /// What start-up warns about a `timezone` other than Beijing's: WeChat's and Alipay's
+    /// bills are of Beijing days, so the ledger's day in another zone is hours off theirs
+    /// and payments near midnight are compared with the wrong day.
+    pub fn zone_warning(&self) -> Option<String> {
+        const BEIJING: [&str; 5] = [
+            "Asia/Shanghai",
+            "Asia/Chongqing",
+            "Asia/Chungking",
+            "Asia/Harbin",
+            "PRC",
+        ];
+        (!BEIJING.contains(&self.timezone.as_str())).then(|| {
+            format!(
+                "bills.timezone is {:?}: WeChat Pay's and Alipay's bills are of Beijing days (Asia/Shanghai), so the ledger's day is compared with another day than the bill's",
+                self.timezone
             )
         })
     }

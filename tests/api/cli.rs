@@ -102,6 +102,33 @@ fn start_up_warns_about_environment_variables_that_configure_nothing() {
     );
 }
 
+/// Both providers' bill days are Beijing days: another `bills.timezone` is warned about at
+/// start-up, the default is not.
+#[test]
+fn start_up_warns_about_a_bill_timezone_other_than_beijing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = sqlite_config(dir.path());
+    let migrate = |zone: Option<&str>| {
+        let mut command = Command::new(BIN);
+        command.args(["migrate", "--config"]).arg(&config);
+        if let Some(zone) = zone {
+            command.env("PAYNOTIFY__BILLS__TIMEZONE", zone);
+        }
+        let out = command.output().expect("migrate runs");
+        assert!(out.status.success(), "{}", stderr(&out));
+        stderr(&out)
+    };
+    let text = migrate(Some("Europe/Berlin"));
+    assert!(
+        text.contains("bills.timezone is \"Europe/Berlin\"") && text.contains("Asia/Shanghai"),
+        "{text}"
+    );
+    for zone in [None, Some("Asia/Shanghai")] {
+        let text = migrate(zone);
+        assert!(!text.contains("bills.timezone"), "{zone:?}: {text}");
+    }
+}
+
 #[test]
 fn an_unreachable_postgres_is_one_line_with_host_port_database_and_cause_never_the_password() {
     let dir = tempfile::tempdir().expect("tempdir");
