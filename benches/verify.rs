@@ -134,6 +134,7 @@ fn alipay(c: &mut Criterion) {
             app_cert_file: None,
             alipay_root_cert_file: None,
         }],
+        ..AlipaySettings::default()
     };
     let channel = Alipay::from_settings(&settings, SystemClock.now()).expect("channel");
     let sandbox = alipay::Sandbox {

@@ -23,15 +23,7 @@ pub fn install_crypto() {
 pub fn provider_url(key: &str, url: &str) -> Result<(), ConfigError> {
     let parsed = reqwest::Url::parse(url)
         .map_err(|e| invalid(key, format!("{url} is not an https URL: {e}")))?;
-    let loopback = match parsed.host_str() {
-        Some(host) if host.eq_ignore_ascii_case("localhost") => true,
-        Some(host) => host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback()),
-        None => false,
-    };
+    let loopback = is_loopback(&parsed);
     match parsed.scheme() {
         "https" if parsed.host_str().is_some() => Ok(()),
         "http" if loopback => Ok(()),
@@ -40,6 +32,20 @@ pub fn provider_url(key: &str, url: &str) -> Result<(), ConfigError> {
             format!("{url}: use https:// (plain http:// only to a loopback stand-in)"),
         )),
         _ => Err(invalid(key, format!("{url} is not an https URL"))),
+    }
+}
+
+/// Whether `url` names this machine (`localhost`, `127.0.0.0/8`, `[::1]`): a stand-in that
+/// may be spoken to over plain HTTP.
+pub fn is_loopback(url: &reqwest::Url) -> bool {
+    match url.host_str() {
+        Some(host) if host.eq_ignore_ascii_case("localhost") => true,
+        Some(host) => host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
     }
 }
 

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::channel::bill::BillTotals;
+use crate::channel::bill::{BillTotals, Integrity};
 use crate::notice::ChannelId;
 use crate::time::Timestamp;
 
@@ -152,6 +152,9 @@ pub struct Report {
     pub channel: ChannelId,
     /// WeChat `mchid` or Alipay `app_id`.
     pub account: String,
+    /// What vouches for the bill file: `signed_hash` (WeChat), or `none` (Alipay: the file
+    /// is not integrity-protected; its own totals are all it is checked against).
+    pub integrity: Integrity,
     pub status: Status,
     /// Why the report is `unavailable` (`null` otherwise).
     pub reason: Option<String>,
@@ -201,6 +204,12 @@ impl std::fmt::Display for Report {
                 .map(|r| format!(" ({r})"))
                 .unwrap_or_default()
         )?;
+        if self.integrity == Integrity::None {
+            writeln!(
+                f,
+                "  the bill file is not integrity-protected: the provider gives no hash or signature of it"
+            )?;
+        }
         if self.status != Status::Unavailable {
             writeln!(
                 f,
@@ -242,5 +251,34 @@ impl std::fmt::Display for Report {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_alipay_report_says_its_bill_is_not_integrity_protected() {
+        let report = |channel: ChannelId| Report {
+            date: "2026-11-30".into(),
+            channel,
+            account: "2021000000000001".into(),
+            integrity: Integrity::of(channel),
+            status: Status::Balanced,
+            reason: None,
+            fetched_at: Timestamp::new(chrono::Utc::now()),
+            provider: BillTotals::default(),
+            ours: OurTotals::default(),
+            items: Vec::new(),
+        };
+        let alipay = report(ChannelId::Alipay);
+        assert!(alipay.to_string().contains("not integrity-protected"));
+        let json = serde_json::to_value(&alipay).expect("json");
+        assert_eq!(json["integrity"], "none");
+        let wechat = report(ChannelId::Wechat);
+        assert!(!wechat.to_string().contains("integrity"));
+        let json = serde_json::to_value(&wechat).expect("json");
+        assert_eq!(json["integrity"], "signed_hash");
     }
 }

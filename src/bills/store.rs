@@ -717,6 +717,7 @@ impl Store {
                 date: r.bill_date,
                 channel,
                 account: r.account,
+                integrity: crate::channel::bill::Integrity::of(channel),
                 status: Status::parse(&r.status).unwrap_or(Status::Unavailable),
                 reason: r.reason,
                 fetched_at: r.fetched_at,

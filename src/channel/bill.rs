@@ -97,6 +97,29 @@ pub fn round_milli_fen(milli: i64) -> i64 {
     }
 }
 
+/// What vouches for a bill file's content, besides its own summary agreeing with its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Integrity {
+    /// WeChat: the file's SHA1 (of the decompressed bytes), given in the signed answer and
+    /// checked before a row is read.
+    SignedHash,
+    /// Alipay: nothing. The URL comes in a signed answer and the file over HTTPS from a host
+    /// of `alipay.bill_hosts`, but the file itself carries no hash or signature: whoever
+    /// answers that URL writes the bill.
+    None,
+}
+
+impl Integrity {
+    /// What a channel's bills carry.
+    pub fn of(channel: ChannelId) -> Self {
+        match channel {
+            ChannelId::Wechat => Self::SignedHash,
+            ChannelId::Alipay => Self::None,
+        }
+    }
+}
+
 /// Why a bill could not be had or read. The report is `unavailable` with it, nothing is
 /// acted upon, and the next run tries again.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -191,18 +214,35 @@ pub trait BillSource: Send + Sync + 'static {
 }
 
 /// Downloads a bill file into an unnamed temporary file (gone when dropped), at most
-/// [`MAX_BILL_BYTES`], within `timeout`; any answer but a 200 is [`BillError::Download`]
-/// (a redirect is not followed). Returns the file rewound, and its size.
+/// [`MAX_BILL_BYTES`], within `timeout` (`bills.download_timeout_secs`, which replaces the
+/// client's `reconcile.timeout_ms` for this request: a large bill takes longer than an API
+/// answer); any answer but a 200 is [`BillError::Download`] (a redirect is not followed).
+/// Returns the file rewound, and its size.
 pub async fn download(
     plumbing: &Plumbing,
     request: reqwest::RequestBuilder,
     timeout: Duration,
 ) -> Result<(std::fs::File, u64), BillError> {
     use std::io::{Seek, Write};
+    let too_slow = || {
+        BillError::Download(format!(
+            "not downloaded within {} s (bills.download_timeout_secs)",
+            timeout.as_secs()
+        ))
+    };
     let failed = |e: &dyn std::fmt::Display| BillError::Download(e.to_string());
+    let failed_request = |e: reqwest::Error| {
+        if e.is_timeout() {
+            too_slow()
+        } else {
+            failed(&e)
+        }
+    };
     let work = async {
         plumbing.acquire().await;
-        let mut response = request.send().await.map_err(|e| failed(&e))?;
+        // The request's own timeout outlasts the one below, which names the setting.
+        let request = request.timeout(timeout + Duration::from_secs(1));
+        let mut response = request.send().await.map_err(failed_request)?;
         let status = response.status().as_u16();
         if status != 200 {
             let location = response
@@ -217,7 +257,7 @@ pub async fn download(
         }
         let mut file = tempfile::tempfile().map_err(|e| failed(&e))?;
         let mut size: u64 = 0;
-        while let Some(chunk) = response.chunk().await.map_err(|e| failed(&e))? {
+        while let Some(chunk) = response.chunk().await.map_err(failed_request)? {
             size += chunk.len() as u64;
             if size > MAX_BILL_BYTES {
                 return Err(BillError::Download(format!(
@@ -229,9 +269,9 @@ pub async fn download(
         file.rewind().map_err(|e| failed(&e))?;
         Ok((file, size))
     };
-    tokio::time::timeout(timeout, work).await.map_err(|_| {
-        BillError::Download(format!("not downloaded within {} s", timeout.as_secs()))
-    })?
+    tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| too_slow())?
 }
 
 /// The most a downloaded bill may take on disk, and decompressed: a larger one is refused

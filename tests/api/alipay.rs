@@ -46,6 +46,8 @@ pub(crate) fn settings() -> AlipaySettings {
                 alipay_root_cert_file: None,
             },
         ],
+        // The stand-in gateway serves its bill files itself (support/alipay_bill.rs).
+        bill_hosts: vec!["127.0.0.1".into()],
     }
 }
 

@@ -34,6 +34,11 @@ async fn fake() -> FakeProvider {
 
 /// The Alipay channel's bills, its app with API credentials at the fake gateway.
 fn bills(fake: &FakeProvider) -> Arc<dyn BillSource> {
+    bills_answering_within(fake, 5000)
+}
+
+/// [`bills`], the API calls given `timeout_ms` (`reconcile.timeout_ms`).
+fn bills_answering_within(fake: &FakeProvider, timeout_ms: u64) -> Arc<dyn BillSource> {
     let mut s = Settings {
         alipay: crate::alipay::settings(),
         ..Settings::default()
@@ -42,7 +47,7 @@ fn bills(fake: &FakeProvider) -> Arc<dyn BillSource> {
     s.alipay.apps[0].app_private_key_file = Some(private_key_path(APP_KEY));
     s.alipay.apps[0].gateway = Some(format!("{}/gateway.do", fake.url));
     s.reconcile.max_qps = 1000;
-    s.reconcile.timeout_ms = 5000;
+    s.reconcile.timeout_ms = timeout_ms;
     let now = Timestamp::new(chrono::Utc::now());
     paynotify::providers::mount_all(&s, now)
         .expect("providers")
@@ -190,7 +195,7 @@ async fn every_bad_alipay_bill_is_refused_with_its_reason() {
     let fake = fake().await;
     let bills = bills(&fake);
     type Check = fn(&Result<Got, BillError>) -> bool;
-    let cases: [(BillFault, Check); 12] = [
+    let cases: [(BillFault, Check); 15] = [
         (BillFault::Truncated, |r| {
             matches!(r, Err(BillError::Archive(_)))
         }),
@@ -229,6 +234,19 @@ async fn every_bad_alipay_bill_is_refused_with_its_reason() {
             matches!(r, Err(BillError::Failed(Failure::BadSignature(_))))
         }),
         (BillFault::NoBill, |r| matches!(r, Ok(Got::NoBill(_)))),
+        // No hash vouches for the file: it comes only from the hosts Alipay serves bills from.
+        (
+            BillFault::ForeignHost,
+            |r| matches!(r, Err(BillError::Download(m)) if m.contains("localhost") && m.contains("alipay.bill_hosts")),
+        ),
+        (
+            BillFault::ManyEntries,
+            |r| matches!(r, Err(BillError::Archive(m)) if m.contains("1002 entries") && m.contains("at most 16")),
+        ),
+        (
+            BillFault::BlankLines,
+            |r| matches!(r, Err(BillError::Format(m)) if m.contains("业务明细") && m.contains("more than 1000 blank or comment lines")),
+        ),
         // Alipay gives no hash: WeChat's fault leaves an Alipay bill as it is.
         (
             BillFault::WrongHash,
@@ -253,9 +271,41 @@ async fn every_bad_alipay_bill_is_refused_with_its_reason() {
         assert!(expected(&got), "{fault:?}: {shown}");
         assert!(started.elapsed() < Duration::from_secs(5), "{fault:?}");
     }
-    // Every fault but NoBill and the two unverified answers downloaded the file.
+    // Every fault but NoBill, ForeignHost and the two unverified answers downloaded the file.
     assert_eq!(
         fake.state.bill_downloads.lock().expect("downloads").len(),
-        9
+        11
     );
+}
+
+/// Only `bills.download_timeout_secs` limits a download: a bill whose body takes longer than
+/// the API calls' `reconcile.timeout_ms` is read, and one slower than the download timeout
+/// says which setting it ran into.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_alipay_bill_download_has_the_download_timeout_not_the_api_one() {
+    let fake = fake().await;
+    let bills = bills_answering_within(&fake, 1000);
+    let slow = |over: Duration| FakeBill {
+        lines: good_lines(),
+        fault: Some(BillFault::Trickle(over)),
+    };
+    fake.state.set_bill(DATE, slow(Duration::from_millis(2500)));
+    let got = fetch_and_read(bills.as_ref(), Duration::from_secs(6)).await;
+    match &got {
+        Ok(Got::Bill(lines, _)) => assert_eq!(lines.len(), 3),
+        Ok(Got::NoBill(why)) => panic!("no bill: {why}"),
+        Err(e) => panic!("a bill slower than reconcile.timeout_ms: {e}"),
+    }
+
+    fake.state.set_bill(DATE, slow(Duration::from_secs(6)));
+    let started = std::time::Instant::now();
+    match fetch_and_read(bills.as_ref(), Duration::from_secs(2)).await {
+        Err(BillError::Download(m)) => assert!(
+            m.contains("not downloaded within 2 s") && m.contains("bills.download_timeout_secs"),
+            "{m}"
+        ),
+        Ok(_) => panic!("a bill slower than the download timeout was read"),
+        Err(e) => panic!("not the download timeout: {e}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(4));
 }

@@ -35,6 +35,7 @@ pub fn vector_settings() -> AlipaySettings {
             app_cert_file: None,
             alipay_root_cert_file: None,
         }],
+        ..AlipaySettings::default()
     }
 }
 

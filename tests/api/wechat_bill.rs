@@ -36,6 +36,11 @@ async fn fake() -> FakeProvider {
 
 /// The WeChat bill source of merchant 1900000001 with API credentials at `url`.
 fn bills(url: &str, now: Timestamp) -> Arc<dyn BillSource> {
+    bills_answering_within(url, now, 5000)
+}
+
+/// [`bills`], the API calls given `timeout_ms` (`reconcile.timeout_ms`).
+fn bills_answering_within(url: &str, now: Timestamp, timeout_ms: u64) -> Arc<dyn BillSource> {
     let mut s = Settings {
         wechat: crate::wechat::settings(),
         ..Settings::default()
@@ -46,7 +51,7 @@ fn bills(url: &str, now: Timestamp) -> Arc<dyn BillSource> {
     m.merchant_serial = Some(MERCHANT_SERIAL.into());
     m.api_base = Some(url.to_owned());
     s.reconcile.max_qps = 1000;
-    s.reconcile.timeout_ms = 5000;
+    s.reconcile.timeout_ms = timeout_ms;
     let client = paynotify::providers::client_settings(&s);
     paynotify::channel::wechat::mount(&s.wechat, &client, now)
         .expect("mount")
@@ -290,9 +295,30 @@ async fn a_download_that_hangs_gives_up_at_the_download_timeout() {
     let e = fetch_and_read(source.as_ref(), DATE, Duration::from_secs(2))
         .await
         .expect_err("a hanging download");
-    assert_eq!(e, BillError::Download("not downloaded within 2 s".into()));
+    assert_eq!(
+        e,
+        BillError::Download("not downloaded within 2 s (bills.download_timeout_secs)".into())
+    );
     let waited = started.elapsed();
     assert!(waited < Duration::from_secs(5), "{waited:?}");
+}
+
+/// The download has `bills.download_timeout_secs`, not the API calls' `reconcile.timeout_ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_slower_than_the_api_timeout_is_read() {
+    let fake = fake().await;
+    let source = bills_answering_within(&fake.url, now(), 1000);
+    fake.state.set_bill(
+        DATE,
+        FakeBill {
+            lines: good_lines(),
+            fault: Some(BillFault::Trickle(Duration::from_millis(2500))),
+        },
+    );
+    let (lines, _) = fetch_and_read(source.as_ref(), DATE, Duration::from_secs(6))
+        .await
+        .expect("a bill slower than reconcile.timeout_ms");
+    assert_eq!(lines.len(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

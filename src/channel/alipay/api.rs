@@ -129,6 +129,8 @@ impl Account for ApiApp {
 /// with the app's Alipay public key, the one notifications are verified with.
 pub struct AlipayApi {
     pub(super) apps: Accounts<ApiApp>,
+    /// `alipay.bill_hosts`: where a bill may be downloaded from.
+    pub(super) bill_hosts: Vec<String>,
 }
 
 /// The fields of a `…_response` value this client reads.
@@ -261,7 +263,10 @@ impl AlipayApi {
                 cert_sn,
             });
         }
-        Ok(Accounts::new(apps, client)?.map(|apps| Self { apps }))
+        Ok(Accounts::new(apps, client)?.map(|apps| Self {
+            apps,
+            bill_hosts: settings.bill_hosts.clone(),
+        }))
     }
 
     /// Calls `method` and returns its verified `…_response` value. Alipay: sign every

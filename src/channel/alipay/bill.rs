@@ -25,7 +25,7 @@
 
 use std::borrow::Cow;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Seek};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::time::Duration;
 
 use chrono::{FixedOffset, NaiveDate, NaiveDateTime, TimeZone};
@@ -148,24 +148,49 @@ impl BillSource for AlipayApi {
                 .as_deref()
                 .filter(|u| !u.is_empty())
                 .ok_or_else(|| Failure::Unexpected("10000 without bill_download_url".into()))?;
-            let parsed = reqwest::Url::parse(url)
-                .map_err(|e| BillError::Download(format!("bill_download_url {url:?}: {e}")))?;
-            if !matches!(parsed.scheme(), "http" | "https") {
-                return Err(BillError::Download(format!(
-                    "bill_download_url {url:?} is not http(s)"
-                )));
-            }
+            let parsed = download_url(url, &self.bill_hosts)?;
             let plumbing = self.apps.plumbing();
             // The URL carries its own token: no Authorization header, nothing to sign.
             let (file, _size) =
                 bill::download(plumbing, plumbing.client().get(parsed), download_timeout).await?;
-            let opened = open(file)?;
+            // Reading the zip's directory is blocking work.
+            let opened = tokio::task::spawn_blocking(move || open(file))
+                .await
+                .map_err(|e| BillError::Archive(format!("the zip was not opened: {e}")))??;
             Ok(Fetched::Bill(Box::new(AlipayBill {
                 opened,
                 seller_id: a.app.seller_id.clone(),
             })))
         })
     }
+}
+
+/// Where a bill is downloaded from: `bill_download_url` when it names one of `hosts`
+/// (`alipay.bill_hosts`), over HTTPS. The file carries no hash or signature, so whoever
+/// answers that URL writes the bill: Alipay's documented `http://dwbillcenter.alipay.com/…`
+/// is fetched as `https://…`, and plain HTTP is kept only for a loopback stand-in.
+pub fn download_url(url: &str, hosts: &[String]) -> Result<reqwest::Url, BillError> {
+    let refused = |why: &str| BillError::Download(format!("bill_download_url {url:?} {why}"));
+    let mut parsed = reqwest::Url::parse(url).map_err(|e| refused(&e.to_string()))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(refused("is not http(s)"));
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(refused("carries credentials"));
+    }
+    let host = parsed.host_str().unwrap_or_default();
+    if !hosts.iter().any(|h| h.eq_ignore_ascii_case(host)) {
+        return Err(refused(&format!(
+            "is not on a host of alipay.bill_hosts ({})",
+            hosts.join(", ")
+        )));
+    }
+    if parsed.scheme() == "http" && !crate::https::is_loopback(&parsed) {
+        parsed
+            .set_scheme("https")
+            .map_err(|()| refused("cannot be made https"))?;
+    }
+    Ok(parsed)
 }
 
 /// A downloaded bill whose zip opened with both entries in it.
@@ -194,11 +219,74 @@ fn archive(e: impl std::fmt::Display) -> BillError {
     BillError::Archive(e.to_string())
 }
 
+/// The most entries a bill zip may have (Alipay's has two): the zip reader holds every
+/// entry's name and metadata (about 200 bytes each), so a zip of empty entries would cost
+/// memory by the hundred thousand.
+pub const MAX_ZIP_ENTRIES: u16 = 16;
+
+/// The largest central directory a bill zip may declare (Alipay's is a few hundred bytes).
+pub const MAX_ZIP_DIRECTORY_BYTES: u32 = 64 * 1024;
+
+/// Checks, before the zip reader reads it, the central directory every end record it could
+/// take declares (a signature among the last 64 KiB + 26 bytes, whose comment fits): at
+/// most [`MAX_ZIP_ENTRIES`] entries in at most [`MAX_ZIP_DIRECTORY_BYTES`], and no ZIP64
+/// (over 65,535 entries or 4 GiB, never a bill).
+fn check_directory<R: Read + Seek>(file: &mut R) -> Result<(), BillError> {
+    const END: [u8; 4] = *b"PK\x05\x06";
+    const END_BYTES: usize = 22;
+    let len = file.seek(SeekFrom::End(0)).map_err(archive)?;
+    let start = len.saturating_sub((END_BYTES + 4 + (1 << 16)) as u64);
+    file.seek(SeekFrom::Start(start)).map_err(archive)?;
+    let mut tail = Vec::new();
+    file.by_ref()
+        .take(len - start)
+        .read_to_end(&mut tail)
+        .map_err(archive)?;
+    file.rewind().map_err(archive)?;
+    for at in 0..tail.len().saturating_sub(END_BYTES - 1) {
+        let record = &tail[at..];
+        if record[..4] != END {
+            continue;
+        }
+        let u16_at = |i: usize| u16::from_le_bytes([record[i], record[i + 1]]);
+        let u32_at = |i: usize| u32::from(u16_at(i)) | (u32::from(u16_at(i + 2)) << 16);
+        if usize::from(u16_at(20)) + END_BYTES > record.len() {
+            // Its comment would run past the end: not an end record the reader takes.
+            continue;
+        }
+        let entries = u16_at(8).max(u16_at(10));
+        let size = u32_at(12);
+        if entries == u16::MAX || size == u32::MAX || u32_at(16) == u32::MAX {
+            return Err(BillError::Archive(
+                "a ZIP64 directory (over 65,535 entries or 4 GiB): not an Alipay bill".into(),
+            ));
+        }
+        if entries > MAX_ZIP_ENTRIES {
+            return Err(BillError::Archive(format!(
+                "{entries} entries: a bill zip has at most {MAX_ZIP_ENTRIES}"
+            )));
+        }
+        if size > MAX_ZIP_DIRECTORY_BYTES {
+            return Err(BillError::Archive(format!(
+                "a central directory of {size} bytes: a bill zip's is at most {MAX_ZIP_DIRECTORY_BYTES}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Opens the zip and finds its details and summary entries by name (GBK, or UTF-8 when the
-/// name is valid UTF-8). A truncated or corrupt zip, or one without both, is
-/// [`BillError::Archive`].
-fn open<R: Read + Seek>(file: R) -> Result<Opened<R>, BillError> {
+/// name is valid UTF-8). A truncated or corrupt zip, one with more entries or a larger
+/// directory than a bill's, or one without both, is [`BillError::Archive`].
+fn open<R: Read + Seek>(mut file: R) -> Result<Opened<R>, BillError> {
+    check_directory(&mut file)?;
     let zip = ZipArchive::new(BufReader::new(file)).map_err(archive)?;
+    if zip.len() > usize::from(MAX_ZIP_ENTRIES) {
+        return Err(BillError::Archive(format!(
+            "{} entries: a bill zip has at most {MAX_ZIP_ENTRIES}",
+            zip.len()
+        )));
+    }
     let (mut details, mut summary) = (None, None);
     for (i, raw) in zip.file_names_raw().enumerate() {
         let name = match std::str::from_utf8(raw) {
@@ -361,6 +449,11 @@ fn milli_text(milli: i64) -> String {
     )
 }
 
+/// The most blank or comment (`#`) lines an entry may have (Alipay writes fewer than ten):
+/// lines that carry nothing cost as much to read as rows do, and a zip of a few hundred KiB
+/// inflates to hundreds of millions of them.
+pub const MAX_OTHER_LINES: u64 = 1000;
+
 /// The lines of one entry, decoded from GBK one at a time (a GBK trail byte is never `\n`,
 /// so a line is whole bytes of whole characters), numbered from 1.
 struct Lines<R> {
@@ -369,6 +462,8 @@ struct Lines<R> {
     buf: Vec<u8>,
     number: u64,
     read: u64,
+    /// Blank and comment lines so far.
+    other: u64,
 }
 
 impl<R: BufRead> Lines<R> {
@@ -379,6 +474,7 @@ impl<R: BufRead> Lines<R> {
             buf: Vec::with_capacity(512),
             number: 0,
             read: 0,
+            other: 0,
         }
     }
 
@@ -410,6 +506,16 @@ impl<R: BufRead> Lines<R> {
         let mut bytes = self.buf.as_slice();
         while let Some((b'\n' | b'\r', rest)) = bytes.split_last() {
             bytes = rest;
+        }
+        let value = bytes.trim_ascii_start();
+        if value.is_empty() || value[0] == b'#' {
+            self.other += 1;
+            if self.other > MAX_OTHER_LINES {
+                return Err(BillError::Format(format!(
+                    "{} line {}: more than {MAX_OTHER_LINES} blank or comment lines",
+                    self.entry, self.number
+                )));
+            }
         }
         match GBK.decode_without_bom_handling_and_without_replacement(bytes) {
             Some(text) => Ok(Some((self.number, text))),
@@ -942,6 +1048,11 @@ mod tests {
             .compression_method(zip::CompressionMethod::Deflated);
         let mut names = Vec::new();
         for (i, (name, content)) in entries.iter().enumerate() {
+            if name.is_ascii() {
+                zip.start_file(*name, options).expect("entry");
+                zip.write_all(content).expect("write");
+                continue;
+            }
             let raw = gbk(name);
             let stand_in = format!("{i}{}", "~".repeat(raw.len() - 1));
             zip.start_file(stand_in.as_str(), options).expect("entry");
@@ -1233,6 +1344,100 @@ mod tests {
         }
         let bytes = zip.finish().expect("zip").into_inner();
         assert_eq!(read_zip(bytes).expect("read").0.len(), 3);
+    }
+
+    #[test]
+    fn a_bill_url_is_on_an_alipay_bill_host_over_https() {
+        let hosts = ["dwbillcenter.alipay.com".to_owned(), "127.0.0.1".to_owned()];
+        let url = |u: &str| download_url(u, &hosts).map(|u| u.to_string());
+        // Alipay's documented URL is http: fetched over https.
+        assert_eq!(
+            url("http://dwbillcenter.alipay.com/downloadBillFile.resource?bizType=trade&token=t")
+                .expect("upgraded"),
+            "https://dwbillcenter.alipay.com/downloadBillFile.resource?bizType=trade&token=t"
+        );
+        assert_eq!(
+            url("https://DWBILLCENTER.alipay.com/f?token=t").expect("https"),
+            "https://dwbillcenter.alipay.com/f?token=t"
+        );
+        // A loopback stand-in keeps plain http.
+        assert_eq!(
+            url("http://127.0.0.1:9000/bill?date=x").expect("loopback"),
+            "http://127.0.0.1:9000/bill?date=x"
+        );
+        for refused in [
+            "http://evil.example/downloadBillFile.resource",
+            "https://dwbillcenter.alipay.com.evil.example/f",
+            "https://evil.example/dwbillcenter.alipay.com",
+            "https://user:pw@dwbillcenter.alipay.com/f",
+            "ftp://dwbillcenter.alipay.com/f",
+            "http://localhost:9000/bill",
+            "dwbillcenter.alipay.com/f",
+        ] {
+            assert!(
+                matches!(url(refused), Err(BillError::Download(m)) if m.contains(refused)),
+                "{refused}"
+            );
+        }
+    }
+
+    /// [`bill_zip`] with `more` entries (ASCII names) besides the two CSVs.
+    fn bill_zip_with(more: &[(String, Vec<u8>)]) -> Vec<u8> {
+        let details_name = format!("{SELLER}0156_{DATE}_业务明细.csv");
+        let summary_name = format!("{SELLER}0156_{DATE}_业务明细(汇总).csv");
+        let mut entries = vec![
+            (details_name.as_str(), gbk(&details())),
+            (summary_name.as_str(), gbk(&summary())),
+        ];
+        entries.extend(more.iter().map(|(n, c)| (n.as_str(), c.clone())));
+        zip_of(&entries)
+    }
+
+    #[test]
+    fn a_zip_of_many_entries_or_a_large_directory_is_refused_before_it_is_read() {
+        let empty: Vec<(String, Vec<u8>)> = (0..5000)
+            .map(|i| (format!("empty-{i}"), Vec::new()))
+            .collect();
+        let e = read_zip(bill_zip_with(&empty)).err();
+        assert!(
+            matches!(&e, Some(BillError::Archive(m)) if m.contains("5002 entries") && m.contains("at most 16")),
+            "{e:?}"
+        );
+        // Three entries, but names that make the directory larger than a bill's.
+        let long: Vec<(String, Vec<u8>)> = (0..3)
+            .map(|i| (format!("{i}{}", "n".repeat(30_000)), Vec::new()))
+            .collect();
+        let e = read_zip(bill_zip_with(&long)).err();
+        assert!(
+            matches!(&e, Some(BillError::Archive(m)) if m.contains("central directory")),
+            "{e:?}"
+        );
+        // A few more entries than the two are read as before.
+        let few = vec![("readme.txt".to_owned(), b"hello".to_vec())];
+        assert_eq!(read_zip(bill_zip_with(&few)).expect("read").0.len(), 3);
+    }
+
+    #[test]
+    fn blank_lines_by_the_million_are_refused_at_once() {
+        // What a zip of a few hundred KiB inflates to: tens of millions of line ends
+        // between the rows and the end separator, streamed, never stored.
+        let text = details();
+        let (rows, tail) = text.split_at(text.rfind("#---").expect("end separator"));
+        let (rows, tail) = (gbk(rows), gbk(tail));
+        let bomb = rows
+            .as_slice()
+            .chain(std::io::repeat(b'\n').take(32 << 20))
+            .chain(tail.as_slice());
+        let started = std::time::Instant::now();
+        let e = read_details(bomb, SELLER, &mut |_| Ok(())).err();
+        assert!(
+            matches!(&e, Some(BillError::Format(m)) if m.contains("more than 1000 blank or comment lines")),
+            "{e:?}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        // A few blank lines are read past as before.
+        let text = details().replace("#交易合计", "\n\n\t\n#交易合计");
+        assert!(read_text(&text).is_ok());
     }
 
     #[test]

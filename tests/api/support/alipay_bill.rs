@@ -73,6 +73,10 @@ pub fn answer(fake: &Fake, biz: &Value, host: &str, signing: Signing) -> (Value,
         _ => signing,
     };
     // Alipay's URL is http with its own token in the query; the file is not signed.
+    let host = match bill.fault {
+        Some(BillFault::ForeignHost) => host.replace("127.0.0.1", "localhost"),
+        _ => host.to_owned(),
+    };
     let url = format!(
         "http://{host}{DOWNLOAD_PATH}?date={date}&downloadFileName={}_{}.csv.zip&bizType=trade",
         SELLER_ID,
@@ -107,6 +111,9 @@ pub async fn download(req: &HttpRequest, fake: &Fake) -> HttpResponse {
                 ))
                 .finish();
         }
+        Some(BillFault::Trickle(over)) => {
+            return super::provider::trickled(bill_zip(&date, &bill), over);
+        }
         _ => {}
     }
     HttpResponse::Ok()
@@ -128,7 +135,7 @@ pub fn bill_zip(date: &str, bill: &FakeBill) -> Vec<u8> {
         _ => SELLER_ID,
     };
     let compact = date.replace('-', "");
-    let zip = zip_of(&[
+    let mut entries = vec![
         (
             format!("{pid}0156_{compact}_业务明细.csv"),
             details(pid, date, bill),
@@ -137,7 +144,11 @@ pub fn bill_zip(date: &str, bill: &FakeBill) -> Vec<u8> {
             format!("{pid}0156_{compact}_业务明细(汇总).csv"),
             summary(pid, date, bill),
         ),
-    ]);
+    ];
+    if bill.fault == Some(BillFault::ManyEntries) {
+        entries.extend((0..1000).map(|i| (format!("empty-{i}"), Vec::new())));
+    }
+    let zip = zip_of(&entries);
     match bill.fault {
         Some(BillFault::Truncated) => zip[..zip.len() / 2].to_vec(),
         _ => zip,
@@ -271,6 +282,9 @@ fn details(pid: &str, date: &str, bill: &FakeBill) -> Vec<u8> {
         Some(BillFault::SummaryOff) => (1, 100),
         _ => (0, 0),
     };
+    if bill.fault == Some(BillFault::BlankLines) {
+        text += &"\n".repeat(100_000);
+    }
     text += "#-----------------------------------------业务明细列表结束------------------------------------\n";
     text += &format!(
         "#交易合计：{}笔，商家实收共{}元，商家优惠共0.00元\n#退款合计：{}笔，商家实收退款共{}元，商家优惠退款共0.00元\n#导出时间：[{date} 06:27:10]\n",
@@ -332,6 +346,11 @@ fn zip_of(entries: &[(String, Vec<u8>)]) -> Vec<u8> {
         .compression_method(zip::CompressionMethod::Deflated);
     let mut names = Vec::new();
     for (i, (name, content)) in entries.iter().enumerate() {
+        if name.is_ascii() {
+            zip.start_file(name.as_str(), options).expect("entry");
+            zip.write_all(content).expect("write");
+            continue;
+        }
         let raw = GBK.encode(name).0.into_owned();
         let stand_in = format!("{i}{}", "~".repeat(raw.len() - 1));
         zip.start_file(stand_in.as_str(), options).expect("entry");

@@ -149,6 +149,16 @@ pub enum BillFault {
     OtherMerchant,
     /// The download URL answers only after 30 s.
     Hang,
+    /// The download's headers come at once, its body in pieces over this long (a large bill
+    /// on a slow line).
+    Trickle(std::time::Duration),
+    /// Alipay: `bill_download_url` names `localhost` (this machine, by another name than
+    /// the one configured in `alipay.bill_hosts`).
+    ForeignHost,
+    /// Alipay: the zip holds a thousand empty entries besides the two CSVs.
+    ManyEntries,
+    /// Alipay: a hundred thousand blank lines before the details' end separator.
+    BlankLines,
     /// The download URL answers 302 to another host.
     Redirect,
     /// The answer to the bill call carries no signature.
@@ -1002,4 +1012,31 @@ impl TlsFront {
             task,
         }
     }
+}
+
+/// A 200 whose body comes in ten pieces spread over `over` (the headers at once).
+pub fn trickled(body: Vec<u8>, over: std::time::Duration) -> HttpResponse {
+    struct Pieces(tokio::sync::mpsc::Receiver<web::Bytes>);
+    impl futures_core::Stream for Pieces {
+        type Item = Result<web::Bytes, actix_web::Error>;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            self.0.poll_recv(cx).map(|piece| piece.map(Ok))
+        }
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        let size = body.len().div_ceil(10).max(1);
+        for piece in body.chunks(size) {
+            tokio::time::sleep(over / 10).await;
+            if tx.send(web::Bytes::copy_from_slice(piece)).await.is_err() {
+                return;
+            }
+        }
+    });
+    HttpResponse::Ok()
+        .content_type("application/octet-stream")
+        .streaming(Pieces(rx))
 }

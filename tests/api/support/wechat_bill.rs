@@ -289,6 +289,9 @@ pub async fn download(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpRespon
     if bill.fault == Some(BillFault::Truncated) {
         file.truncate(file.len() / 2);
     }
+    if let Some(BillFault::Trickle(over)) = bill.fault {
+        return super::provider::trickled(file, over);
+    }
     HttpResponse::Ok()
         .content_type("application/octet-stream")
         .body(file)
