@@ -23,7 +23,9 @@ use super::error::ConsoleError;
 use super::html::{secured, sign_in_page};
 use crate::config::Secret;
 use crate::notice::Digest;
-use crate::routes::{ApiError, AppState, PROXY_HEADERS, from_another_site, refused_without_token};
+use crate::routes::{
+    ApiError, AppState, PROXY_HEADERS, refused_from_another_site, refused_without_token,
+};
 
 /// The session cookie's name; its path is the console's.
 const COOKIE: &str = "paynotify_console";
@@ -108,14 +110,8 @@ impl Viewer {
     /// in a header no other site can make a browser send; a cookie or an open console needs
     /// the CSRF token its page was rendered with.
     pub fn check_form(&self, req: &HttpRequest, presented: &str) -> Result<(), ConsoleError> {
-        if from_another_site(req) {
-            tracing::warn!(
-                path = req.path(),
-                "console form refused: posted from another site"
-            );
-            return Err(ConsoleError::Api(ApiError::Forbidden(
-                "posted from another site",
-            )));
+        if let Some(why) = refused_from_another_site(req) {
+            return Err(ConsoleError::Api(ApiError::Forbidden(why)));
         }
         if matches!(self.access, Access::Bearer) {
             return Ok(());
@@ -233,11 +229,8 @@ async fn login(req: HttpRequest, form: web::Form<LoginForm>) -> Result<HttpRespo
     if state.api_token.is_empty() {
         return Ok(see_other(CONSOLE));
     }
-    if from_another_site(&req) {
-        tracing::warn!("console sign-in refused: posted from another site");
-        return Err(ConsoleError::Api(ApiError::Forbidden(
-            "posted from another site",
-        )));
+    if let Some(why) = refused_from_another_site(&req) {
+        return Err(ConsoleError::Api(ApiError::Forbidden(why)));
     }
     if !is_token(state, &form.token) {
         let peer = req.peer_addr().map(|a| a.ip().to_string());
