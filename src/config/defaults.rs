@@ -46,6 +46,7 @@ impl Default for ServerSettings {
             api_token: Secret::default(),
             workers: 0,
             io_threads: 0,
+            console_plain_http: false,
         }
     }
 }

@@ -108,6 +108,11 @@ pub struct ServerSettings {
     /// Threads of the runtime that talks to the database, Redis and the sinks (its work is
     /// waiting, not computing). 0: a quarter of the cores, at least one.
     pub io_threads: usize,
+    /// The console is served over plain http to a browser on this machine: its session
+    /// cookie goes without `Secure` to a request straight from loopback. Only with a loopback
+    /// `listen`; otherwise the cookie is always `Secure` (TLS may end in a proxy on this
+    /// machine that adds no forwarding header).
+    pub console_plain_http: bool,
 }
 
 impl ServerSettings {
@@ -669,6 +674,23 @@ apiv3_key = "0123456789abcdef0123456789SECRET"
         assert!(!shown.contains("SECRET"), "{shown}");
         let url = DatabaseUrl::parse(s.database.url.expose()).expect("url");
         assert!(!format!("{url:?}").contains("SECRET"));
+    }
+
+    #[test]
+    fn a_plain_http_console_is_allowed_on_loopback_only() {
+        let s = load("", &[]).expect("defaults");
+        assert!(!s.server.console_plain_http, "Secure by default");
+        let err = load(
+            "[server]\nlisten = \"0.0.0.0:8080\"\napi_token = \"x\"\nconsole_plain_http = true\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("server.console_plain_http"),
+            "{err}"
+        );
+        let s = load("[server]\nconsole_plain_http = true\n", &[]).expect("on loopback");
+        assert!(s.server.console_plain_http);
     }
 
     #[test]

@@ -52,6 +52,15 @@ impl Validate for ServerSettings {
                 "must be between 0 (a quarter of the cores) and 1024",
             ));
         }
+        if self.console_plain_http && !self.listen.ip().is_loopback() {
+            return Err(invalid(
+                "server.console_plain_http",
+                format!(
+                    "may be true only when server.listen ({}) is a loopback address",
+                    self.listen
+                ),
+            ));
+        }
         if self.api_token.is_empty() && !self.listen.ip().is_loopback() {
             return Err(invalid(
                 "server.api_token",
