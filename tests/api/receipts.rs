@@ -75,6 +75,7 @@ crate::on_every_backend!(
     a_junk_flood_from_many_peers_stays_within_the_budget_and_a_genuine_refusal_is_kept_whole,
     identical_junk_bodies_are_stored_once_as_a_prefix_and_a_hash,
     a_misrouted_notification_is_kept_with_its_route_and_refused_again_on_reapply,
+    a_repeated_bulk_reapply_goes_on_to_the_receipts_not_reapplied_yet,
 );
 
 async fn a_body_reserialised_by_a_proxy_is_refused_and_kept_as_it_arrived(backend: Backend) {
@@ -261,12 +262,16 @@ async fn a_wrong_apiv3_key_fixed_then_bulk_reapply_pays_each_order_once(backend:
     }
     assert_eq!(app.messages("ORDER_PAID").await, 5);
 
+    // The bulk re-apply again: every receipt was re-applied, none is taken again.
     let (status, second) = post_admin(&app, bulk).await;
     assert_eq!(status, 200);
+    assert_eq!(second["count"], 0, "{second}");
+    // One re-applied again by its id is a duplicate.
+    let id = all_receipts(&app).await[0].id;
+    let (status, again) = post_admin(&app, &format!("/admin/receipts/{id}/reapply")).await;
     assert_eq!(
-        second["outcomes"],
-        serde_json::json!({ "duplicate": 5 }),
-        "{second}"
+        (status, &again["outcome"]),
+        (200, &Value::from("duplicate"))
     );
     assert_eq!(
         app.messages("ORDER_PAID").await,
@@ -276,7 +281,43 @@ async fn a_wrong_apiv3_key_fixed_then_bulk_reapply_pays_each_order_once(backend:
     assert_eq!(app.db.count("pay_callback").await, 5);
     assert_eq!(
         app.db
-            .count("notify_receipt WHERE reapply_outcome = 'duplicate'")
+            .count("notify_receipt WHERE reapply_outcome = 'applied'")
+            .await,
+        4
+    );
+}
+
+/// The bulk re-apply takes the oldest receipts no re-apply has touched yet: repeated with a
+/// `limit`, it goes on to the next ones instead of taking the same oldest again.
+async fn a_repeated_bulk_reapply_goes_on_to_the_receipts_not_reapplied_yet(backend: Backend) {
+    let app = app(backend).await;
+    let orders: Vec<String> = (1..=5).map(|i| format!("RN-{i}")).collect();
+    for order_no in &orders {
+        app.create_order(order_no, 300).await;
+        let (status, _) = pay(&app, &badly_signed(&app, order_no)).await;
+        assert_eq!(status, 401);
+    }
+    assert_eq!(app.receipts_stored(5).await, 5);
+    let mut ids: Vec<i64> = all_receipts(&app).await.iter().map(|r| r.id).collect();
+    ids.sort_unstable();
+    let bulk = "/admin/receipts/reapply?outcome=bad_signature&limit=2";
+    let mut taken = Vec::new();
+    for expected in [2, 2, 1, 0] {
+        let (status, body) = post_admin(&app, bulk).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["count"], expected, "{body}");
+        taken.extend(
+            body["results"]
+                .as_array()
+                .expect("results")
+                .iter()
+                .map(|r| r["id"].as_i64().expect("id")),
+        );
+    }
+    assert_eq!(taken, ids, "each once, oldest first");
+    assert_eq!(
+        app.db
+            .count("notify_receipt WHERE reapplied_at IS NOT NULL")
             .await,
         5
     );
