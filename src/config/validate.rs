@@ -239,6 +239,20 @@ impl Validate for ReceiptSettings {
                 "at most 1000000",
             ));
         }
+        for (key, value) in [
+            (
+                "receipts.keyed_bytes_per_minute",
+                self.keyed_bytes_per_minute,
+            ),
+            (
+                "receipts.unknown_key_bytes_per_minute",
+                self.unknown_key_bytes_per_minute,
+            ),
+        ] {
+            if value > 1 << 30 {
+                return Err(invalid(key, "at most 1073741824 (1 GiB)"));
+            }
+        }
         if self.junk_prefix_bytes > 4096 {
             return Err(invalid("receipts.junk_prefix_bytes", "at most 4096"));
         }
