@@ -290,7 +290,8 @@ impl Application {
         });
         let console = web::Data::new(
             crate::console::Keys::new(&settings.server.api_token)
-                .map_err(|_| StartupError::Random("the console's signing key"))?,
+                .map_err(|_| StartupError::Random("the console's signing key"))?
+                .plain_http(settings.server.console_plain_http),
         );
         let limits = routes::Limits {
             max_body: settings.server.max_body_bytes,

@@ -44,7 +44,9 @@
 //!
 //! **Concurrency.** Handlers run concurrently, each delivery in a task of its own, up to
 //! `prefetch` at once (the broker sends no more unacknowledged deliveries than that): a
-//! handler that waits on its database does not hold up the others, and acknowledging on one
+//! handler that waits on its database does not hold up the others, one that runs past
+//! [`QueueSettings::handler_timeout`] (60 s by default) is cancelled and its delivery is a
+//! transient failure (so a hung handler frees its slot), and acknowledging on one
 //! channel from several tasks is safe with lapin. Events of different orders are
 //! independent, and RabbitMQ does not keep the order of a requeued message anyway; a
 //! handler whose work must be serial takes a lock (the example's SQLite connection is one).
@@ -140,6 +142,12 @@ pub struct QueueSettings {
     pub reconnect_attempts: u32,
     /// Bound on connecting and declaring, on one park's publish and confirm, and on closing.
     pub timeout: Duration,
+    /// The longest one handler may run (60 s by default): past it the handler is cancelled
+    /// (dropped at its next `.await`: a transaction it had open is not committed) and the
+    /// delivery counts as a [`Failure::Transient`], requeued after its retry delay or parked,
+    /// so a handler that hangs (a lock never granted, a peer that never answers) does not
+    /// hold its prefetch slot for ever. `None`: no limit.
+    pub handler_timeout: Option<Duration>,
 }
 
 impl QueueSettings {
@@ -160,6 +168,7 @@ impl QueueSettings {
             reconnect_delay_max: Duration::from_secs(10),
             reconnect_attempts: 10,
             timeout: Duration::from_secs(10),
+            handler_timeout: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -283,6 +292,12 @@ impl QueueConsumer {
         }
         if settings.reconnect_attempts == 0 {
             return Err(invalid("reconnect_attempts", "must be at least 1"));
+        }
+        if settings.handler_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(invalid(
+                "handler_timeout",
+                "must be above zero (None: no limit)",
+            ));
         }
         if settings.bindings.is_empty() {
             return Err(invalid(
@@ -705,11 +720,9 @@ async fn process<H: Handler>(
     };
     let id = event.message_id();
     // The handler in a task of its own, so that a panic is a failure of this delivery
-    // (requeued) instead of a delivery never settled.
-    let handled = match tokio::spawn(shared.handler.handle(event)).await {
-        Ok(handled) => handled,
-        Err(e) => Err(Failure::Transient(format!("the handler panicked: {e}"))),
-    };
+    // (requeued) instead of a delivery never settled; cut off past its time.
+    let task = tokio::spawn(shared.handler.handle(event));
+    let handled = finish(task, shared.settings.handler_timeout).await;
     match handled {
         Ok(()) => {
             shared.forget(&id);
@@ -760,6 +773,28 @@ async fn process<H: Handler>(
             }
         }
     }
+}
+
+/// What a handler's task came to: its result, or a transient failure when it panicked or
+/// ran past `limit` (then it is cancelled).
+async fn finish(
+    mut task: tokio::task::JoinHandle<Result<(), Failure>>,
+    limit: Option<Duration>,
+) -> Result<(), Failure> {
+    let joined = match limit {
+        None => (&mut task).await,
+        Some(limit) => match tokio::time::timeout(limit, &mut task).await {
+            Ok(joined) => joined,
+            Err(_) => {
+                task.abort();
+                return Err(Failure::Transient(format!(
+                    "the handler did not finish within {} ms (handler_timeout); cancelled",
+                    limit.as_millis()
+                )));
+            }
+        },
+    };
+    joined.unwrap_or_else(|e| Err(Failure::Transient(format!("the handler panicked: {e}"))))
 }
 
 /// Waits `delay`, or less when the session ends.

@@ -77,18 +77,27 @@ const SIGNATURE_HEX_LEN: usize = 64;
 
 /// Checks `Paynotify-Signature: t={unix},v1={hex HMAC-SHA256(secret, "{t}.{body}")}`.
 ///
-/// Cheap to clone (the key is shared). Its `Debug` does not show the secret.
+/// It accepts one secret, or several while `relay.http_secret` is rotated
+/// ([`Verifier::from_secrets`], [`Verifier::also_accept`]): add the new secret here, change
+/// paynotify's, then drop the old one here once paynotify signs with the new one only.
+///
+/// Cheap to clone (the keys are shared). Its `Debug` does not show a secret.
 #[derive(Clone)]
 pub struct Verifier {
-    key: hmac::Key,
+    keys: Arc<[hmac::Key]>,
     tolerance: Duration,
     body_limit: usize,
 }
 
+/// [`Verifier::from_secrets`] was given no secret: every delivery would be refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no secret given: every delivery would be refused")]
+pub struct NoSecret;
+
 impl fmt::Debug for Verifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Verifier")
-            .field("key", &"<redacted>")
+            .field("keys", &format_args!("<{} redacted>", self.keys.len()))
             .field("tolerance", &self.tolerance)
             .field("body_limit", &self.body_limit)
             .finish()
@@ -196,10 +205,52 @@ impl Verifier {
     /// should be configured with a long random one.
     pub fn new(secret: &[u8]) -> Self {
         Self {
-            key: hmac::Key::new(hmac::HMAC_SHA256, secret),
+            keys: Arc::from([hmac::Key::new(hmac::HMAC_SHA256, secret)]),
             tolerance: DEFAULT_TOLERANCE,
             body_limit: DEFAULT_BODY_LIMIT,
         }
+    }
+
+    /// A verifier accepting a delivery signed with any of `secrets` (at least one), for a
+    /// rotation of `relay.http_secret`; otherwise as [`Verifier::new`]. Each secret is tried
+    /// on every delivery: keep the list to the rotation's two.
+    ///
+    /// ```
+    /// # use paynotify_consumer::http::Verifier;
+    /// let verifier = Verifier::from_secrets([b"new-secret".as_slice(), b"old-secret"])?;
+    /// # Ok::<(), paynotify_consumer::http::NoSecret>(())
+    /// ```
+    pub fn from_secrets<I, S>(secrets: I) -> Result<Self, NoSecret>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<[u8]>,
+    {
+        let keys: Vec<hmac::Key> = secrets
+            .into_iter()
+            .map(|s| hmac::Key::new(hmac::HMAC_SHA256, s.as_ref()))
+            .collect();
+        if keys.is_empty() {
+            return Err(NoSecret);
+        }
+        Ok(Self {
+            keys: Arc::from(keys),
+            tolerance: DEFAULT_TOLERANCE,
+            body_limit: DEFAULT_BODY_LIMIT,
+        })
+    }
+
+    /// Accepts deliveries signed with `secret` too (the next one, while paynotify's is
+    /// rotated).
+    pub fn also_accept(mut self, secret: &[u8]) -> Self {
+        let mut keys = self.keys.to_vec();
+        keys.push(hmac::Key::new(hmac::HMAC_SHA256, secret));
+        self.keys = Arc::from(keys);
+        self
+    }
+
+    /// How many secrets are accepted.
+    pub fn secrets(&self) -> usize {
+        self.keys.len()
     }
 
     /// How far `t=` may be from now, in either direction (whole seconds; the bound itself
@@ -230,8 +281,9 @@ impl Verifier {
     ///
     /// In order: the header is parsed strictly ([`Refusal::Missing`],
     /// [`Refusal::Malformed`]); the timestamp is checked ([`Refusal::Expired`],
-    /// [`Refusal::Future`]); each `v1=` is verified in constant time and any one matching
-    /// passes (a sender rotating its secret signs with both) ([`Refusal::BadSignature`]);
+    /// [`Refusal::Future`]); each `v1=` is verified in constant time under each accepted
+    /// secret and any one matching passes (a sender rotating its secret signs with both; a
+    /// receiver rotating accepts both) ([`Refusal::BadSignature`]);
     /// only a verified body is decoded ([`Refusal::NotAnEvent`]). Keys other than `t` and
     /// `v1` are ignored.
     pub fn verify(
@@ -247,9 +299,12 @@ impl Verifier {
         message.extend_from_slice(parsed.t_text.as_bytes());
         message.push(b'.');
         message.extend_from_slice(body);
-        // Every entry is tried, so the time taken does not depend on which one matched.
-        let matched = parsed.signatures.iter().fold(false, |any, tag| {
-            hmac::verify(&self.key, &message, tag).is_ok() | any
+        // Every entry under every key is tried, so the time taken does not depend on which
+        // one matched.
+        let matched = self.keys.iter().fold(false, |any, key| {
+            parsed.signatures.iter().fold(any, |any, tag| {
+                hmac::verify(key, &message, tag).is_ok() | any
+            })
         });
         if !matched {
             return Err(Refusal::BadSignature);

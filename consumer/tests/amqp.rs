@@ -240,6 +240,8 @@ enum Mode {
     /// A transient failure of every delivery for this long after the first one (a database
     /// outage).
     Outage(Duration),
+    /// The first delivery of each message never finishes (a lock never granted).
+    HangFirst,
 }
 
 /// The stock keeper of the in-process tests, on PostgreSQL.
@@ -299,6 +301,7 @@ impl Stock {
             Mode::FailFirst(k) if call <= k => {
                 return Err(Failure::Transient(format!("call {call} of {id}")));
             }
+            Mode::HangFirst if call == 1 => std::future::pending::<()>().await,
             Mode::AlwaysTransient => return Err(Failure::Transient("always".to_owned())),
             Mode::AlwaysPermanent => return Err(Failure::Permanent("never".to_owned())),
             _ => {}
@@ -495,6 +498,45 @@ async fn every_event_published_twice_is_applied_once_and_the_queue_drains() {
         stock.calls()
     );
     assert_eq!(vhost.messages(QUEUE), 0);
+    assert_eq!(vhost.messages(PARKED), 0);
+}
+
+/// A handler that hangs is cut off after `handler_timeout` and its delivery requeued as a
+/// transient failure: with one prefetch slot, a hung first delivery of each message would
+/// otherwise hold the queue for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_handler_is_cut_off_and_its_message_applied_on_the_next_delivery() {
+    let vhost = Vhost::create();
+    let db = PgDb::create();
+    let stock = Stock::open(&db, Mode::HangFirst).await;
+    let mut settings = settings();
+    settings.prefetch = 1;
+    settings.max_attempts = 5;
+    settings.handler_timeout = Some(Duration::from_millis(300));
+    let running = Running::start(&vhost, settings, &stock);
+    vhost.wait_consumers(QUEUE, 1).await;
+
+    let (events, paid, refunded) = events("H", 3);
+    publish(&vhost, &events).await;
+    let total = events.len() as i64;
+    // Well under DEADLINE: each message waits out one timeout, not a hang.
+    let start = Instant::now();
+    while !(moves(&db).await == total && vhost.messages(QUEUE) == 0) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "a hung handler held the queue: {:?}",
+            stock.calls()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    running.stop().await;
+
+    assert_applied_once(&mut db.connect().await, &events, paid, refunded).await;
+    assert!(
+        stock.calls().values().all(|&n| n == 2),
+        "each hung once, then applied: {:?}",
+        stock.calls()
+    );
     assert_eq!(vhost.messages(PARKED), 0);
 }
 

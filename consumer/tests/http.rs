@@ -123,6 +123,40 @@ fn another_secret_is_refused() {
 }
 
 #[test]
+fn during_a_rotation_a_delivery_signed_with_either_secret_verifies() {
+    const NEXT: &str = "the-next-long-random-http-secret";
+    let body = event_json(7, "ORDER_PAID", "O1");
+    let rotating = Verifier::from_secrets([NEXT, SECRET]).expect("two secrets");
+    assert_eq!(rotating.secrets(), 2);
+    let built = verifier().also_accept(NEXT.as_bytes());
+    for v in [&rotating, &built] {
+        for secret in [SECRET, NEXT] {
+            let event = v
+                .verify(Some(&signed(secret, NOW, &body)), &body, at(NOW))
+                .expect(secret);
+            assert_eq!(event.message_id(), "ORDER_PAID:O1");
+        }
+        let other = signed("some-other-secret", NOW, &body);
+        assert_eq!(
+            v.verify(Some(&other), &body, at(NOW)),
+            Err(Refusal::BadSignature)
+        );
+        let shown = format!("{v:?}");
+        assert!(!shown.contains(SECRET) && !shown.contains(NEXT), "{shown}");
+    }
+    // Once paynotify signs with the next secret only, the old one is dropped.
+    let after = Verifier::from_secrets([NEXT]).expect("one secret");
+    assert_eq!(
+        after.verify(Some(&signed(SECRET, NOW, &body)), &body, at(NOW)),
+        Err(Refusal::BadSignature)
+    );
+    assert_eq!(
+        Verifier::from_secrets(Vec::<&[u8]>::new()).map(|_| ()),
+        Err(paynotify_consumer::http::NoSecret)
+    );
+}
+
+#[test]
 fn the_timestamp_is_signed_too() {
     // A replay with a fresh t= and the old v1= does not verify.
     let body = event_json(7, "ORDER_PAID", "O1");

@@ -138,13 +138,24 @@ pub trait Channel: Send + Sync + 'static {
     /// Authenticates the request over its raw bytes. Runs before any lookup or write.
     fn verify(&self, request: &Inbound<'_>) -> Result<Self::Verified, Rejection>;
 
+    /// [`Channel::verify`], saying also whether the provider's signature verified: a request
+    /// refused by a check after it (its decryption, its fields) is still the provider's word,
+    /// and its receipt is kept whole (`crate::receipts`). A provider whose walk reports its
+    /// signature check as [`SIGNATURE`] walks it with [`Signed`]; by default, only a request
+    /// that verified counts as signed.
+    fn verify_signed(&self, request: &Inbound<'_>) -> (Result<Self::Verified, Rejection>, bool) {
+        let verified = self.verify(request);
+        let signed = verified.is_ok();
+        (verified, signed)
+    }
+
     /// Turns what was verified into a notice, checking fields, amounts and merchant ids.
     fn decode(&self, verified: Self::Verified) -> Result<Notice, Rejection>;
 
     /// Renders `reply` the way the provider expects it.
     fn render(&self, reply: Reply<'_>) -> Answer;
 
-    /// What a request this channel did not accept shows of where it came from, for its
+    /// What a request whose signature did not verify shows of where it came from, for its
     /// receipt (`crate::receipts`). Asked only when a receipt is wanted.
     fn standing(&self, request: &Inbound<'_>) -> Standing;
 
@@ -156,9 +167,11 @@ pub trait Channel: Send + Sync + 'static {
     }
 }
 
-/// Whether a request looks like its provider's: what decides how much of it a receipt
-/// keeps. Anyone can post to a notify URL; only a request that is both keyed and shaped is
-/// kept whole whatever else arrives.
+/// Whether a request whose signature did not verify looks like its provider's: with what
+/// it was refused, what decides how much of it a receipt keeps and within which budget.
+/// Anyone can post to a notify URL and name a configured key (an Alipay `app_id` is in every
+/// order string a buyer sees), so looking right alone never has a receipt kept whole beyond
+/// a budget (`crate::receipts`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Standing {
     /// It names one of the configured keys (WeChat `Wechatpay-Serial`, Alipay `app_id`).
@@ -167,21 +180,23 @@ pub struct Standing {
     pub shaped: bool,
 }
 
-impl Standing {
-    /// A request that verified.
-    pub const VERIFIED: Self = Self {
-        keyed: true,
-        shaped: true,
-    };
-}
-
 /// Verification, decoding and the length checks: everything between the raw request and a
 /// notice the ledger may apply. The notify handler and re-apply both go through it.
 pub fn admit<C: Channel + ?Sized>(channel: &C, request: &Inbound<'_>) -> Result<Notice, Rejection> {
-    channel
-        .verify(request)
+    admit_signed(channel, request).0
+}
+
+/// [`admit`], saying also whether the request's signature verified
+/// ([`Channel::verify_signed`]): true for one refused by a later check too.
+pub fn admit_signed<C: Channel + ?Sized>(
+    channel: &C,
+    request: &Inbound<'_>,
+) -> (Result<Notice, Rejection>, bool) {
+    let (verified, signed) = channel.verify_signed(request);
+    let admitted = verified
         .and_then(|v| channel.decode(v))
-        .and_then(|n| n.checked().map_err(Rejection::BadRequest))
+        .and_then(|n| n.checked().map_err(Rejection::BadRequest));
+    (admitted, signed)
 }
 
 /// How one check of [`Provider::explain`] went.
@@ -290,6 +305,37 @@ pub trait Trail {
 /// The trail of [`Channel::verify`]: keeps nothing, ends the walk at the first failure.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Halt;
+
+/// The name every walk gives the check of the provider's signature.
+pub const SIGNATURE: &str = "signature";
+
+/// [`Halt`], noting whether the [`SIGNATURE`] check passed before the walk ended: the trail
+/// of [`Channel::verify_signed`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Signed {
+    pub signed: bool,
+}
+
+impl Trail for Signed {
+    fn pass(&mut self, check: &'static str, _: impl FnOnce() -> String) {
+        if check == SIGNATURE {
+            self.signed = true;
+        }
+    }
+
+    fn fail(
+        &mut self,
+        _: &'static str,
+        why: Rejection,
+        _: impl FnOnce(&Rejection) -> String,
+    ) -> Result<Rejection, Rejection> {
+        Err(why)
+    }
+
+    fn skip(&mut self, _: &'static str, _: impl FnOnce() -> String) {}
+
+    fn info(&mut self, _: &'static str, _: impl FnOnce() -> String) {}
+}
 
 impl Trail for Halt {
     fn pass(&mut self, _: &'static str, _: impl FnOnce() -> String) {}

@@ -17,6 +17,8 @@ impl Default for ReceiptSettings {
             anonymous_bytes_per_minute: 1024 * 1024,
             anonymous_per_peer_per_minute: 30,
             junk_prefix_bytes: 256,
+            keyed_bytes_per_minute: 1024 * 1024,
+            unknown_key_bytes_per_minute: 1024 * 1024,
         }
     }
 }
@@ -46,6 +48,7 @@ impl Default for ServerSettings {
             api_token: Secret::default(),
             workers: 0,
             io_threads: 0,
+            console_plain_http: false,
         }
     }
 }

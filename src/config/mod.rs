@@ -108,6 +108,11 @@ pub struct ServerSettings {
     /// Threads of the runtime that talks to the database, Redis and the sinks (its work is
     /// waiting, not computing). 0: a quarter of the cores, at least one.
     pub io_threads: usize,
+    /// The console is served over plain http to a browser on this machine: its session
+    /// cookie goes without `Secure` to a request straight from loopback. Only with a loopback
+    /// `listen`; otherwise the cookie is always `Secure` (TLS may end in a proxy on this
+    /// machine that adds no forwarding header).
+    pub console_plain_http: bool,
 }
 
 impl ServerSettings {
@@ -232,13 +237,21 @@ pub struct ReceiptSettings {
     pub keep_days: u32,
     /// Receipts waiting for the writer; when full, new ones are dropped and counted.
     pub queue: usize,
-    /// Bytes a minute that receipts of anonymous requests (naming none of our keys, or with a
-    /// body not in the provider's shape) may take; past it they are dropped and counted.
+    /// Bytes a minute that receipts of anonymous requests (unverified, and neither keyed
+    /// within its budget nor naming an unknown key within its own) may take; past it they are
+    /// dropped and counted.
     pub anonymous_bytes_per_minute: usize,
     /// Receipts of anonymous requests kept per peer address a minute.
     pub anonymous_per_peer_per_minute: u32,
-    /// How much of a body not in the provider's shape is kept (with its length and SHA-256).
+    /// How much of the body of an anonymous request is kept (with its length and SHA-256).
     pub junk_prefix_bytes: usize,
+    /// Bytes a minute that receipts kept whole of requests in their provider's shape, naming
+    /// a configured key, whose signature did not verify may take; past it they are kept as
+    /// anonymous ones.
+    pub keyed_bytes_per_minute: usize,
+    /// The same for requests refused for naming a key not known yet (a WeChat serial during
+    /// a certificate rotation), counted apart so that no other flood crowds them out.
+    pub unknown_key_bytes_per_minute: usize,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -400,6 +413,13 @@ mod tests {
             ),
             (1_048_576, 30, 256)
         );
+        assert_eq!(
+            (
+                s.receipts.keyed_bytes_per_minute,
+                s.receipts.unknown_key_bytes_per_minute
+            ),
+            (1_048_576, 1_048_576)
+        );
         let s = load("[receipts]\nstore = \"all\"\nkeep_days = 30\n", &[]).expect("all");
         assert_eq!(
             (s.receipts.store, s.receipts.keep_days),
@@ -420,6 +440,14 @@ mod tests {
             (
                 "[receipts]\njunk_prefix_bytes = 100000\n",
                 "receipts.junk_prefix_bytes",
+            ),
+            (
+                "[receipts]\nkeyed_bytes_per_minute = 2000000000\n",
+                "receipts.keyed_bytes_per_minute",
+            ),
+            (
+                "[receipts]\nunknown_key_bytes_per_minute = 2000000000\n",
+                "receipts.unknown_key_bytes_per_minute",
             ),
         ] {
             let err = load(toml, &[]).unwrap_err();
@@ -645,6 +673,23 @@ mod tests {
         )
         .expect("a token makes a public address acceptable");
         load("[server]\nlisten = \"[::1]:8080\"\n", &[]).expect("IPv6 loopback is loopback");
+    }
+
+    #[test]
+    fn a_plain_http_console_is_allowed_on_loopback_only() {
+        let s = load("", &[]).expect("defaults");
+        assert!(!s.server.console_plain_http, "Secure by default");
+        let err = load(
+            "[server]\nlisten = \"0.0.0.0:8080\"\napi_token = \"x\"\nconsole_plain_http = true\n",
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("server.console_plain_http"),
+            "{err}"
+        );
+        let s = load("[server]\nconsole_plain_http = true\n", &[]).expect("on loopback");
+        assert!(s.server.console_plain_http);
     }
 
     #[test]

@@ -52,6 +52,15 @@ impl Validate for ServerSettings {
                 "must be between 0 (a quarter of the cores) and 1024",
             ));
         }
+        if self.console_plain_http && !self.listen.ip().is_loopback() {
+            return Err(invalid(
+                "server.console_plain_http",
+                format!(
+                    "may be true only when server.listen ({}) is a loopback address",
+                    self.listen
+                ),
+            ));
+        }
         if self.api_token.is_empty() && !self.listen.ip().is_loopback() {
             return Err(invalid(
                 "server.api_token",
@@ -229,6 +238,20 @@ impl Validate for ReceiptSettings {
                 "receipts.anonymous_per_peer_per_minute",
                 "at most 1000000",
             ));
+        }
+        for (key, value) in [
+            (
+                "receipts.keyed_bytes_per_minute",
+                self.keyed_bytes_per_minute,
+            ),
+            (
+                "receipts.unknown_key_bytes_per_minute",
+                self.unknown_key_bytes_per_minute,
+            ),
+        ] {
+            if value > 1 << 30 {
+                return Err(invalid(key, "at most 1073741824 (1 GiB)"));
+            }
         }
         if self.junk_prefix_bytes > 4096 {
             return Err(invalid("receipts.junk_prefix_bytes", "at most 4096"));

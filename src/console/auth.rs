@@ -2,8 +2,9 @@
 //!
 //! A request carrying `Authorization: Bearer <server.api_token>` is let in as on any `/admin`
 //! endpoint. A browser signs in once with the token (`/admin/console/login`) and gets a
-//! session cookie instead: `HttpOnly`, `SameSite=Strict`, `Secure` unless the browser is on
-//! this machine, valid for [`SESSION_SECS`]. The cookie holds an expiry and its HMAC, never
+//! session cookie instead: `HttpOnly`, `SameSite=Strict`, `Secure` (unless
+//! `server.console_plain_http` says the console is opened over plain http on this machine),
+//! valid for [`SESSION_SECS`]. The cookie holds an expiry and its HMAC, never
 //! the token; the HMAC key is derived from the token, so every instance sharing the token
 //! accepts it and changing the token signs everyone out. Every form carries a CSRF token,
 //! the HMAC of the session it was rendered for. With no token configured (loopback only) the
@@ -23,7 +24,9 @@ use super::error::ConsoleError;
 use super::html::{secured, sign_in_page};
 use crate::config::Secret;
 use crate::notice::Digest;
-use crate::routes::{ApiError, AppState, PROXY_HEADERS, from_another_site, refused_without_token};
+use crate::routes::{
+    ApiError, AppState, PROXY_HEADERS, refused_from_another_site, refused_without_token,
+};
 
 /// The session cookie's name; its path is the console's.
 const COOKIE: &str = "paynotify_console";
@@ -31,13 +34,16 @@ const COOKIE: &str = "paynotify_console";
 pub const SESSION_SECS: i64 = 8 * 3600;
 const CONSOLE: &str = "/admin/console";
 
-/// The key sessions and CSRF tokens are signed with.
+/// The key sessions and CSRF tokens are signed with, and how the session cookie is sent.
 pub struct Keys {
     key: hmac::Key,
+    /// `server.console_plain_http` (see [`session_cookie`]).
+    plain_http: bool,
 }
 
 impl Keys {
     /// Derived from `server.api_token`; a random key of this process when it is empty.
+    /// The session cookie is `Secure` (see [`Keys::plain_http`]).
     pub fn new(api_token: &Secret) -> Result<Self, ring::error::Unspecified> {
         let secret = if api_token.is_empty() {
             crate::random::bytes::<32>()?
@@ -50,7 +56,15 @@ impl Keys {
         };
         Ok(Self {
             key: hmac::Key::new(hmac::HMAC_SHA256, &secret),
+            plain_http: false,
         })
+    }
+
+    /// `server.console_plain_http`: the console is opened over plain http on this machine,
+    /// so a request straight from loopback gets its session cookie without `Secure`.
+    pub fn plain_http(mut self, plain_http: bool) -> Self {
+        self.plain_http = plain_http;
+        self
     }
 
     fn sign(&self, purpose: &str, data: &str) -> String {
@@ -108,14 +122,8 @@ impl Viewer {
     /// in a header no other site can make a browser send; a cookie or an open console needs
     /// the CSRF token its page was rendered with.
     pub fn check_form(&self, req: &HttpRequest, presented: &str) -> Result<(), ConsoleError> {
-        if from_another_site(req) {
-            tracing::warn!(
-                path = req.path(),
-                "console form refused: posted from another site"
-            );
-            return Err(ConsoleError::Api(ApiError::Forbidden(
-                "posted from another site",
-            )));
+        if let Some(why) = refused_from_another_site(req) {
+            return Err(ConsoleError::Api(ApiError::Forbidden(why)));
         }
         if matches!(self.access, Access::Bearer) {
             return Ok(());
@@ -233,11 +241,8 @@ async fn login(req: HttpRequest, form: web::Form<LoginForm>) -> Result<HttpRespo
     if state.api_token.is_empty() {
         return Ok(see_other(CONSOLE));
     }
-    if from_another_site(&req) {
-        tracing::warn!("console sign-in refused: posted from another site");
-        return Err(ConsoleError::Api(ApiError::Forbidden(
-            "posted from another site",
-        )));
+    if let Some(why) = refused_from_another_site(&req) {
+        return Err(ConsoleError::Api(ApiError::Forbidden(why)));
     }
     if !is_token(state, &form.token) {
         let peer = req.peer_addr().map(|a| a.ip().to_string());
@@ -248,7 +253,7 @@ async fn login(req: HttpRequest, form: web::Form<LoginForm>) -> Result<HttpRespo
         ));
     }
     let expires = state.clock.now().unix_seconds() + SESSION_SECS;
-    let cookie = session_cookie(&req, keys.session(expires), SESSION_SECS);
+    let cookie = session_cookie(&req, keys, keys.session(expires), SESSION_SECS);
     tracing::info!("console session started");
     let mut response = see_other(CONSOLE);
     response
@@ -273,20 +278,26 @@ async fn logout(
     viewer.check_form(&req, &form.csrf)?;
     let mut response = see_other("/admin/console/login");
     response
-        .add_cookie(&session_cookie(&req, String::new(), 0))
+        .add_cookie(&session_cookie(&req, keys(&req)?, String::new(), 0))
         .map_err(|_| ConsoleError::Internal("session cookie not representable"))?;
     Ok(response)
 }
 
-/// `Secure` unless the browser is on this machine (an `http://127.0.0.1` console would
-/// otherwise never get its cookie back); a request relayed by a proxy is not.
-fn session_cookie(req: &HttpRequest, value: String, max_age: i64) -> Cookie<'static> {
-    let local = req.peer_addr().is_some_and(|a| a.ip().is_loopback()) && proxied(req).is_none();
+/// `Secure`, whoever asks: a TLS proxy on this machine (nginx's default `proxy_pass`,
+/// stunnel, haproxy in tcp mode) adds no forwarding header, so a loopback peer does not show
+/// that the browser used plain http, and the 8-hour session must not travel over it. Only
+/// `server.console_plain_http` (a console opened as `http://127.0.0.1`, allowed with a
+/// loopback listen address only) leaves it off, and then only for a request straight from
+/// loopback that no proxy relayed.
+fn session_cookie(req: &HttpRequest, keys: &Keys, value: String, max_age: i64) -> Cookie<'static> {
+    let plain = keys.plain_http
+        && req.peer_addr().is_some_and(|a| a.ip().is_loopback())
+        && proxied(req).is_none();
     Cookie::build(COOKIE, value)
         .path(CONSOLE)
         .http_only(true)
         .same_site(SameSite::Strict)
-        .secure(!local)
+        .secure(!plain)
         .max_age(CookieDuration::seconds(max_age))
         .finish()
 }

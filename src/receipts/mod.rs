@@ -9,12 +9,22 @@
 //! characters escaped (`crate::text`), so no byte a request chose can fail the insert.
 //!
 //! Anyone can post to a notify URL, so a receipt must not let anyone write to the database
-//! at will. A request whose body is not its provider's shape keeps only a short prefix of
-//! it, with its length and SHA-256. A request that is anonymous — it names none of the
-//! configured keys, or its body is not the provider's shape — is kept only within a byte
-//! budget a minute, a number a minute per peer, and once per body a minute; past that it is
-//! counted (`result="limited"`) and dropped. A request keyed and shaped as its provider's
-//! is kept whole whatever else arrives: that is the one an operator needs.
+//! at will. How much of a request is kept, and within which budget, is its [`Provenance`]:
+//!
+//! - one whose signature verified is the provider's word (refused later, say, for its
+//!   amount): kept whole, whatever else arrives. That is the one an operator needs.
+//! - one in its provider's shape that names a configured key but did not verify (a body a
+//!   proxy re-serialised, a forgery: an Alipay `app_id` is in every order string a buyer
+//!   sees) is kept whole within a byte budget a minute of its own
+//!   (`receipts.keyed_bytes_per_minute`);
+//! - one in its provider's shape refused for naming a key not known yet (a WeChat platform
+//!   certificate rotated before it was downloaded) is kept whole within another
+//!   (`receipts.unknown_key_bytes_per_minute`), so that no other flood crowds out the
+//!   receipts re-applied after a certificate refresh;
+//! - anything else, and one of those two past its budget, is anonymous: kept as a short
+//!   prefix with its length and SHA-256, within a byte budget a minute, a number a minute per
+//!   peer, and once per body a minute; past that it is counted (`result="limited"`) and
+//!   dropped.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -125,7 +135,41 @@ pub struct Arrival<'a> {
     pub outcome: &'static str,
     pub detail: Option<String>,
     pub out_trade_no: Option<String>,
-    pub standing: Standing,
+    pub provenance: Provenance,
+}
+
+/// How far a request showed that it is its provider's: what decides how much of it its
+/// receipt keeps, and within which budget (see the module's documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provenance {
+    /// Its signature verified; a later check may have refused it. Kept whole.
+    Signed,
+    /// Not verified, in its provider's shape and naming a configured key: kept whole within
+    /// `receipts.keyed_bytes_per_minute`, then as an anonymous one.
+    Keyed,
+    /// Not verified, in its provider's shape, refused for naming a key not known yet: kept
+    /// whole within `receipts.unknown_key_bytes_per_minute`, then as an anonymous one.
+    UnknownKey,
+    /// Anything else: a prefix and a hash, within the limits on anonymous requests.
+    Anonymous {
+        /// Its body has the provider's shape (what its `detail` says of the prefix).
+        shaped: bool,
+    },
+}
+
+impl Provenance {
+    /// The provenance of a request whose signature did not verify: what it shows of itself,
+    /// and whether it was refused for naming a key not known yet.
+    pub fn unsigned(standing: Standing, unknown_key: bool) -> Self {
+        match standing {
+            Standing { shaped: true, .. } if unknown_key => Self::UnknownKey,
+            Standing {
+                keyed: true,
+                shaped: true,
+            } => Self::Keyed,
+            Standing { shaped, .. } => Self::Anonymous { shaped },
+        }
+    }
 }
 
 /// Where the notify handler leaves receipts.
@@ -153,6 +197,8 @@ impl Receipts {
             limits: Limits {
                 bytes_per_minute: settings.anonymous_bytes_per_minute,
                 per_peer: settings.anonymous_per_peer_per_minute,
+                keyed_bytes_per_minute: settings.keyed_bytes_per_minute,
+                unknown_key_bytes_per_minute: settings.unknown_key_bytes_per_minute,
                 window: Mutex::default(),
             },
         }
@@ -168,57 +214,54 @@ impl Receipts {
         }
     }
 
-    /// Makes the receipt of `arrival` and queues it, within the limits on anonymous requests
-    /// (see the module's documentation); never waits.
+    /// Makes the receipt of `arrival` and queues it, whole or as a prefix and a hash, within
+    /// the budget of its [`Provenance`] (see the module's documentation); never waits.
     pub fn keep(&self, arrival: Arrival<'_>) {
         if self.queue.is_none() {
             return;
         }
-        let Standing { keyed, shaped } = arrival.standing;
-        let anonymous = !(keyed && shaped);
-        // A body not in its provider's shape is anonymous too, so it always has its digest.
-        let digest = anonymous.then(|| sha256_hex(arrival.body));
-        let mut detail = arrival.detail.map(|d| storable(&d).into_owned());
-        let mut body = arrival.body;
-        if let (false, Some(digest)) = (shaped, &digest) {
-            body = &body[..body.len().min(self.junk_prefix_bytes)];
-            let junk = format!(
-                "body not in {}'s shape: its first {} of {} bytes kept, SHA-256 {digest}",
-                arrival.channel,
-                body.len(),
-                arrival.body.len()
-            );
-            detail = Some(match detail {
-                Some(why) => format!("{why}; {junk}"),
-                None => junk,
-            });
-        }
-        let receipt = NewReceipt {
-            channel: arrival.channel.as_str().to_owned(),
-            route: arrival.route.map(|r| storable(r).into_owned()),
-            received_at: arrival.received_at,
-            peer: arrival.peer.map(|a| a.to_string()),
-            request_id: arrival.request_id.map(|id| storable(&id).into_owned()),
-            headers: headers_payload(arrival.headers, arrival.signature_headers),
-            body_b64: encode_body(body),
-            body_bytes: i32::try_from(arrival.body.len()).unwrap_or(i32::MAX),
-            status: i16::try_from(arrival.status).unwrap_or(i16::MAX),
-            outcome: arrival.outcome.to_owned(),
-            detail,
-            out_trade_no: arrival.out_trade_no.map(|n| storable(&n).into_owned()),
+        let minute = arrival.received_at.unix_seconds().div_euclid(60);
+        let (budget, shaped) = match arrival.provenance {
+            Provenance::Signed => {
+                self.submit(receipt(&arrival, arrival.body, None));
+                return;
+            }
+            Provenance::Keyed => (Some(Budget::Keyed), true),
+            Provenance::UnknownKey => (Some(Budget::UnknownKey), true),
+            Provenance::Anonymous { shaped } => (None, shaped),
         };
-        if let (true, Some(digest)) = (anonymous, digest) {
-            let minute = arrival.received_at.unix_seconds().div_euclid(60);
-            let peer = arrival.peer.map(|a| peer_key(a.ip()));
-            if !self
+        if let Some(budget) = budget {
+            let whole = receipt(&arrival, arrival.body, None);
+            if self
                 .limits
-                .admit(minute, peer, digest, stored_bytes(&receipt))
+                .admit_whole(minute, budget, stored_bytes(&whole))
             {
-                self.metrics.receipts(ReceiptResult::Limited, 1);
+                self.submit(whole);
                 return;
             }
         }
-        self.submit(receipt);
+        let digest = sha256_hex(arrival.body);
+        let prefix = &arrival.body[..arrival.body.len().min(self.junk_prefix_bytes)];
+        let what = if shaped {
+            "signature not verified".to_owned()
+        } else {
+            format!("body not in {}'s shape", arrival.channel)
+        };
+        let kept = format!(
+            "{what}: its first {} of {} bytes kept, SHA-256 {digest}",
+            prefix.len(),
+            arrival.body.len()
+        );
+        let anonymous = receipt(&arrival, prefix, Some(kept));
+        let peer = arrival.peer.map(|a| peer_key(a.ip()));
+        if self
+            .limits
+            .admit(minute, peer, digest, stored_bytes(&anonymous))
+        {
+            self.submit(anonymous);
+        } else {
+            self.metrics.receipts(ReceiptResult::Limited, 1);
+        }
     }
 
     /// Queues a receipt as it is, without waiting; a full queue drops it (counted).
@@ -227,6 +270,36 @@ impl Receipts {
         if queue.try_send(receipt).is_err() {
             self.metrics.receipts(ReceiptResult::Dropped, 1);
         }
+    }
+}
+
+/// The receipt of `arrival` keeping `body` (all of it, or a prefix), with `kept` (what was
+/// kept of it) after its `detail`.
+fn receipt(arrival: &Arrival<'_>, body: &[u8], kept: Option<String>) -> NewReceipt {
+    let detail = arrival.detail.as_deref().map(|d| storable(d).into_owned());
+    let detail = match (detail, kept) {
+        (Some(why), Some(kept)) => Some(format!("{why}; {kept}")),
+        (why, kept) => why.or(kept),
+    };
+    NewReceipt {
+        channel: arrival.channel.as_str().to_owned(),
+        route: arrival.route.map(|r| storable(r).into_owned()),
+        received_at: arrival.received_at,
+        peer: arrival.peer.map(|a| a.to_string()),
+        request_id: arrival
+            .request_id
+            .as_deref()
+            .map(|id| storable(id).into_owned()),
+        headers: headers_payload(arrival.headers, arrival.signature_headers),
+        body_b64: encode_body(body),
+        body_bytes: i32::try_from(arrival.body.len()).unwrap_or(i32::MAX),
+        status: i16::try_from(arrival.status).unwrap_or(i16::MAX),
+        outcome: arrival.outcome.to_owned(),
+        detail,
+        out_trade_no: arrival
+            .out_trade_no
+            .as_deref()
+            .map(|n| storable(n).into_owned()),
     }
 }
 
@@ -257,35 +330,74 @@ fn stored_bytes(r: &NewReceipt) -> usize {
     text.into_iter().flatten().map(String::len).sum::<usize>() + r.headers.0.to_string().len()
 }
 
-/// The limits on anonymous receipts, counted over one minute of the service's clock.
+/// The budgets of receipts kept whole although their signature did not verify.
+#[derive(Debug, Clone, Copy)]
+enum Budget {
+    /// `receipts.keyed_bytes_per_minute`.
+    Keyed,
+    /// `receipts.unknown_key_bytes_per_minute`.
+    UnknownKey,
+}
+
+/// The limits on receipts of requests that did not verify, counted over one minute of the
+/// service's clock.
 struct Limits {
+    /// Anonymous ones: bytes, and receipts per peer.
     bytes_per_minute: usize,
     per_peer: u32,
+    keyed_bytes_per_minute: usize,
+    unknown_key_bytes_per_minute: usize,
     window: Mutex<Window>,
 }
 
-/// What was kept in the current minute. It holds at most one entry per receipt kept, and
-/// those are bounded by the byte budget.
+/// What was kept in the current minute. It holds at most one entry per anonymous receipt
+/// kept, and those are bounded by the byte budget.
 #[derive(Default)]
 struct Window {
     minute: i64,
     bytes: usize,
     peers: HashMap<Option<IpAddr>, u32>,
     bodies: HashSet<String>,
+    keyed_bytes: usize,
+    unknown_key_bytes: usize,
 }
 
-impl Limits {
-    /// Whether an anonymous receipt of `bytes` from `peer`, whose body has `digest`, may be
-    /// kept in `minute`; counts it when so.
-    fn admit(&self, minute: i64, peer: Option<IpAddr>, digest: String, bytes: usize) -> bool {
-        // A panic elsewhere while holding the lock leaves counts, nothing half written.
-        let mut w = self.window.lock().unwrap_or_else(PoisonError::into_inner);
-        if w.minute != minute {
-            *w = Window {
+impl Window {
+    /// The window of `minute`: this one, or a new one when the minute has changed.
+    fn of(&mut self, minute: i64) -> &mut Self {
+        if self.minute != minute {
+            *self = Window {
                 minute,
                 ..Window::default()
             };
         }
+        self
+    }
+}
+
+impl Limits {
+    /// Whether a receipt of `bytes` kept whole fits what is left of `budget` in `minute`;
+    /// counts it when so.
+    fn admit_whole(&self, minute: i64, budget: Budget, bytes: usize) -> bool {
+        let mut window = self.window.lock().unwrap_or_else(PoisonError::into_inner);
+        let w = window.of(minute);
+        let (used, limit) = match budget {
+            Budget::Keyed => (&mut w.keyed_bytes, self.keyed_bytes_per_minute),
+            Budget::UnknownKey => (&mut w.unknown_key_bytes, self.unknown_key_bytes_per_minute),
+        };
+        if used.saturating_add(bytes) > limit {
+            return false;
+        }
+        *used += bytes;
+        true
+    }
+
+    /// Whether an anonymous receipt of `bytes` from `peer`, whose body has `digest`, may be
+    /// kept in `minute`; counts it when so.
+    fn admit(&self, minute: i64, peer: Option<IpAddr>, digest: String, bytes: usize) -> bool {
+        // A panic elsewhere while holding the lock leaves counts, nothing half written.
+        let mut window = self.window.lock().unwrap_or_else(PoisonError::into_inner);
+        let w = window.of(minute);
         let from_peer = w.peers.get(&peer).copied().unwrap_or(0);
         if w.bodies.contains(&digest)
             || from_peer >= self.per_peer

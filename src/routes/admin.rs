@@ -133,7 +133,9 @@ pub struct ReceiptsQuery {
 }
 
 impl ReceiptsQuery {
-    fn filter(&self, default_limit: i64, oldest_first: bool) -> Result<ReceiptFilter, ApiError> {
+    /// The filter of this query; `for_reapply`: oldest first and only receipts no re-apply
+    /// has touched yet, so that a bulk re-apply repeated goes on to the next ones.
+    fn filter(&self, default_limit: i64, for_reapply: bool) -> Result<ReceiptFilter, ApiError> {
         let limit = self.limit.unwrap_or(default_limit);
         if !(1..=1000).contains(&limit) {
             return Err(ApiError::BadRequest("limit: between 1 and 1000".to_owned()));
@@ -152,9 +154,9 @@ impl ReceiptsQuery {
             order_no: self.order_no.clone(),
             since,
             limit,
-            oldest_first,
+            oldest_first: for_reapply,
             refused_only: false,
-            not_reapplied: false,
+            not_reapplied: for_reapply,
         })
     }
 }
@@ -304,7 +306,7 @@ pub async fn reapply(
 
 #[utoipa::path(post, path = "/admin/receipts/reapply", tag = "operations", params(ReceiptsQuery),
     responses(
-        (status = 200, description = "Each matching receipt (oldest first, at most `limit`, default 100) re-applied as by /admin/receipts/{id}/reapply: `count`, `outcomes` by outcome, and `results`", body = Object),
+        (status = 200, description = "Each matching receipt not re-applied yet (oldest first, at most `limit`, default 100) re-applied as by /admin/receipts/{id}/reapply: `count`, `outcomes` by outcome, and `results`", body = Object),
         (status = 400, description = "Bad since or limit", body = ErrorBody),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody)),
     security(("bearer" = [])))]

@@ -223,6 +223,24 @@ pub fn from_another_site(req: &HttpRequest) -> bool {
     }
 }
 
+/// Why a request that changes something is refused whatever its credential: a browser says
+/// it sent it from a page of another site ([`from_another_site`]). A gateway in front may add
+/// the bearer header to every request of a browser, so the header alone does not show that
+/// an operator meant it. Logged once. Every `POST` of the internal API and the console
+/// (their [`Authorized`] and the console's forms) goes through here; reads do not, since a
+/// page of another site cannot read what it is answered.
+pub fn refused_from_another_site(req: &HttpRequest) -> Option<&'static str> {
+    if !from_another_site(req) {
+        return None;
+    }
+    tracing::warn!(
+        method = %req.method(),
+        path = req.path(),
+        "request a browser sent from another site refused"
+    );
+    Some("requests a browser sends from another site are refused")
+}
+
 /// Whether the request names a host other than this machine (`Host`, or the HTTP/2
 /// authority): a page of `evil.example` whose name was made to resolve to 127.0.0.1 (DNS
 /// rebinding) is the same origin to the browser, and only its `Host` gives it away.
@@ -284,7 +302,10 @@ pub fn refused_without_token(req: &HttpRequest) -> Option<&'static str> {
 }
 
 /// Proof that the request carried `Authorization: Bearer <server.api_token>`, or that no
-/// token is configured and nothing in [`refused_without_token`] applies.
+/// token is configured and nothing in [`refused_without_token`] applies; and, for a request
+/// that may change something (any method but `GET`, `HEAD`, `OPTIONS`), that a browser did
+/// not send it from another site ([`refused_from_another_site`]). The handlers of `/orders`
+/// and `/admin` take it.
 #[derive(Debug, Clone, Copy)]
 pub struct Authorized;
 
@@ -310,11 +331,14 @@ impl FromRequest for Authorized {
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
         // Comparing digests keeps the comparison's timing independent of the token.
-        let ok = Digest::of(presented.as_bytes()) == Digest::of(expected.as_bytes());
-        ready(if ok {
-            Ok(Authorized)
-        } else {
-            Err(ApiError::Unauthorized)
-        })
+        if Digest::of(presented.as_bytes()) != Digest::of(expected.as_bytes()) {
+            return ready(Err(ApiError::Unauthorized));
+        }
+        if !req.method().is_safe()
+            && let Some(why) = refused_from_another_site(req)
+        {
+            return ready(Err(ApiError::Forbidden(why)));
+        }
+        ready(Ok(Authorized))
     }
 }

@@ -7,11 +7,11 @@ use actix_web::{HttpMessage, HttpRequest, HttpResponse, web};
 
 use super::AppState;
 use crate::certificates::Learned;
-use crate::channel::{Answer, Channel, Inbound, Rejection, Reply, Standing, admit};
+use crate::channel::{Answer, Channel, Inbound, Rejection, Reply, admit_signed};
 use crate::gate::Decision;
 use crate::metrics::{Counted, Refusal};
 use crate::notice::{Notice, Outcome};
-use crate::receipts::Arrival;
+use crate::receipts::{Arrival, Provenance};
 use crate::store::StoreError;
 use crate::time::Timestamp;
 
@@ -116,8 +116,10 @@ struct Disposition {
     outcome: &'static str,
     detail: Option<String>,
     out_trade_no: Option<String>,
-    /// Whether the request verified and decoded into a notice.
-    verified: bool,
+    /// Whether the request's signature verified (it may have been refused after).
+    signed: bool,
+    /// Refused for naming a key not known yet (WeChat's `Wechatpay-Serial`).
+    unknown_key: bool,
 }
 
 impl Disposition {
@@ -126,7 +128,8 @@ impl Disposition {
             outcome: why.label(),
             detail: Some(detail),
             out_trade_no: None,
-            verified: false,
+            signed: false,
+            unknown_key: matches!(why, Refusal::UnknownSerial),
         }
     }
 
@@ -134,7 +137,8 @@ impl Disposition {
         Self {
             outcome,
             detail: None,
-            verified: true,
+            signed: true,
+            unknown_key: false,
             out_trade_no: (!notice.out_trade_no.is_empty()).then(|| notice.out_trade_no.clone()),
         }
     }
@@ -181,15 +185,16 @@ pub async fn notify<C: Channel>(
     };
     if state.receipts.wants(response.status().is_success()) {
         let bytes: &[u8] = body.as_ref().map_or(&[], |b| b.as_ref());
-        let standing = if disposition.verified {
-            Standing::VERIFIED
+        let provenance = if disposition.signed {
+            Provenance::Signed
         } else {
-            channel.standing(&Inbound {
+            let standing = channel.standing(&Inbound {
                 headers: request.headers(),
                 body: bytes,
                 now: received_at,
                 route: route.as_deref(),
-            })
+            });
+            Provenance::unsigned(standing, disposition.unknown_key)
         };
         state.receipts.keep(Arrival {
             channel: channel.id(),
@@ -207,7 +212,7 @@ pub async fn notify<C: Channel>(
             outcome: disposition.outcome,
             detail: disposition.detail,
             out_trade_no: disposition.out_trade_no,
-            standing,
+            provenance,
         });
     }
     response
@@ -231,12 +236,12 @@ async fn handle<C: Channel>(
         now,
         route,
     };
-    let mut admitted = admit(channel.as_ref(), &inbound);
+    let (mut admitted, mut signed) = admit_signed(channel.as_ref(), &inbound);
     if let Err(Rejection::UnknownSerial(_)) = &admitted {
         // A key rotated, or one not downloaded yet: the merchant's certificates are fetched
         // (once, however many requests wait for it), then the request is verified again.
         match state.certificates.unknown_serial(channel.id(), None).await {
-            Learned::Asked => admitted = admit(channel.as_ref(), &inbound),
+            Learned::Asked => (admitted, signed) = admit_signed(channel.as_ref(), &inbound),
             Learned::Nobody => {}
             Learned::TimedOut => {
                 let message = "platform certificates are being fetched; retry";
@@ -268,7 +273,9 @@ async fn handle<C: Channel>(
                 status: rejection.status(),
                 message: &message,
             });
-            return (response, Disposition::refused(why, message));
+            let mut disposition = Disposition::refused(why, message);
+            disposition.signed = signed;
+            return (response, disposition);
         }
     };
     let (counted, reply) = settle_notice(state, &notice, now, started).await;

@@ -332,9 +332,10 @@ async fn a_browser_signs_in_with_the_token_and_keeps_a_session_cookie() {
             "{attribute} in {attributes}"
         );
     }
+    // Even to a browser on this machine: a TLS proxy here may relay it without a header.
     assert!(
-        !attributes.contains("Secure"),
-        "a browser on this machine: {attributes}"
+        attributes.contains("Secure"),
+        "Secure from loopback too: {attributes}"
     );
     let (status, page) = with_cookie(&app, &cookie, REFUSED).await;
     assert_eq!(status, 200, "{page}");
@@ -354,6 +355,21 @@ async fn a_browser_signs_in_with_the_token_and_keeps_a_session_cookie() {
     )
     .await;
     assert_eq!(relayed.status(), 303);
+    assert!(session_of(&relayed).1.contains("Secure"));
+
+    // A console opened over plain http on this machine, as configured: a browser here gets
+    // its cookie without Secure (it would never send it back), a relayed request still with.
+    let plain = app.rebuild(|s| s.server.console_plain_http = true).await;
+    let local = sign_in(&plain, &plain.api_token, None).await;
+    assert_eq!(local.status(), 303);
+    let (_, attributes) = session_of(&local);
+    assert!(!attributes.contains("Secure"), "{attributes}");
+    let relayed = sign_in(
+        &plain,
+        &plain.api_token,
+        Some(("x-forwarded-for", "203.0.113.9")),
+    )
+    .await;
     assert!(session_of(&relayed).1.contains("Secure"));
 }
 

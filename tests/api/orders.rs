@@ -21,6 +21,7 @@ crate::on_every_backend!(
     an_order_naming_both_accounts_stores_both,
     an_existing_order_named_again_writes_no_account,
     an_unconfigured_account_is_400_naming_its_provider,
+    with_the_token_a_browser_on_another_site_changes_nothing,
 );
 
 async fn post_order(app: &TestApp, key: Option<&str>, body: &serde_json::Value) -> (u16, String) {
@@ -374,4 +375,146 @@ async fn an_unconfigured_account_is_400_naming_its_provider(backend: Backend) {
     }
     assert_eq!(app.db.count("orders").await, 0);
     assert_eq!(app.db.count("order_account").await, 0);
+}
+
+/// Every route of the internal API that changes something: method, path, JSON body.
+const CHANGING: [(&str, &str, Option<&str>); 9] = [
+    (
+        "POST",
+        "/orders",
+        Some(r#"{"order_no": "XS-NEW", "amount_fen": 100, "currency": "CNY", "subject": "s"}"#),
+    ),
+    ("POST", "/orders/XS-1/close", None),
+    (
+        "POST",
+        "/orders/XS-1/refunds",
+        Some(r#"{"out_refund_no": "XS-R1", "amount_fen": 100}"#),
+    ),
+    ("POST", "/admin/messages/{dead}/redrive", None),
+    ("POST", "/admin/orders/XS-1/reconcile", None),
+    ("POST", "/admin/certificates/refresh", None),
+    ("POST", "/admin/bills/reconcile?date=2026-12-01", None),
+    ("POST", "/admin/receipts/reapply", None),
+    ("POST", "/admin/receipts/{receipt}/reapply", None),
+];
+
+/// A gateway in front may add the bearer header to every request of a browser: then a page
+/// of another site could post to the API. What a browser says of where it sent a request
+/// from (`Sec-Fetch-Site`, else `Origin`) is refused on every route that changes something,
+/// as the console refuses it, whatever the credential.
+async fn with_the_token_a_browser_on_another_site_changes_nothing(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("XS-1", 100).await;
+    crate::support::test_channel::paid_order(&app, "XS-PAID", 100).await;
+    app.db
+        .execute("UPDATE local_message SET status = 2 WHERE biz_key LIKE 'XS-PAID%'")
+        .await;
+    let dead = app.store.messages(Some(2), 10).await.expect("messages")[0].id;
+    app.store
+        .insert_receipts(&[paynotify::receipts::store::NewReceipt {
+            channel: "wechat".into(),
+            route: Some("/notify/wechat/pay".into()),
+            received_at: paynotify::time::Clock::now(app.clock.as_ref()),
+            peer: None,
+            request_id: None,
+            headers: paynotify::store::types::Payload(json!({})),
+            body_b64: String::new(),
+            body_bytes: 0,
+            status: 401,
+            outcome: "bad_signature".into(),
+            detail: None,
+            out_trade_no: None,
+        }])
+        .await
+        .expect("receipt");
+    let receipt = app.db.count("notify_receipt").await;
+    assert_eq!(receipt, 1);
+    let receipt_id = app
+        .store
+        .receipts(&paynotify::receipts::store::ReceiptFilter {
+            limit: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("receipts")[0]
+        .id;
+    let send = |method: &str, path: &str, body: Option<&str>, header: Option<(&str, &str)>| {
+        let path = path
+            .replace("{dead}", &dead.to_string())
+            .replace("{receipt}", &receipt_id.to_string());
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut request = app
+            .client
+            .request(method, app.url(&path))
+            .bearer_auth(&app.api_token);
+        if let Some(body) = body {
+            request = request
+                .header("Content-Type", "application/json")
+                .body(body.to_owned());
+        }
+        if let Some((name, value)) = header {
+            request = request.header(name, value);
+        }
+        async move {
+            let response = request.send().await.expect("request");
+            let status = response.status().as_u16();
+            (status, response.text().await.expect("body"))
+        }
+    };
+    let unchanged = || async {
+        assert_eq!(app.db.count("orders").await, 2, "no order made");
+        assert_eq!(app.status_of("XS-1").await, "WAIT_PAY", "not closed");
+        assert_eq!(app.db.count("refund_request").await, 0, "no refund");
+        assert_eq!(
+            app.store.message_status(dead).await.expect("status"),
+            Some(2),
+            "still dead"
+        );
+        assert_eq!(
+            app.db
+                .count("notify_receipt WHERE reapplied_at IS NOT NULL")
+                .await,
+            0,
+            "not re-applied"
+        );
+    };
+    for (method, path, body) in CHANGING {
+        for header in [
+            ("Sec-Fetch-Site", "cross-site"),
+            ("Sec-Fetch-Site", "same-site"),
+            ("Origin", "http://evil.example"),
+            ("Origin", "null"),
+        ] {
+            let (status, answer) = send(method, path, body, Some(header)).await;
+            assert_eq!(status, 403, "{method} {path} with {header:?}: {answer}");
+            assert!(
+                answer.contains("requests a browser sends from another site are refused"),
+                "{method} {path}: {answer}"
+            );
+        }
+        unchanged().await;
+    }
+    // Reads are not refused: a page of another site cannot read the answer.
+    let (status, _) = send(
+        "GET",
+        "/orders/XS-1",
+        None,
+        Some(("Sec-Fetch-Site", "cross-site")),
+    )
+    .await;
+    assert_eq!(status, 200);
+    // The same requests from this origin, or from a program (neither header), get through.
+    for (i, (method, path, body)) in CHANGING.into_iter().enumerate() {
+        let header = (i % 2 == 0).then_some(("Sec-Fetch-Site", "same-origin"));
+        let (status, answer) = send(method, path, body, header).await;
+        assert!(
+            status != 403 && status != 401,
+            "{method} {path} with {header:?}: {status} {answer}"
+        );
+    }
+    assert_eq!(app.status_of("XS-1").await, "CLOSED");
+    assert_eq!(
+        app.store.message_status(dead).await.expect("status"),
+        Some(0)
+    );
 }

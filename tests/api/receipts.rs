@@ -75,6 +75,8 @@ crate::on_every_backend!(
     a_junk_flood_from_many_peers_stays_within_the_budget_and_a_genuine_refusal_is_kept_whole,
     identical_junk_bodies_are_stored_once_as_a_prefix_and_a_hash,
     a_misrouted_notification_is_kept_with_its_route_and_refused_again_on_reapply,
+    a_repeated_bulk_reapply_goes_on_to_the_receipts_not_reapplied_yet,
+    a_flood_naming_a_configured_app_is_kept_whole_only_within_its_budget,
 );
 
 async fn a_body_reserialised_by_a_proxy_is_refused_and_kept_as_it_arrived(backend: Backend) {
@@ -261,12 +263,16 @@ async fn a_wrong_apiv3_key_fixed_then_bulk_reapply_pays_each_order_once(backend:
     }
     assert_eq!(app.messages("ORDER_PAID").await, 5);
 
+    // The bulk re-apply again: every receipt was re-applied, none is taken again.
     let (status, second) = post_admin(&app, bulk).await;
     assert_eq!(status, 200);
+    assert_eq!(second["count"], 0, "{second}");
+    // One re-applied again by its id is a duplicate.
+    let id = all_receipts(&app).await[0].id;
+    let (status, again) = post_admin(&app, &format!("/admin/receipts/{id}/reapply")).await;
     assert_eq!(
-        second["outcomes"],
-        serde_json::json!({ "duplicate": 5 }),
-        "{second}"
+        (status, &again["outcome"]),
+        (200, &Value::from("duplicate"))
     );
     assert_eq!(
         app.messages("ORDER_PAID").await,
@@ -276,7 +282,43 @@ async fn a_wrong_apiv3_key_fixed_then_bulk_reapply_pays_each_order_once(backend:
     assert_eq!(app.db.count("pay_callback").await, 5);
     assert_eq!(
         app.db
-            .count("notify_receipt WHERE reapply_outcome = 'duplicate'")
+            .count("notify_receipt WHERE reapply_outcome = 'applied'")
+            .await,
+        4
+    );
+}
+
+/// The bulk re-apply takes the oldest receipts no re-apply has touched yet: repeated with a
+/// `limit`, it goes on to the next ones instead of taking the same oldest again.
+async fn a_repeated_bulk_reapply_goes_on_to_the_receipts_not_reapplied_yet(backend: Backend) {
+    let app = app(backend).await;
+    let orders: Vec<String> = (1..=5).map(|i| format!("RN-{i}")).collect();
+    for order_no in &orders {
+        app.create_order(order_no, 300).await;
+        let (status, _) = pay(&app, &badly_signed(&app, order_no)).await;
+        assert_eq!(status, 401);
+    }
+    assert_eq!(app.receipts_stored(5).await, 5);
+    let mut ids: Vec<i64> = all_receipts(&app).await.iter().map(|r| r.id).collect();
+    ids.sort_unstable();
+    let bulk = "/admin/receipts/reapply?outcome=bad_signature&limit=2";
+    let mut taken = Vec::new();
+    for expected in [2, 2, 1, 0] {
+        let (status, body) = post_admin(&app, bulk).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["count"], expected, "{body}");
+        taken.extend(
+            body["results"]
+                .as_array()
+                .expect("results")
+                .iter()
+                .map(|r| r["id"].as_i64().expect("id")),
+        );
+    }
+    assert_eq!(taken, ids, "each once, oldest first");
+    assert_eq!(
+        app.db
+            .count("notify_receipt WHERE reapplied_at IS NOT NULL")
             .await,
         5
     );
@@ -578,11 +620,15 @@ async fn a_nul_in_refused_requests_is_stored_escaped_and_sinks_no_batch(backend:
     assert_eq!(unknown.len(), 10);
     for r in unknown {
         let detail = r.detail.as_deref().unwrap_or_default();
-        assert!(
-            detail.ends_with("unknown app_id \\x00") && !detail.contains('\0'),
-            "{detail:?}"
-        );
         let body = paynotify::receipts::decode_body(&r.body_b64).unwrap_or_default();
+        // Naming no configured app, it is anonymous: what was kept of it follows the reason.
+        let n = body.len();
+        let expected = format!(
+            "bad signature: unknown app_id \\x00; signature not verified: its first {n} of {n} \
+             bytes kept, SHA-256 {}",
+            paynotify::channel::sha256_hex(&body)
+        );
+        assert!(detail == expected && !detail.contains('\0'), "{detail:?}");
         assert!(
             body.starts_with(b"app_id=%00&") && body.len() == r.body_bytes as usize,
             "the body as it arrived"
@@ -941,4 +987,133 @@ async fn a_misrouted_notification_is_kept_with_its_route_and_refused_again_on_re
         "{duplicate}"
     );
     assert_eq!(app.messages("ORDER_PAID").await, 1);
+}
+
+const KEYED_BUDGET: usize = 200 * 1024;
+
+/// Whether a receipt holds its whole body.
+fn whole(r: &StoredReceipt) -> bool {
+    paynotify::receipts::decode_body(&r.body_b64).map(|b| b.len())
+        == usize::try_from(r.body_bytes).ok()
+}
+
+/// An Alipay form that names the configured app and carries a `sign` is what anyone can
+/// post (the app_id is in every order string a buyer sees): unless it verifies, it is kept
+/// whole only within `receipts.keyed_bytes_per_minute`, then as a prefix and a hash within
+/// the anonymous limits. A refusal whose signature verified (an amount Alipay never sends)
+/// is kept whole whatever came before, and so is a WeChat notification naming a serial not
+/// known yet, within a budget no other flood counts against.
+async fn a_flood_naming_a_configured_app_is_kept_whole_only_within_its_budget(backend: Backend) {
+    let app = spawn_app_with(backend, |s| {
+        s.wechat = settings();
+        s.alipay = crate::alipay::settings();
+        s.receipts.keyed_bytes_per_minute = KEYED_BUDGET;
+        s.receipts.anonymous_bytes_per_minute = BUDGET;
+        s.receipts.anonymous_per_peer_per_minute = 5;
+        s.receipts.unknown_key_bytes_per_minute = BUDGET;
+    })
+    .await;
+    const FLOOD: u64 = 30;
+    for i in 0..FLOOD {
+        let mut fields = crate::alipay::pay_fields(&format!("RF-{i}"), 100, "TRADE_SUCCESS");
+        fields.push(("pad".into(), "x".repeat(40_000)));
+        fields.push(("sign".into(), "AAAA".into()));
+        fields.push(("sign_type".into(), "RSA2".into()));
+        let forged = alipay_form(paynotify::qa::forge::alipay::encode_form(&fields));
+        assert_eq!(crate::alipay::send(&app, &forged).await.0, 401);
+    }
+    // Junk from the same peer: past its anonymous limit by now.
+    for i in 0..5 {
+        let status = app
+            .client
+            .post(app.url("/notify/wechat/pay"))
+            .body(junk(i, 1000))
+            .send()
+            .await
+            .expect("junk request")
+            .status();
+        assert_eq!(status.as_u16(), 400);
+    }
+    // After the flood, from the same peer: a genuine notification refused for its amount,
+    // and a WeChat one naming a serial not known yet (a certificate rotated).
+    let mut fields = crate::alipay::pay_fields("RF-SIGNED", 100, "TRADE_SUCCESS");
+    crate::alipay::set(&mut fields, "total_amount", "1.001");
+    let genuine = crate::alipay::signed(fields);
+    assert_eq!(crate::alipay::send(&app, &genuine).await.0, 400);
+    app.create_order("RF-W", 100).await;
+    let mut rotated = paid(&app, &sandbox('A'), "RF-W", 100);
+    rotated.set_header(
+        "Wechatpay-Serial",
+        "5157F09EFDC096DE15EBE81A47057A7200000000",
+    );
+    assert_eq!(pay(&app, &rotated).await.0, 401);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let find = |receipts: &[StoredReceipt], outcome: &str| {
+        receipts.iter().find(|r| r.outcome == outcome).cloned()
+    };
+    let (signed, unknown) = loop {
+        let receipts = all_receipts(&app).await;
+        let (signed, unknown) = (
+            find(&receipts, "bad_request"),
+            find(&receipts, "unknown_serial"),
+        );
+        if (signed.is_some() && unknown.is_some()) || Instant::now() > deadline {
+            break (signed, unknown);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let signed = signed.expect("the signed refusal is stored");
+    assert_eq!(
+        paynotify::receipts::decode_body(&signed.body_b64).as_deref(),
+        Some(genuine.body.as_slice()),
+        "signed: kept whole"
+    );
+    let unknown = unknown.expect("the unknown serial's receipt is stored");
+    assert_eq!(
+        paynotify::receipts::decode_body(&unknown.body_b64).as_deref(),
+        Some(rotated.body.as_slice()),
+        "an unknown serial: kept whole, re-applied after a refresh"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let flood: Vec<StoredReceipt> = all_receipts(&app)
+        .await
+        .into_iter()
+        .filter(|r| r.outcome == "bad_signature")
+        .collect();
+    let (kept_whole, prefixed): (Vec<_>, Vec<_>) = flood.iter().partition(|r| whole(r));
+    let whole_bytes: usize = kept_whole.iter().map(|r| stored_bytes(r)).sum();
+    assert!(
+        !kept_whole.is_empty() && whole_bytes <= KEYED_BUDGET,
+        "{} kept whole, {whole_bytes} bytes, over the budget of {KEYED_BUDGET}",
+        kept_whole.len()
+    );
+    for r in &prefixed {
+        assert_eq!(
+            paynotify::receipts::decode_body(&r.body_b64).map(|b| b.len()),
+            Some(256),
+            "a prefix"
+        );
+        let detail = r.detail.as_deref().unwrap_or_default();
+        assert!(
+            detail.contains("signature not verified: its first 256 of"),
+            "{detail}"
+        );
+    }
+    assert_eq!(prefixed.len(), 5, "the anonymous limit of one peer");
+    let prefixed_bytes: usize = prefixed.iter().map(|r| stored_bytes(r)).sum();
+    assert!(prefixed_bytes <= BUDGET, "{prefixed_bytes}");
+    let junk_kept = all_receipts(&app)
+        .await
+        .iter()
+        .filter(|r| r.channel == "wechat" && r.outcome == "bad_request")
+        .count();
+    assert_eq!(
+        junk_kept, 0,
+        "the peer's anonymous limit was taken by the flood"
+    );
+    assert_eq!(
+        metric(&app, "paynotify_receipts_total", &["limited"]),
+        FLOOD - flood.len() as u64 + 5
+    );
 }

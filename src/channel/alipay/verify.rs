@@ -6,7 +6,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 
 use super::Alipay;
 use super::wire::{Form, Verified, read_fields};
-use crate::channel::{Answer, Channel, Halt, Inbound, Rejection, Reply, Standing, Trail};
+use crate::channel::{
+    Answer, Channel, Halt, Inbound, Rejection, Reply, SIGNATURE, Signed, Standing, Trail,
+};
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 
 impl Alipay {
@@ -80,22 +82,22 @@ impl Alipay {
         });
         let Some(sign) = form.get("sign").filter(|s| !s.is_empty()) else {
             let why = Rejection::BadSignature("missing sign".into());
-            return Err(trail.stop("signature", why, |_| "missing sign".to_owned()));
+            return Err(trail.stop(SIGNATURE, why, |_| "missing sign".to_owned()));
         };
         let Ok(signature) = BASE64.decode(sign) else {
             let why = Rejection::BadSignature("sign is not base64".into());
-            return Err(trail.stop("signature", why, |_| "sign is not base64".to_owned()));
+            return Err(trail.stop(SIGNATURE, why, |_| "sign is not base64".to_owned()));
         };
         let verified = app.key.verify(&form.sign_content(false), &signature)
             || (form.0.iter().any(|(_, v)| v.is_empty())
                 && app.key.verify(&form.sign_content(true), &signature));
         if !verified {
             let why = Rejection::BadSignature("signature does not verify".into());
-            return Err(trail.stop("signature", why, |_| {
+            return Err(trail.stop(SIGNATURE, why, |_| {
                 self.why_unsigned(app, &form, &signature)
             }));
         }
-        trail.pass("signature", || {
+        trail.pass(SIGNATURE, || {
             format!("verifies with the Alipay public key of app {}", app.app_id)
         });
         read_fields(app, form)
@@ -112,6 +114,12 @@ impl Channel for Alipay {
 
     fn verify(&self, request: &Inbound<'_>) -> Result<Verified, Rejection> {
         self.walk(request, &mut Halt)
+    }
+
+    fn verify_signed(&self, request: &Inbound<'_>) -> (Result<Verified, Rejection>, bool) {
+        let mut trail = Signed::default();
+        let verified = self.walk(request, &mut trail);
+        (verified, trail.signed)
     }
 
     fn decode(&self, v: Verified) -> Result<Notice, Rejection> {

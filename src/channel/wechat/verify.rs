@@ -10,7 +10,9 @@ use super::wire::{
 };
 use super::{PROBE_PREFIX, SIGNATURE_TYPE, TIMESTAMP_WINDOW_SECS, Verified, WechatPay};
 use crate::channel::platform::KeyOrigin;
-use crate::channel::{Answer, Channel, Halt, Inbound, Rejection, Reply, Standing, Trail};
+use crate::channel::{
+    Answer, Channel, Halt, Inbound, Rejection, Reply, SIGNATURE, Signed, Standing, Trail,
+};
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 
 const SIGNATURE_TYPE_CHECK: &str = "header Wechatpay-Signature-Type";
@@ -53,7 +55,7 @@ impl WechatPay {
                 (timestamp, nonce, signature, serial)
             }
             (Err(why), ..) | (_, Err(why), ..) | (_, _, Err(why), _) | (.., Err(why)) => {
-                trail.skip("signature", || "a signature header is missing".to_owned());
+                trail.skip(SIGNATURE, || "a signature header is missing".to_owned());
                 return Err(why);
             }
         };
@@ -117,28 +119,28 @@ impl WechatPay {
 
         if signature.starts_with(PROBE_PREFIX) {
             let why = Rejection::BadSignature("WECHATPAY/SIGNTEST probe".into());
-            trail.fail("signature", why, |_| "a WECHATPAY/SIGNTEST/ probe: WeChat checks that merchants refuse it; refusing it is correct".to_owned())?;
+            trail.fail(SIGNATURE, why, |_| "a WECHATPAY/SIGNTEST/ probe: WeChat checks that merchants refuse it; refusing it is correct".to_owned())?;
         } else {
             match (&platform, BASE64.decode(signature)) {
                 (_, Err(_)) => {
                     let why = Rejection::BadSignature("Wechatpay-Signature is not base64".into());
-                    trail.fail("signature", why, |_| {
+                    trail.fail(SIGNATURE, why, |_| {
                         "Wechatpay-Signature is not base64".to_owned()
                     })?;
                 }
                 (Err(_), Ok(_)) => {
-                    trail.skip("signature", || "no key for this serial".to_owned());
+                    trail.skip(SIGNATURE, || "no key for this serial".to_owned());
                 }
                 (Ok(p), Ok(sig)) => {
                     if p.key
                         .verify(&string_to_sign(timestamp, nonce, request.body), &sig)
                     {
-                        trail.pass("signature", || {
+                        trail.pass(SIGNATURE, || {
                             "verifies with the platform key of this serial".to_owned()
                         });
                     } else {
                         let why = Rejection::BadSignature("signature does not verify".into());
-                        trail.fail("signature", why, |_| {
+                        trail.fail(SIGNATURE, why, |_| {
                             self.why_unsigned(serial, timestamp, nonce, request.body, &sig)
                         })?;
                     }
@@ -203,6 +205,12 @@ impl Channel for WechatPay {
 
     fn verify(&self, request: &Inbound<'_>) -> Result<Verified, Rejection> {
         self.walk(request, &mut Halt)
+    }
+
+    fn verify_signed(&self, request: &Inbound<'_>) -> (Result<Verified, Rejection>, bool) {
+        let mut trail = Signed::default();
+        let verified = self.walk(request, &mut trail);
+        (verified, trail.signed)
     }
 
     fn decode(&self, v: Verified) -> Result<Notice, Rejection> {
