@@ -172,24 +172,51 @@ impl Store {
                         .execute(conn)
                         .await?;
                 } else {
-                    diesel::insert_into(refund_request::table)
-                        .values((
-                            refund_request::out_refund_no.eq(new.out_refund_no),
-                            refund_request::order_no.eq(new.order_no),
-                            refund_request::channel.eq(channel),
-                            refund_request::account.eq(new.account),
-                            refund_request::transaction_id.eq(transaction_id),
-                            refund_request::amount_fen.eq(new.amount_fen),
-                            refund_request::total_fen.eq(order.amount_fen),
-                            refund_request::reason.eq(new.reason),
-                            refund_request::status.eq(RefundStatus::Submitting.as_str()),
-                            refund_request::attempts.eq(0),
-                            refund_request::next_attempt_at.eq(new.retry_at),
-                            refund_request::created_at.eq(new.now),
-                            refund_request::updated_at.eq(new.now),
-                        ))
-                        .execute(conn)
-                        .await?;
+                    // The same number may be recorded for another order at this moment (that
+                    // order's lock is not this one's): the insert then waits for it, and its
+                    // primary key says so. Inside a savepoint, so the transaction goes on.
+                    let inserted = conn.transaction::<_, diesel::result::Error, _>(async |conn| {
+                        diesel::insert_into(refund_request::table)
+                            .values((
+                                refund_request::out_refund_no.eq(new.out_refund_no),
+                                refund_request::order_no.eq(new.order_no),
+                                refund_request::channel.eq(channel),
+                                refund_request::account.eq(new.account),
+                                refund_request::transaction_id.eq(transaction_id),
+                                refund_request::amount_fen.eq(new.amount_fen),
+                                refund_request::total_fen.eq(order.amount_fen),
+                                refund_request::reason.eq(new.reason),
+                                refund_request::status.eq(RefundStatus::Submitting.as_str()),
+                                refund_request::attempts.eq(0),
+                                refund_request::next_attempt_at.eq(new.retry_at),
+                                refund_request::created_at.eq(new.now),
+                                refund_request::updated_at.eq(new.now),
+                            ))
+                            .execute(conn)
+                            .await
+                    })
+                    .await;
+                    match inserted {
+                        Ok(_) => {}
+                        Err(diesel::result::Error::DatabaseError(
+                            diesel::result::DatabaseErrorKind::UniqueViolation,
+                            _,
+                        )) => {
+                            let row: RefundRow = refund_request::table
+                                .find(new.out_refund_no)
+                                .select(RefundRow::as_select())
+                                .first(conn)
+                                .await?;
+                            let same = row.order_no == new.order_no
+                                && row.amount_fen == new.amount_fen;
+                            return Ok(if same {
+                                Recorded::Same(row)
+                            } else {
+                                Recorded::OtherRequest
+                            });
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
                 let row = refund_request::table
                     .find(new.out_refund_no)

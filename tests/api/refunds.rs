@@ -487,6 +487,49 @@ async fn two_requests_for_the_last_fen_send_one(backend: Backend, channel: &str)
     assert_eq!(app.db.count("refund_request").await, 1);
 }
 
+/// One out_refund_no asked for at once for two orders: one is recorded and sent, the other is
+/// told the number is another refund's (`409`, the API's error shape), never a 500. Several
+/// rounds, so the two transactions overlap on every backend that lets them.
+async fn one_refund_number_for_two_orders_at_once_is_409(backend: Backend, channel: &str) {
+    let fake = fake().await;
+    let app = std::sync::Arc::new(app_with(backend, &fake).await);
+    const ROUNDS: usize = 6;
+    for round in 0..ROUNDS {
+        let orders = [
+            format!("RF-SAME{round}-A-{channel}"),
+            format!("RF-SAME{round}-B-{channel}"),
+        ];
+        for no in &orders {
+            paid_order(&app, &fake, no, 300, channel).await;
+        }
+        let out_refund_no = format!("R-SAME-{round}");
+        let answers = released_together(2, |i| {
+            let (app, no, out_refund_no) = (
+                std::sync::Arc::clone(&app),
+                orders[i].clone(),
+                out_refund_no.clone(),
+            );
+            async move { ask(&app, &no, &out_refund_no, 100).await }
+        })
+        .await;
+        let mut statuses: Vec<u16> = answers.iter().map(|(status, _)| *status).collect();
+        statuses.sort_unstable();
+        assert_eq!(statuses, [202, 409], "round {round}: {answers:?}");
+        let (_, refused) = answers
+            .iter()
+            .find(|(status, _)| *status == 409)
+            .expect("a 409");
+        assert_eq!(
+            refused,
+            &json!({"error": "out_refund_no is another refund's (another order or amount)"}),
+            "round {round}"
+        );
+    }
+    assert_eq!(created(&fake), ROUNDS);
+    assert_eq!(app.db.count("refund_request").await, ROUNDS as i64);
+    assert_eq!(app.messages("ORDER_REFUNDED").await, ROUNDS as i64);
+}
+
 async fn a_closed_refund_frees_its_amount(backend: Backend) {
     let fake = fake().await;
     let app = app_with(backend, &fake).await;
@@ -578,6 +621,8 @@ channel_tests! {
     alipay_refused => a_refusal_is_abnormal_with_the_providers_code("alipay"),
     wechat_last_fen => two_requests_for_the_last_fen_send_one("wechat"),
     alipay_last_fen => two_requests_for_the_last_fen_send_one("alipay"),
+    wechat_one_number_two_orders => one_refund_number_for_two_orders_at_once_is_409("wechat"),
+    alipay_one_number_two_orders => one_refund_number_for_two_orders_at_once_is_409("alipay"),
 }
 
 crate::on_every_backend!(
@@ -598,6 +643,8 @@ crate::on_every_backend!(
     alipay_refused,
     wechat_last_fen,
     alipay_last_fen,
+    wechat_one_number_two_orders,
+    alipay_one_number_two_orders,
     a_closed_refund_frees_its_amount,
     alipay_refunds_in_flight_together_wait_for_their_notifications,
 );
