@@ -74,21 +74,9 @@ pub enum Recorded {
     },
 }
 
-/// The statuses whose money may still move: counted against the remainder.
-macro_rules! in_flight {
-    () => {
-        refund_request::status
-            .eq_any([
-                RefundStatus::Submitting.as_str(),
-                RefundStatus::Processing.as_str(),
-            ])
-            .or(refund_request::status
-                .eq(RefundStatus::Abnormal.as_str())
-                .and(refund_request::error_code.is_null()))
-    };
-}
-/// Also what keeps an order out of the archive (`crate::archive`).
-pub(crate) use in_flight;
+/// The statuses whose money may still move: counted against the remainder. Also what keeps
+/// an order out of the archive (`crate::archive`).
+pub(crate) use crate::store::ledger::refund_in_flight as in_flight;
 
 impl Store {
     /// The account an order names on `channel` (`POST /orders`), if any.
@@ -252,23 +240,6 @@ impl Store {
                 .order((refund_request::created_at.asc(), refund_request::out_refund_no.asc()))
                 .select(RefundRow::as_select())
                 .load(conn)
-                .await?)
-        })
-    }
-
-    /// How many other refunds of the order are in flight.
-    pub async fn others_in_flight(
-        &self,
-        order_no: &str,
-        out_refund_no: &str,
-    ) -> Result<i64, StoreError> {
-        with_conn!(self, conn => {
-            Ok(refund_request::table
-                .filter(refund_request::order_no.eq(order_no))
-                .filter(refund_request::out_refund_no.ne(out_refund_no))
-                .filter(in_flight!())
-                .count()
-                .get_result(conn)
                 .await?)
         })
     }
