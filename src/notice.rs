@@ -320,8 +320,8 @@ pub enum Outcome {
     /// A refund for an order whose payment has not arrived yet: nothing written, answered
     /// like an unknown order so the provider retries after the payment notification.
     TooEarly,
-    /// Another refund of the same order changed it mid-transaction: nothing written, the
-    /// provider retries.
+    /// Another refund of the same order changed it mid-transaction, or decides this one's
+    /// amount and is not placed yet (Alipay): nothing written, the provider retries.
     Contended,
 }
 

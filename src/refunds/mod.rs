@@ -4,9 +4,10 @@
 //! before its provider is called, and is sent to the order's own payment with its
 //! `out_refund_no` as the provider's idempotency key. A timeout is unknown, never failure:
 //! the job sends the same request again until the provider answers, then queries a refund
-//! that is not final. A final, signed answer goes through the ledger exactly as the refund
-//! notification would (same key, same digest), and the ledger marks the request `SUCCESS` in
-//! that transaction — so the order moves once, whichever arrives first.
+//! that is not final. A final, signed answer goes through the ledger as the refund
+//! notification would (same key; Alipay's query, which names the refund's own amount and not
+//! the trade's running total, is the same refund by its amount), and the ledger marks the
+//! request `SUCCESS` in that transaction — so the order moves once, whichever arrives first.
 
 use std::sync::Arc;
 
@@ -297,7 +298,7 @@ impl Refunds {
                 notice,
             } => {
                 if let (RefundState::Success, Some(notice)) = (state, &notice)
-                    && self.applied(&row, notice, None).await?
+                    && self.applied(&row, notice).await?
                 {
                     return Ok(());
                 }
@@ -323,7 +324,7 @@ impl Refunds {
                         return Ok(());
                     }
                     RefundAnswer::Refunded(Some(notice)) => {
-                        if !self.applied(&row, &notice, None).await? {
+                        if !self.applied(&row, &notice).await? {
                             self.moved(
                                 &row,
                                 from,
@@ -435,10 +436,10 @@ impl Refunds {
         let from = row.status();
         match answer {
             RefundAnswer::Refunded(Some(notice)) => {
-                self.applied(&row, &notice, None).await?;
+                self.applied(&row, &notice).await?;
             }
             RefundAnswer::Refunded(None) => {
-                self.apply_share(&row).await?;
+                self.apply_asked(&row).await?;
             }
             RefundAnswer::NotRefunded(state, status) => {
                 tracing::info!(out_refund_no = %row.out_refund_no, status, "refund not final at the provider");
@@ -458,27 +459,15 @@ impl Refunds {
         Ok(())
     }
 
-    /// A provider answered "done" without the trade's running total its notification
-    /// carries (Alipay's refund query): when it is the order's only refund in flight, the
-    /// refund as that notification carries it — what the order had refunded, plus this —
-    /// applied only while the order still has that refunded amount.
-    async fn apply_share(&self, row: &RefundRow) -> Result<bool, StoreError> {
+    /// A provider answered "done" without a notice (Alipay's refund query, which names this
+    /// refund's amount and not the trade's running total its notification carries): the
+    /// refund at the amount asked for — Alipay refunds exactly that under its number, or
+    /// nothing. Its notification, later, is the same refund.
+    async fn apply_asked(&self, row: &RefundRow) -> Result<bool, StoreError> {
         let (Some(refund_id), Some(channel)) = (&row.refund_id, ChannelId::parse(&row.channel))
         else {
             return Ok(false);
         };
-        // Only alone is the running total certain: with another refund of the order in
-        // flight, the provider may have done them in either order; then the notification
-        // (or the other refund finishing first) decides.
-        if self
-            .store
-            .others_in_flight(&row.order_no, &row.out_refund_no)
-            .await?
-            > 0
-        {
-            tracing::info!(out_refund_no = %row.out_refund_no, order_no = %row.order_no, "done at the provider; another refund of the order is in flight, so its notification decides");
-            return Ok(false);
-        }
         let Some(order) = self.store.order(&row.order_no).await? else {
             return Ok(false);
         };
@@ -487,7 +476,7 @@ impl Refunds {
             kind: NoticeKind::Refunded(Refund {
                 out_refund_no: row.out_refund_no.clone(),
                 refund_id: refund_id.clone(),
-                amount: RefundAmount::RunningTotal(order.refunded_fen + row.amount_fen),
+                amount: RefundAmount::This(row.amount_fen),
             }),
             out_trade_no: row.order_no.clone(),
             transaction_id: row.transaction_id.clone(),
@@ -502,22 +491,13 @@ impl Refunds {
             merchant_matches: true,
             occurred_at: None,
         };
-        self.applied(row, &notice, Some(row.amount_fen)).await
+        self.applied(row, &notice).await
     }
 
     /// Applies a done refund through the ledger; whether the ledger counts it now (which
     /// marked the request `SUCCESS` in the same transaction).
-    async fn applied(
-        &self,
-        row: &RefundRow,
-        notice: &Notice,
-        share: Option<i64>,
-    ) -> Result<bool, StoreError> {
-        let now = self.clock.now();
-        let outcome = match share {
-            None => self.store.apply(notice, now).await,
-            Some(share) => self.store.apply_share(notice, share, now).await,
-        };
+    async fn applied(&self, row: &RefundRow, notice: &Notice) -> Result<bool, StoreError> {
+        let outcome = self.store.apply(notice, self.clock.now()).await;
         match outcome {
             Ok(outcome @ (Outcome::Applied | Outcome::Duplicate)) => {
                 tracing::info!(out_refund_no = %row.out_refund_no, order_no = %row.order_no, outcome = outcome.as_str(), "refund done at the provider and in the ledger");

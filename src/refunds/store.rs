@@ -74,21 +74,9 @@ pub enum Recorded {
     },
 }
 
-/// The statuses whose money may still move: counted against the remainder.
-macro_rules! in_flight {
-    () => {
-        refund_request::status
-            .eq_any([
-                RefundStatus::Submitting.as_str(),
-                RefundStatus::Processing.as_str(),
-            ])
-            .or(refund_request::status
-                .eq(RefundStatus::Abnormal.as_str())
-                .and(refund_request::error_code.is_null()))
-    };
-}
-/// Also what keeps an order out of the archive (`crate::archive`).
-pub(crate) use in_flight;
+/// The statuses whose money may still move: counted against the remainder. Also what keeps
+/// an order out of the archive (`crate::archive`).
+pub(crate) use crate::store::ledger::refund_in_flight as in_flight;
 
 impl Store {
     /// The account an order names on `channel` (`POST /orders`), if any.
@@ -172,24 +160,51 @@ impl Store {
                         .execute(conn)
                         .await?;
                 } else {
-                    diesel::insert_into(refund_request::table)
-                        .values((
-                            refund_request::out_refund_no.eq(new.out_refund_no),
-                            refund_request::order_no.eq(new.order_no),
-                            refund_request::channel.eq(channel),
-                            refund_request::account.eq(new.account),
-                            refund_request::transaction_id.eq(transaction_id),
-                            refund_request::amount_fen.eq(new.amount_fen),
-                            refund_request::total_fen.eq(order.amount_fen),
-                            refund_request::reason.eq(new.reason),
-                            refund_request::status.eq(RefundStatus::Submitting.as_str()),
-                            refund_request::attempts.eq(0),
-                            refund_request::next_attempt_at.eq(new.retry_at),
-                            refund_request::created_at.eq(new.now),
-                            refund_request::updated_at.eq(new.now),
-                        ))
-                        .execute(conn)
-                        .await?;
+                    // The same number may be recorded for another order at this moment (that
+                    // order's lock is not this one's): the insert then waits for it, and its
+                    // primary key says so. Inside a savepoint, so the transaction goes on.
+                    let inserted = conn.transaction::<_, diesel::result::Error, _>(async |conn| {
+                        diesel::insert_into(refund_request::table)
+                            .values((
+                                refund_request::out_refund_no.eq(new.out_refund_no),
+                                refund_request::order_no.eq(new.order_no),
+                                refund_request::channel.eq(channel),
+                                refund_request::account.eq(new.account),
+                                refund_request::transaction_id.eq(transaction_id),
+                                refund_request::amount_fen.eq(new.amount_fen),
+                                refund_request::total_fen.eq(order.amount_fen),
+                                refund_request::reason.eq(new.reason),
+                                refund_request::status.eq(RefundStatus::Submitting.as_str()),
+                                refund_request::attempts.eq(0),
+                                refund_request::next_attempt_at.eq(new.retry_at),
+                                refund_request::created_at.eq(new.now),
+                                refund_request::updated_at.eq(new.now),
+                            ))
+                            .execute(conn)
+                            .await
+                    })
+                    .await;
+                    match inserted {
+                        Ok(_) => {}
+                        Err(diesel::result::Error::DatabaseError(
+                            diesel::result::DatabaseErrorKind::UniqueViolation,
+                            _,
+                        )) => {
+                            let row: RefundRow = refund_request::table
+                                .find(new.out_refund_no)
+                                .select(RefundRow::as_select())
+                                .first(conn)
+                                .await?;
+                            let same = row.order_no == new.order_no
+                                && row.amount_fen == new.amount_fen;
+                            return Ok(if same {
+                                Recorded::Same(row)
+                            } else {
+                                Recorded::OtherRequest
+                            });
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
                 let row = refund_request::table
                     .find(new.out_refund_no)
@@ -225,23 +240,6 @@ impl Store {
                 .order((refund_request::created_at.asc(), refund_request::out_refund_no.asc()))
                 .select(RefundRow::as_select())
                 .load(conn)
-                .await?)
-        })
-    }
-
-    /// How many other refunds of the order are in flight.
-    pub async fn others_in_flight(
-        &self,
-        order_no: &str,
-        out_refund_no: &str,
-    ) -> Result<i64, StoreError> {
-        with_conn!(self, conn => {
-            Ok(refund_request::table
-                .filter(refund_request::order_no.eq(order_no))
-                .filter(refund_request::out_refund_no.ne(out_refund_no))
-                .filter(in_flight!())
-                .count()
-                .get_result(conn)
                 .await?)
         })
     }

@@ -18,7 +18,9 @@ use super::statements::{
 };
 use super::types::Payload;
 use super::{Store, StoreError, with_conn};
-use crate::notice::{AnomalyReason, Digest, Notice, NoticeKind, Outcome, Refund, RefundAmount};
+use crate::notice::{
+    AnomalyReason, ChannelId, Digest, Notice, NoticeKind, Outcome, Refund, RefundAmount,
+};
 use crate::order::{Order, OrderStatus, RefundStatus};
 use crate::outbox::Message;
 use crate::time::Timestamp;
@@ -169,6 +171,22 @@ macro_rules! refund_request_done {
     };
 }
 
+/// The refund requests whose money may still move (`crate::refunds`): sent and not
+/// answered, accepted and not done, or abnormal without a refusal.
+macro_rules! refund_in_flight {
+    () => {
+        refund_request::status
+            .eq_any([
+                RefundStatus::Submitting.as_str(),
+                RefundStatus::Processing.as_str(),
+            ])
+            .or(refund_request::status
+                .eq(RefundStatus::Abnormal.as_str())
+                .and(refund_request::error_code.is_null()))
+    };
+}
+pub(crate) use refund_in_flight;
+
 /// Why a payment that did not move the order is an anomaly; `None` when it is the payment
 /// the order already records (a repeat that outlived its callback row).
 pub fn payment_anomaly(order: &Order, n: &Notice) -> Option<AnomalyReason> {
@@ -190,10 +208,11 @@ pub fn payment_anomaly(order: &Order, n: &Notice) -> Option<AnomalyReason> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RefundAction {
     /// Add the refund to `refunded_fen` (`PAID → REFUNDED` once it reaches the amount), if
-    /// the order is still as read: for a running total, `refunded_fen` must still be the
-    /// value the refund's share was computed from.
+    /// the order is still as read: for an amount derived from a running total,
+    /// `refunded_fen` must still be the value it was derived against.
     Apply { refunded_was: Option<i64> },
-    /// A later refund's running total already counted this one (Alipay, out of order): its
+    /// The running totals already counted this one (Alipay: a later refund known only by its
+    /// notification arrived first and was counted at the whole difference): its
     /// `ORDER_REFUNDED` says so with `refund_fen` 0.
     AlreadyCounted,
     /// Recorded as `PAYMENT_ANOMALY`, keyed by the provider's refund id, or — for the refund
@@ -207,25 +226,54 @@ pub enum RefundAction {
 /// A refund's share and what it does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RefundPlan {
-    /// This refund's own amount (from a running total: what it adds to what was recorded).
+    /// This refund's own amount.
     pub fen: i64,
     pub action: RefundAction,
 }
 
-/// The refund rules, decided from the order as the transaction read it. Only a refund of
-/// the order's own recorded payment moves it: same channel, same provider transaction (ids
-/// the provider issues once, so the same merchant too), and the merchant whose key signed it.
-/// Deciding an anomaly from that read is safe under concurrency: refunds only ever add to
-/// `refunded_fen`, so a refund that does not fit now never fits later.
-pub fn plan_refund(order: &Order, n: &Notice, refund: &Refund) -> RefundPlan {
-    let ours = n.merchant_matches
+/// What the ledger knows of a refund stated as a running total (Alipay), read in the
+/// transaction that applies it: Alipay's `refund_fee` is the trade's total so far, so this
+/// refund's own amount is what it was asked for when paynotify asked for it, and otherwise
+/// the difference to the refunds Alipay did before it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Earlier {
+    /// The amount paynotify asked for under this refund number (Alipay refunds exactly
+    /// that, or nothing).
+    pub asked: Option<i64>,
+    /// The refunds of the order counted before, whose running totals are below this one's:
+    /// their amounts, summed.
+    pub before_fen: i64,
+    /// The highest running total Alipay reported for the order, this refund's included:
+    /// the order never counts more.
+    pub highest_fen: i64,
+}
+
+/// Whether a refund is of the order's own recorded payment: same channel, same provider
+/// transaction (ids the provider issues once, so the same merchant too), and the merchant
+/// whose key signed it.
+pub fn refunds_the_payment(order: &Order, n: &Notice) -> bool {
+    n.merchant_matches
         && order.channel.as_deref() == Some(n.channel.as_str())
-        && order.transaction_id.as_deref() == Some(n.transaction_id.as_str());
-    let (fen, running_total) = match refund.amount {
+        && order.transaction_id.as_deref() == Some(n.transaction_id.as_str())
+}
+
+/// The refund rules, decided from the order as the transaction read it. Only a refund of
+/// the order's own recorded payment moves it ([`refunds_the_payment`]). Deciding an anomaly
+/// from that read is safe under concurrency: refunds only ever add to `refunded_fen`, so a
+/// refund that does not fit now never fits later.
+pub fn plan_refund(order: &Order, n: &Notice, refund: &Refund, earlier: &Earlier) -> RefundPlan {
+    let ours = refunds_the_payment(order, n);
+    let (fen, derived) = match refund.amount {
         RefundAmount::This(fen) => (fen, false),
         // A running total means something only against the refunds of the order's payment.
-        RefundAmount::RunningTotal(total) if ours => (total - order.refunded_fen, true),
-        RefundAmount::RunningTotal(total) => (total, true),
+        RefundAmount::RunningTotal(_) if ours && earlier.asked.is_some() => {
+            (earlier.asked.unwrap_or_default(), false)
+        }
+        RefundAmount::RunningTotal(total) if ours => (
+            (total - earlier.before_fen).min(earlier.highest_fen - order.refunded_fen),
+            true,
+        ),
+        RefundAmount::RunningTotal(total) => (total, false),
     };
     let anomaly = |reason, keyed_by_refund_no| RefundAction::Anomaly {
         reason,
@@ -237,14 +285,14 @@ pub fn plan_refund(order: &Order, n: &Notice, refund: &Refund) -> RefundPlan {
         // A second payment, one after close, one through the other channel: the order's
         // own payment stands.
         anomaly(AnomalyReason::OtherPaymentRefunded, true)
-    } else if running_total && fen <= 0 {
+    } else if derived && fen <= 0 {
         RefundAction::AlreadyCounted
     } else if order.status == OrderStatus::Paid
         && fen > 0
         && fen <= order.amount_fen - order.refunded_fen
     {
         RefundAction::Apply {
-            refunded_was: running_total.then_some(order.refunded_fen),
+            refunded_was: derived.then_some(order.refunded_fen),
         }
     } else {
         // More than is left to refund.
@@ -279,7 +327,7 @@ impl Store {
         match &notice.kind {
             NoticeKind::Paid => self.apply_payment(notice, &notice.digest(), now).await,
             NoticeKind::Refunded(refund) => {
-                self.apply_refund(notice, refund, &notice.digest(), None, now)
+                self.apply_refund(notice, refund, &notice.digest(), now)
                     .await
             }
             NoticeKind::Closed => self.record_status(notice, now).await,
@@ -373,33 +421,17 @@ impl Store {
         outcome_of(result)
     }
 
-    /// Applies a refund whose running total (Alipay) was made from what the order had
-    /// refunded when it was read, plus `share`: applied only while that still holds, so the
-    /// refund adds exactly `share`; otherwise [`Outcome::Contended`] and nothing is written.
-    pub async fn apply_share(
-        &self,
-        notice: &Notice,
-        share: i64,
-        now: Timestamp,
-    ) -> Result<Outcome, StoreError> {
-        let NoticeKind::Refunded(refund) = &notice.kind else {
-            return self.apply(notice, now).await;
-        };
-        self.apply_refund(notice, refund, &notice.digest(), Some(share), now)
-            .await
-    }
-
     async fn apply_refund(
         &self,
         n: &Notice,
         refund: &Refund,
         digest: &Digest,
-        share: Option<i64>,
         now: Timestamp,
     ) -> Result<Outcome, StoreError> {
         let channel = n.channel.as_str();
-        let reported = match refund.amount {
-            RefundAmount::This(fen) | RefundAmount::RunningTotal(fen) => fen,
+        let (reported, running_total) = match refund.amount {
+            RefundAmount::This(fen) => (fen, None),
+            RefundAmount::RunningTotal(fen) => (fen, Some(fen)),
         };
         let callback = InsertRefundCallback {
             out_refund_no: &refund.out_refund_no,
@@ -410,19 +442,71 @@ impl Store {
             status: REFUND_COUNTED,
             digest: digest.as_str(),
             created_at: now,
+            running_total_fen: running_total,
         };
         let refund_key = (&refund.out_refund_no, channel, &n.out_trade_no);
         let result = with_conn!(self, conn => {
             conn.transaction::<_, Abort, _>(async |conn| {
                 let written = callback.execute(conn).await;
+                // A running total (Alipay): the amount paynotify asked for under this number,
+                // for this order, is this refund's own.
+                let asked: Option<i64> = match running_total {
+                    Some(_) => refund_request::table
+                        .find(&refund.out_refund_no)
+                        .filter(refund_request::order_no.eq(&n.out_trade_no))
+                        .filter(refund_request::channel.eq(channel))
+                        .select(refund_request::amount_fen)
+                        .first(conn)
+                        .await
+                        .optional()?,
+                    None => None,
+                };
                 if unless_exists(written, PRIMARY)? == 0 {
-                    let (seen, status): (String, String) = refund_callback::table
+                    let (seen, status, seen_id, seen_fen, seen_total): (
+                        String,
+                        String,
+                        String,
+                        i64,
+                        Option<i64>,
+                    ) = refund_callback::table
                         .find(refund_key)
-                        .select((refund_callback::digest, refund_callback::status))
+                        .select((
+                            refund_callback::digest,
+                            refund_callback::status,
+                            refund_callback::refund_id,
+                            refund_callback::refund_fen,
+                            refund_callback::running_total_fen,
+                        ))
                         .first(conn)
                         .await?;
                     if seen != digest.as_str() {
-                        return Ok(Outcome::Conflict);
+                        // Alipay tells one refund two ways: its refund query names its own
+                        // amount, its notification the trade's running total. The refund the
+                        // ledger counted at the amount this one is (asked for, or named) is
+                        // this one; its running total, once known, is kept.
+                        let own = match refund.amount {
+                            RefundAmount::This(fen) => Some(fen),
+                            RefundAmount::RunningTotal(_) => asked,
+                        };
+                        // Its running total: not known yet (or recorded before it was kept),
+                        // not stated by this delivery, or the one recorded.
+                        let same_total = seen_total.is_none_or(|t| t == 0)
+                            || running_total.is_none()
+                            || running_total == seen_total;
+                        let same_refund = n.channel == ChannelId::Alipay
+                            && status == REFUND_COUNTED
+                            && seen_id == refund.refund_id
+                            && own == Some(seen_fen)
+                            && same_total;
+                        if !same_refund {
+                            return Ok(Outcome::Conflict);
+                        }
+                        if let Some(total) = running_total.filter(|_| running_total != seen_total) {
+                            diesel::update(refund_callback::table.find(refund_key))
+                                .set(refund_callback::running_total_fen.eq(total))
+                                .execute(conn)
+                                .await?;
+                        }
                     }
                     // A repeat of a refund the ledger counted; one it recorded as an anomaly
                     // counted nothing, so its request is not done.
@@ -449,10 +533,51 @@ impl Store {
                         return Err(Abort::With(Outcome::TooEarly));
                     }
                 }
-                let RefundPlan { fen, action } = plan_refund(&before, n, refund);
-                if share.is_some_and(|share| share != fen) {
-                    return Err(Abort::With(Outcome::Contended));
+                let mut earlier = Earlier {
+                    asked,
+                    ..Earlier::default()
+                };
+                if let (Some(total), None, true) =
+                    (running_total, asked, refunds_the_payment(&before, n))
+                {
+                    // Known only by its running total (a refund made at the provider, not
+                    // through paynotify): its amount is the difference to the refunds done
+                    // before it there.
+                    let counted: Vec<(i64, Option<i64>)> = refund_callback::table
+                        .filter(refund_callback::out_trade_no.eq(&n.out_trade_no))
+                        .filter(refund_callback::channel.eq(channel))
+                        .filter(refund_callback::status.eq(REFUND_COUNTED))
+                        .filter(refund_callback::out_refund_no.ne(&refund.out_refund_no))
+                        .select((refund_callback::refund_fen, refund_callback::running_total_fen))
+                        .load(conn)
+                        .await?;
+                    let flying: i64 = refund_request::table
+                        .filter(refund_request::order_no.eq(&n.out_trade_no))
+                        .filter(refund_request::channel.eq(channel))
+                        .filter(refund_request::out_refund_no.ne(&refund.out_refund_no))
+                        .filter(refund_in_flight!())
+                        .count()
+                        .get_result(conn)
+                        .await?;
+                    // A refund counted without its running total (applied from the refund
+                    // query) or one still in flight may have been done before this one or
+                    // after: its notification says which. Until then, nothing is guessed;
+                    // the provider delivers this one again.
+                    if flying > 0 || counted.iter().any(|(_, t)| t.is_none()) {
+                        tracing::info!(order_no = %n.out_trade_no, out_refund_no = %refund.out_refund_no, "a refund known only by its running total waits for the order's other refunds to be placed");
+                        return Err(Abort::With(Outcome::Contended));
+                    }
+                    earlier.before_fen = counted
+                        .iter()
+                        .filter(|(_, t)| t.is_some_and(|t| t < total))
+                        .map(|(fen, _)| fen)
+                        .sum();
+                    earlier.highest_fen = counted
+                        .iter()
+                        .filter_map(|(_, t)| *t)
+                        .fold(total, i64::max);
                 }
+                let RefundPlan { fen, action } = plan_refund(&before, n, refund, &earlier);
                 if matches!(refund.amount, RefundAmount::RunningTotal(_)) {
                     // Record this refund's own share, not the running total.
                     diesel::update(refund_callback::table.find(refund_key))
@@ -636,9 +761,19 @@ mod tests {
         (notice, refund)
     }
 
+    /// A plan as the ledger reads its refunds when every earlier one is counted and none is
+    /// later: what the order refunded comes before this one.
     fn plan(order: &Order, transaction_id: &str, amount: RefundAmount) -> RefundPlan {
         let (n, r) = refund_of(transaction_id, amount);
-        plan_refund(order, &n, &r)
+        let earlier = match amount {
+            RefundAmount::RunningTotal(total) => Earlier {
+                asked: None,
+                before_fen: order.refunded_fen,
+                highest_fen: total.max(order.refunded_fen),
+            },
+            RefundAmount::This(_) => Earlier::default(),
+        };
+        plan_refund(order, &n, &r, &earlier)
     }
 
     fn anomaly(reason: AnomalyReason, keyed_by_refund_no: bool) -> RefundAction {
@@ -680,6 +815,44 @@ mod tests {
     }
 
     #[test]
+    fn a_running_total_counts_the_amount_asked_for_or_the_difference_to_what_came_before() {
+        // Asked for 300 under this number: 300, whichever refund's total arrived first (here
+        // a later one of 400, total 700, was counted first).
+        let (n, r) = refund_of("T", RefundAmount::RunningTotal(700));
+        let asked = Earlier {
+            asked: Some(300),
+            before_fen: 0,
+            highest_fen: 700,
+        };
+        let p = plan_refund(&order(OrderStatus::Paid, 400), &n, &r, &asked);
+        assert_eq!(p.fen, 300);
+        assert_eq!(p.action, RefundAction::Apply { refunded_was: None });
+        // Known only by its total (300); a later refund (200, total 500) was counted first.
+        let (n, r) = refund_of("T", RefundAmount::RunningTotal(300));
+        let later_first = Earlier {
+            asked: None,
+            before_fen: 0,
+            highest_fen: 500,
+        };
+        let p = plan_refund(&order(OrderStatus::Paid, 200), &n, &r, &later_first);
+        assert_eq!(p.fen, 300);
+        assert_eq!(
+            p.action,
+            RefundAction::Apply {
+                refunded_was: Some(200)
+            }
+        );
+        // Never more than the highest total reported: a later total counted it already.
+        let counted = Earlier {
+            asked: None,
+            before_fen: 0,
+            highest_fen: 800,
+        };
+        let p = plan_refund(&order(OrderStatus::Paid, 800), &n, &r, &counted);
+        assert_eq!(p.action, RefundAction::AlreadyCounted);
+    }
+
+    #[test]
     fn a_refund_of_another_payment_never_moves_the_order() {
         let paid = order(OrderStatus::Paid, 0);
         for amount in [RefundAmount::This(1000), RefundAmount::RunningTotal(1000)] {
@@ -718,7 +891,7 @@ mod tests {
         let (mut n, r) = refund_of("T", RefundAmount::This(1));
         n.merchant_matches = false;
         assert_eq!(
-            plan_refund(&order(OrderStatus::Paid, 0), &n, &r).action,
+            plan_refund(&order(OrderStatus::Paid, 0), &n, &r, &Earlier::default()).action,
             anomaly(AnomalyReason::MerchantMismatch, false)
         );
     }

@@ -61,6 +61,7 @@ diesel::table! {
         status -> Text,
         digest -> Text,
         created_at -> UtcTs,
+        running_total_fen -> Nullable<BigInt>,
     }
 }
 

@@ -142,13 +142,15 @@ pub struct InsertRefundCallback<'a> {
     pub status: &'a str,
     pub digest: &'a str,
     pub created_at: Timestamp,
+    /// The trade's running refund total the provider reported with it (Alipay), if any.
+    pub running_total_fen: Option<i64>,
 }
 
 statement!(InsertRefundCallback, |self, out| {
-    "INSERT INTO refund_callback (out_refund_no, channel, out_trade_no, refund_id, refund_fen, status, digest, created_at) VALUES ("
+    "INSERT INTO refund_callback (out_refund_no, channel, out_trade_no, refund_id, refund_fen, status, digest, created_at, running_total_fen) VALUES ("
     [Text: self.out_refund_no] ", " [Text: self.channel] ", " [Text: self.out_trade_no] ", "
     [Text: self.refund_id] ", " [BigInt: &self.refund_fen] ", " [Text: self.status] ", "
-    [Text: self.digest] ", " [UtcTs: &self.created_at] ")"
+    [Text: self.digest] ", " [UtcTs: &self.created_at] ", " [Nullable<BigInt>: &self.running_total_fen] ")"
 }, unless_exists: " ON CONFLICT (out_refund_no, channel, out_trade_no) DO NOTHING");
 
 /// Records a notification that changes no order; 0 rows when it was recorded before.

@@ -487,6 +487,49 @@ async fn two_requests_for_the_last_fen_send_one(backend: Backend, channel: &str)
     assert_eq!(app.db.count("refund_request").await, 1);
 }
 
+/// One out_refund_no asked for at once for two orders: one is recorded and sent, the other is
+/// told the number is another refund's (`409`, the API's error shape), never a 500. Several
+/// rounds, so the two transactions overlap on every backend that lets them.
+async fn one_refund_number_for_two_orders_at_once_is_409(backend: Backend, channel: &str) {
+    let fake = fake().await;
+    let app = std::sync::Arc::new(app_with(backend, &fake).await);
+    const ROUNDS: usize = 6;
+    for round in 0..ROUNDS {
+        let orders = [
+            format!("RF-SAME{round}-A-{channel}"),
+            format!("RF-SAME{round}-B-{channel}"),
+        ];
+        for no in &orders {
+            paid_order(&app, &fake, no, 300, channel).await;
+        }
+        let out_refund_no = format!("R-SAME-{round}");
+        let answers = released_together(2, |i| {
+            let (app, no, out_refund_no) = (
+                std::sync::Arc::clone(&app),
+                orders[i].clone(),
+                out_refund_no.clone(),
+            );
+            async move { ask(&app, &no, &out_refund_no, 100).await }
+        })
+        .await;
+        let mut statuses: Vec<u16> = answers.iter().map(|(status, _)| *status).collect();
+        statuses.sort_unstable();
+        assert_eq!(statuses, [202, 409], "round {round}: {answers:?}");
+        let (_, refused) = answers
+            .iter()
+            .find(|(status, _)| *status == 409)
+            .expect("a 409");
+        assert_eq!(
+            refused,
+            &json!({"error": "out_refund_no is another refund's (another order or amount)"}),
+            "round {round}"
+        );
+    }
+    assert_eq!(created(&fake), ROUNDS);
+    assert_eq!(app.db.count("refund_request").await, ROUNDS as i64);
+    assert_eq!(app.messages("ORDER_REFUNDED").await, ROUNDS as i64);
+}
+
 async fn a_closed_refund_frees_its_amount(backend: Backend) {
     let fake = fake().await;
     let app = app_with(backend, &fake).await;
@@ -516,10 +559,11 @@ async fn a_closed_refund_frees_its_amount(backend: Backend) {
     );
 }
 
-/// Alipay's refund query carries no running total: with two refunds of an order in flight,
-/// the order they were done in at Alipay is unknown here, so neither is applied from the query;
-/// their notifications (each with the trade's running total) decide.
-async fn alipay_refunds_in_flight_together_wait_for_their_notifications(backend: Backend) {
+/// Alipay's refund query carries no running total, only the refund's own amount: with two
+/// refunds of an order in flight, each is applied from the query at the amount asked for,
+/// whichever order Alipay did them in; their notifications (each with the trade's running
+/// total) are the same refunds.
+async fn alipay_refunds_in_flight_together_are_each_applied_at_their_amount(backend: Backend) {
     let fake = fake().await;
     let app = app_with(backend, &fake).await;
     let no = "RF-TWO-alipay";
@@ -532,9 +576,9 @@ async fn alipay_refunds_in_flight_together_wait_for_their_notifications(backend:
     fake.state.settle_refund("R-A", RefundStatus::Success);
     app.clock.advance(QUERY_AFTER_SECS);
     assert_eq!(drive(&app).await, 2);
-    assert_eq!(app.refund_state(no).await, ("PAID".to_owned(), 0));
-    assert_eq!(status_of(&app, no, "R-A").await, "PROCESSING");
-    assert_eq!(status_of(&app, no, "R-B").await, "PROCESSING");
+    assert_eq!(app.refund_state(no).await, ("PAID".to_owned(), 1500));
+    assert_eq!(status_of(&app, no, "R-A").await, "SUCCESS");
+    assert_eq!(status_of(&app, no, "R-B").await, "SUCCESS");
     // The notifications, in Alipay's order: running totals 500, then 1500.
     assert!(acknowledged(
         notify_refund(&app, "alipay", no, "R-B", 500, 3000, 500).await
@@ -543,12 +587,157 @@ async fn alipay_refunds_in_flight_together_wait_for_their_notifications(backend:
         notify_refund(&app, "alipay", no, "R-A", 1000, 3000, 1500).await
     ));
     assert_eq!(app.refund_state(no).await, ("PAID".to_owned(), 1500));
-    assert_eq!(status_of(&app, no, "R-A").await, "SUCCESS");
-    assert_eq!(status_of(&app, no, "R-B").await, "SUCCESS");
+    assert_eq!(
+        refunds_counted(&app, no).await,
+        [("R-A".to_owned(), 1000, 1000), ("R-B".to_owned(), 500, 500)]
+    );
     assert_eq!(app.messages("ORDER_REFUNDED").await, 2);
     assert_eq!(app.messages("PAYMENT_ANOMALY").await, 0);
     app.clock.advance(QUERY_EVERY_SECS);
     assert_eq!(drive(&app).await, 0);
+}
+
+/// Each refund of the order as the ledger counted it and as its `ORDER_REFUNDED` said it,
+/// sorted by number: `(out_refund_no, refund_callback.refund_fen, payload refund_fen)`.
+async fn refunds_counted(app: &TestApp, no: &str) -> Vec<(String, i64, i64)> {
+    let events: Vec<(String, i64)> = app
+        .outbox("ORDER_REFUNDED")
+        .await
+        .into_iter()
+        .map(|m| (m.biz_key, m.payload.0["refund_fen"].as_i64().unwrap_or(-1)))
+        .collect();
+    let recorded = app.store.callbacks_of(no).await.expect("callbacks");
+    let mut counted: Vec<(String, i64, i64)> = recorded
+        .refunds
+        .iter()
+        .map(|r| {
+            let key = format!("{no}:{}", r.out_refund_no);
+            let event = events
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map_or(-1, |(_, fen)| *fen);
+            (r.out_refund_no.clone(), r.refund_fen, event)
+        })
+        .collect();
+    counted.sort();
+    counted
+}
+
+/// A refund made in Alipay's console, whose notification comes late, after a refund through
+/// paynotify was applied from the query (which names that refund's amount, not the trade's
+/// running total): each is counted at its own amount, and the order at Alipay's running total.
+/// `console_first`: Alipay did the console refund before paynotify's.
+async fn alipay_a_console_refund_notified_late(backend: Backend, console_first: bool) {
+    let fake = fake().await;
+    let app = app_with(backend, &fake).await;
+    let no = format!("RF-LATE-{console_first}");
+    paid_order(&app, &fake, &no, 1000, "alipay").await;
+    fake.state.new_refunds(RefundStatus::Processing);
+    assert_eq!(ask(&app, &no, "R-P", 200).await.0, 202);
+    fake.state.settle_refund("R-P", RefundStatus::Success);
+    app.clock.advance(QUERY_AFTER_SECS);
+    assert_eq!(drive(&app).await, 1);
+    assert_eq!(status_of(&app, &no, "R-P").await, "SUCCESS");
+    assert_eq!(app.refund_state(&no).await, ("PAID".to_owned(), 200));
+
+    // The console refund (300) and R-P (200), with the running totals Alipay reports.
+    let (console_total, ours_total) = if console_first {
+        (300, 500)
+    } else {
+        (500, 200)
+    };
+    // Whether R-P came before it is not known yet: Alipay is asked to deliver it again.
+    let late = notify_refund(&app, "alipay", &no, "C-1", 300, 1000, console_total).await;
+    assert!(!acknowledged(late), "{late}");
+    assert_eq!(app.refund_state(&no).await, ("PAID".to_owned(), 200));
+    // R-P's own notification: the refund the query applied, now with its running total.
+    let ours = notify_refund(&app, "alipay", &no, "R-P", 200, 1000, ours_total).await;
+    assert!(acknowledged(ours), "{ours}");
+    let late = notify_refund(&app, "alipay", &no, "C-1", 300, 1000, console_total).await;
+    assert!(acknowledged(late), "{late}");
+    assert_eq!(app.refund_state(&no).await, ("PAID".to_owned(), 500));
+    assert_eq!(
+        refunds_counted(&app, &no).await,
+        [("C-1".to_owned(), 300, 300), ("R-P".to_owned(), 200, 200)]
+    );
+    // Every repeat is a duplicate.
+    for (out_refund_no, fen, total) in [("C-1", 300, console_total), ("R-P", 200, ours_total)] {
+        let again = notify_refund(&app, "alipay", &no, out_refund_no, fen, 1000, total).await;
+        assert!(acknowledged(again), "{out_refund_no}: {again}");
+    }
+    assert_eq!(app.refund_state(&no).await, ("PAID".to_owned(), 500));
+    assert_eq!(app.messages("ORDER_REFUNDED").await, 2);
+    assert_eq!(app.messages("PAYMENT_ANOMALY").await, 0);
+}
+
+/// Two refunds through paynotify, whose notifications come in the other order than Alipay
+/// did them: each is counted at the amount it was asked for, not at the running total that
+/// arrived first.
+async fn alipay_notifications_out_of_order_count_each_refund_at_its_amount(backend: Backend) {
+    let fake = fake().await;
+    let app = app_with(backend, &fake).await;
+    let no = "RF-OOO-alipay";
+    paid_order(&app, &fake, no, 3000, "alipay").await;
+    fake.state.new_refunds(RefundStatus::Processing);
+    assert_eq!(ask(&app, no, "R-A", 1000).await.0, 202);
+    assert_eq!(ask(&app, no, "R-B", 500).await.0, 202);
+    fake.state.settle_refund("R-A", RefundStatus::Success);
+    fake.state.settle_refund("R-B", RefundStatus::Success);
+    // Alipay did R-A (running total 1000), then R-B (1500); R-B's notification comes first.
+    assert!(acknowledged(
+        notify_refund(&app, "alipay", no, "R-B", 500, 3000, 1500).await
+    ));
+    assert!(acknowledged(
+        notify_refund(&app, "alipay", no, "R-A", 1000, 3000, 1000).await
+    ));
+    assert_eq!(app.refund_state(no).await, ("PAID".to_owned(), 1500));
+    assert_eq!(
+        refunds_counted(&app, no).await,
+        [("R-A".to_owned(), 1000, 1000), ("R-B".to_owned(), 500, 500)]
+    );
+    assert_eq!(status_of(&app, no, "R-A").await, "SUCCESS");
+    assert_eq!(status_of(&app, no, "R-B").await, "SUCCESS");
+    assert_eq!(app.messages("PAYMENT_ANOMALY").await, 0);
+    app.clock.advance(QUERY_AFTER_SECS);
+    assert_eq!(drive(&app).await, 0);
+}
+
+/// Two refunds done at once by Alipay (`fund_change` `Y`) whose answers apply out of order:
+/// R-A's create hangs past the client's timeout after Alipay did it, R-B's answer (running
+/// total 1500, both) applies first, then R-A is found by the job. Each counts its own amount.
+async fn alipay_answers_out_of_order_count_each_refund_at_its_amount(backend: Backend) {
+    let fake = fake().await;
+    let app = app_with(backend, &fake).await;
+    let no = "RF-OOA-alipay";
+    paid_order(&app, &fake, no, 3000, "alipay").await;
+    fake.state.hang_after_creating(1);
+    let (status, a) = ask(&app, no, "R-A", 1000).await;
+    assert_eq!((status, &a["status"]), (202, &json!("SUBMITTING")), "{a}");
+    let (status, b) = ask(&app, no, "R-B", 500).await;
+    assert_eq!((status, &b["status"]), (202, &json!("SUCCESS")), "{b}");
+    assert_eq!(app.refund_state(no).await, ("PAID".to_owned(), 500));
+    // R-A sent again (fund_change N: held before), then queried: done.
+    app.clock.advance(10);
+    assert_eq!(drive(&app).await, 1);
+    app.clock.advance(QUERY_AFTER_SECS);
+    assert_eq!(drive(&app).await, 1);
+    assert_eq!(status_of(&app, no, "R-A").await, "SUCCESS");
+    assert_eq!(app.refund_state(no).await, ("PAID".to_owned(), 1500));
+    assert_eq!(
+        refunds_counted(&app, no).await,
+        [("R-A".to_owned(), 1000, 1000), ("R-B".to_owned(), 500, 500)]
+    );
+    // Their notifications, late: duplicates.
+    assert!(acknowledged(
+        notify_refund(&app, "alipay", no, "R-A", 1000, 3000, 1000).await
+    ));
+    assert!(acknowledged(
+        notify_refund(&app, "alipay", no, "R-B", 500, 3000, 1500).await
+    ));
+    assert_eq!(app.refund_state(no).await, ("PAID".to_owned(), 1500));
+    assert_eq!(app.messages("ORDER_REFUNDED").await, 2);
+    assert_eq!(app.messages("PAYMENT_ANOMALY").await, 0);
+    assert_eq!(created(&fake), 2);
 }
 
 macro_rules! channel_tests {
@@ -578,6 +767,10 @@ channel_tests! {
     alipay_refused => a_refusal_is_abnormal_with_the_providers_code("alipay"),
     wechat_last_fen => two_requests_for_the_last_fen_send_one("wechat"),
     alipay_last_fen => two_requests_for_the_last_fen_send_one("alipay"),
+    wechat_one_number_two_orders => one_refund_number_for_two_orders_at_once_is_409("wechat"),
+    alipay_one_number_two_orders => one_refund_number_for_two_orders_at_once_is_409("alipay"),
+    alipay_console_refund_done_first_notified_late => alipay_a_console_refund_notified_late(true),
+    alipay_console_refund_done_after_notified_late => alipay_a_console_refund_notified_late(false),
 }
 
 crate::on_every_backend!(
@@ -598,6 +791,12 @@ crate::on_every_backend!(
     alipay_refused,
     wechat_last_fen,
     alipay_last_fen,
+    wechat_one_number_two_orders,
+    alipay_one_number_two_orders,
     a_closed_refund_frees_its_amount,
-    alipay_refunds_in_flight_together_wait_for_their_notifications,
+    alipay_refunds_in_flight_together_are_each_applied_at_their_amount,
+    alipay_console_refund_done_first_notified_late,
+    alipay_console_refund_done_after_notified_late,
+    alipay_notifications_out_of_order_count_each_refund_at_its_amount,
+    alipay_answers_out_of_order_count_each_refund_at_its_amount,
 );

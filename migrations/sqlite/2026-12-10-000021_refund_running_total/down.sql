@@ -1,0 +1,1 @@
+ALTER TABLE refund_callback DROP COLUMN running_total_fen;
