@@ -94,6 +94,7 @@ impl PaymentFastPath for diesel_async::AsyncPgConnection {
             currency: &n.currency,
             digest: digest.as_str(),
             now,
+            occurred_at: n.occurred_at,
             payload: Payload(message.payload),
         }
         .load(self)
@@ -410,6 +411,7 @@ impl Store {
             status: REFUND_COUNTED,
             digest: digest.as_str(),
             created_at: now,
+            occurred_at: n.occurred_at,
         };
         let refund_key = (&refund.out_refund_no, channel, &n.out_trade_no);
         let result = with_conn!(self, conn => {
