@@ -100,10 +100,12 @@ fn main() {
         }
         let inserted = started.elapsed();
         db.batch_execute("ANALYZE bill_line").await.expect("analyze");
+        let covers = ["1900000001".to_owned()];
         let scope = Scope {
             date: DATE,
             channel: ChannelId::Wechat,
             account: "1900000001",
+            covers: &covers,
             unnamed: true,
             start: at("2026-11-29T16:00:00Z"),
             end: at("2026-11-30T16:00:00Z"),

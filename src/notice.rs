@@ -287,6 +287,9 @@ pub enum AnomalyReason {
     /// The provider's daily bill and the ledger disagree about a payment or refund
     /// (`crate::bills`): missing at the provider, or another amount.
     BillMismatch,
+    /// A `BillMismatch` raised before that a later bill run found explained (the payment or
+    /// refund is in another day's bill): it was not one. Follows the event it settles.
+    BillMismatchSettled,
 }
 
 impl AnomalyReason {
@@ -298,6 +301,7 @@ impl AnomalyReason {
             Self::DuplicatePayment => "DUPLICATE_PAYMENT",
             Self::OtherPaymentRefunded => "OTHER_PAYMENT_REFUNDED",
             Self::BillMismatch => "BILL_MISMATCH",
+            Self::BillMismatchSettled => "BILL_MISMATCH_SETTLED",
         }
     }
 }

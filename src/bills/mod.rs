@@ -39,8 +39,12 @@ use store::{BillSide, MAX_ID, OursOnly, PendingElsewhere, Scope};
 /// within seconds, its retries within the hour.
 pub const TIMING_WINDOW_SECS: i64 = 3600;
 
-/// How long a run's lease lasts: longer than any run (a run that dies leaves it to expire).
+/// How long a run's lease lasts from its last renewal (a run that dies leaves it to expire).
 const LEASE_SECS: i64 = 3600;
+
+/// How often a run renews its lease while it lasts, whatever it is waiting for (a download,
+/// a provider's answer, the database): one small update.
+const RENEW_EVERY: Duration = Duration::from_secs(1);
 
 /// How many days back the daily job tries an `unavailable` report again.
 const RETRY_DAYS: i64 = 7;
@@ -60,12 +64,31 @@ const LINE_BATCH: usize = 1000;
 pub enum RunError {
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// Another instance holds the lease of this (date, channel).
-    #[error("the {channel} bills of {date} are being reconciled elsewhere now")]
+    /// Another run holds the lease of this (date, channel): of this instance or another.
+    #[error("the {channel} bills of {date} are being reconciled now by another run")]
     Busy { date: String, channel: ChannelId },
     /// No account of the channel has API credentials.
     #[error("no {0} merchant or app has API credentials: there is no bill to fetch")]
     NoSource(ChannelId),
+}
+
+/// The lease of one run of (bill date, channel).
+struct Lease<'a> {
+    day: &'a str,
+    channel: ChannelId,
+    /// This run's own: the instance's owner and the run's number.
+    owner: String,
+    /// Another run took it over (it had run out): this run stops before its next step.
+    lost: std::sync::atomic::AtomicBool,
+}
+
+impl Lease<'_> {
+    fn busy(&self) -> RunError {
+        RunError::Busy {
+            date: self.day.to_owned(),
+            channel: self.channel,
+        }
+    }
 }
 
 /// One account's bill, as far as it got.
@@ -87,6 +110,8 @@ pub struct Bills {
     settle_days: i64,
     download_timeout: Duration,
     owner: String,
+    /// Runs started by this instance: each run's lease is its own (`owner` and this).
+    runs: std::sync::atomic::AtomicU64,
 }
 
 impl Bills {
@@ -118,6 +143,7 @@ impl Bills {
             settle_days: i64::from(settings.settle_days),
             download_timeout: Duration::from_secs(settings.download_timeout_secs),
             owner: format!("bills-{}-{token}", std::process::id()),
+            runs: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -135,14 +161,16 @@ impl Bills {
         yesterday_in(self.zone, now)
     }
 
-    /// The daily job: the day before `now` for every channel, then again every date of the
-    /// week before whose report of a channel is `unavailable` (a bill that was not ready, or
-    /// could not be read) or missing although the job ran before it (a run that failed on
-    /// the database). The reports of this run.
+    /// The daily job: every date of the week before `now`'s yesterday whose report of a
+    /// channel is `unavailable` (a bill that was not ready, or could not be read) or missing
+    /// although the job ran before it (a run that failed on the database), oldest first, then
+    /// the day before `now` for every channel. The reports of this run.
     pub async fn daily(&self) -> Result<Vec<Report>, RunError> {
         let yesterday = self.yesterday(self.clock.now());
-        let mut reports = self.reconcile(yesterday, None).await?;
-        for back in 1..=RETRY_DAYS {
+        let mut reports = Vec::new();
+        // The older days first: a payment near a midnight whose bill was not ready at its
+        // own run is compared with that bill before a later day's run can miss it.
+        for back in (1..=RETRY_DAYS).rev() {
             let Some(date) = yesterday.checked_sub_signed(chrono::Duration::days(back)) else {
                 break;
             };
@@ -164,6 +192,17 @@ impl Bills {
                     Err(RunError::Busy { .. }) => {}
                     Err(e) => return Err(e),
                 }
+            }
+        }
+        for source in &self.sources {
+            // A run of the same day and channel going on now (the admin call, another
+            // instance) does that channel's work: not this job's to do again.
+            match self.reconcile(yesterday, Some(source.channel())).await {
+                Ok(mut r) => reports.append(&mut r),
+                Err(RunError::Busy { date, channel }) => {
+                    tracing::info!(%date, %channel, "bill run going on elsewhere; the daily job leaves it")
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(reports)
@@ -208,15 +247,44 @@ impl Bills {
         Ok(reports)
     }
 
-    /// One channel's run of `date`, under its lease.
+    /// One channel's run of `date`, under its lease. The lease is this run's alone: a
+    /// second run of the same date and channel, in this instance or another, is
+    /// [`RunError::Busy`] while it lasts (each run empties the day's bill rows when it
+    /// starts and ends, so two must never share them). It is renewed every
+    /// [`RENEW_EVERY`] while the run goes on, however long one account's download or
+    /// comparison takes; a run that finds it lost stops before its next step.
     async fn run(&self, source: &dyn BillSource, date: NaiveDate) -> Result<Vec<Report>, RunError> {
         let channel = source.channel();
         let day = date.format("%Y-%m-%d").to_string();
-        self.lease(&day, channel).await?;
-        let result = self.run_leased(source, date, &day).await;
+        let n = self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let lease = Lease {
+            day: &day,
+            channel,
+            owner: format!("{}-{n}", self.owner),
+            lost: std::sync::atomic::AtomicBool::new(false),
+        };
+        self.renew(&lease).await?;
+        let result = {
+            let work = self.run_leased(source, date, &lease);
+            tokio::pin!(work);
+            let mut renewals = tokio::time::interval(RENEW_EVERY);
+            renewals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            renewals.tick().await;
+            loop {
+                tokio::select! {
+                    result = &mut work => break result,
+                    _ = renewals.tick() => match self.renew(&lease).await {
+                        Ok(()) | Err(RunError::Busy { .. }) => {}
+                        Err(e) => {
+                            tracing::warn!(error = %e, date = %day, %channel, "bill run lease not renewed; tried again shortly")
+                        }
+                    },
+                }
+            }
+        };
         match self
             .store
-            .release_bill_run(&day, channel, &self.owner)
+            .release_bill_run(&day, channel, &lease.owner)
             .await
         {
             Ok(true) => {}
@@ -230,36 +298,45 @@ impl Bills {
         result
     }
 
-    /// Takes the lease of (`day`, `channel`), or renews this instance's: before the run and
-    /// before each account, so a long run keeps it and a run that lost it stops.
-    async fn lease(&self, day: &str, channel: ChannelId) -> Result<(), RunError> {
+    /// Takes the run's lease, or renews it; [`RunError::Busy`] (and the run marked as having
+    /// lost it) when another run holds it.
+    async fn renew(&self, lease: &Lease<'_>) -> Result<(), RunError> {
         let now = self.clock.now();
-        if self
-            .store
-            .claim_bill_run(day, channel, &self.owner, now, now.plus_seconds(LEASE_SECS))
-            .await?
+        if !lease.lost.load(std::sync::atomic::Ordering::SeqCst)
+            && self
+                .store
+                .claim_bill_run(
+                    lease.day,
+                    lease.channel,
+                    &lease.owner,
+                    now,
+                    now.plus_seconds(LEASE_SECS),
+                )
+                .await?
         {
-            Ok(())
-        } else {
-            Err(RunError::Busy {
-                date: day.to_owned(),
-                channel,
-            })
+            return Ok(());
         }
+        lease.lost.store(true, std::sync::atomic::Ordering::SeqCst);
+        Err(lease.busy())
+    }
+
+    /// Before each step of a run: whether it still holds its lease (renewed now).
+    async fn still_held(&self, lease: &Lease<'_>) -> Result<(), RunError> {
+        self.renew(lease).await
     }
 
     async fn run_leased(
         &self,
         source: &dyn BillSource,
         date: NaiveDate,
-        day: &str,
+        lease: &Lease<'_>,
     ) -> Result<Vec<Report>, RunError> {
-        let channel = source.channel();
+        let (channel, day) = (source.channel(), lease.day);
         self.store.clear_bill_lines(day, channel).await?;
         let accounts = source.accounts();
         let mut got = Vec::new();
         for account in &accounts {
-            self.lease(day, channel).await?;
+            self.still_held(lease).await?;
             let fetched_at = self.clock.now();
             let read = self.read(source, account, date, day).await?;
             if matches!(read, Got::Unavailable(_)) {
@@ -279,11 +356,13 @@ impl Bills {
             .all(|(_, _, g)| !matches!(g, Got::Unavailable(_)));
         let mut reports = Vec::new();
         for (i, (account, fetched_at, got)) in got.into_iter().enumerate() {
-            self.lease(day, channel).await?;
+            self.still_held(lease).await?;
+            let covers = source.covers(account);
             let scope = Scope {
                 date: day,
                 channel,
                 account,
+                covers: &covers,
                 // The channel's first account takes the orders that name none.
                 unnamed: i == 0 && all_read,
                 start,
@@ -294,6 +373,7 @@ impl Bills {
             self.counted(&report);
             reports.push(report);
         }
+        self.still_held(lease).await?;
         self.settle(channel, date, day).await?;
         // Later items may have settled earlier ones: show the reports as stored.
         Ok(self
@@ -541,7 +621,7 @@ impl Bills {
         // Both books have it, dated a day apart: timing. The ledger's side, pending in the
         // report of its own day, is settled by this; else this waits for that day's run.
         let (from, to) = self.neighbours(scope.date);
-        let pending: Vec<PendingElsewhere> = self
+        let elsewhere = self
             .store
             .items_elsewhere(
                 scope.channel,
@@ -550,14 +630,34 @@ impl Bills {
                 &diff.out_refund_no,
                 scope.date,
             )
-            .await?
-            .into_iter()
-            .filter(|p| p.item.resolution == Resolution::Pending && p.date >= from && p.date <= to)
-            .collect();
-        for p in &pending {
-            self.store.settle_item(scope.channel, p, None).await?;
+            .await?;
+        let mut explained = false;
+        for e in &elsewhere {
+            match e.item.resolution {
+                Resolution::Pending if e.date >= from && e.date <= to => {
+                    self.store.settle_item(scope.channel, e, None).await?;
+                    explained = true;
+                }
+                // Raised by the run of the ledger's day, made before this bill's (a bill not
+                // ready at its own run): this bill has it, alike. Settled, and said so.
+                Resolution::Open
+                    if e.item
+                        .ours
+                        .as_ref()
+                        .is_some_and(|o| o.amount_fen == diff.fen) =>
+                {
+                    self.store
+                        .settle_item(scope.channel, e, Some(Resolution::Settled))
+                        .await?;
+                    self.raise_settled(e, scope).await?;
+                    explained = true;
+                }
+                // Settled by this bill before (a rerun of this day).
+                Resolution::Settled => explained = true,
+                _ => {}
+            }
         }
-        if !pending.is_empty() || self.settle_days == 0 {
+        if explained || self.settle_days == 0 {
             return Ok(None);
         }
         item.resolution = Resolution::Pending;
@@ -618,6 +718,16 @@ impl Bills {
                 }
             }
             return Ok(None);
+        }
+        // Settled before by another day's bill (see `bill_side`): a rerun of this day keeps
+        // it so, and raises nothing.
+        if let Some(before) = self
+            .store
+            .item_of(scope, kind_here, &only.out_trade_no, &only.out_refund_no)
+            .await?
+            && before.resolution == Resolution::Settled
+        {
+            return Ok(Some(before));
         }
         let near_midnight = only.at.unix_seconds() - scope.start.unix_seconds()
             < TIMING_WINDOW_SECS
@@ -805,6 +915,7 @@ impl Bills {
                 "transaction_id": item.transaction_id,
                 "provider": item.provider,
                 "ours": item.ours,
+                "resolution": Resolution::Open,
             }),
         };
         if self.store.raise_once(&message, self.clock.now()).await? {
@@ -812,6 +923,52 @@ impl Bills {
                 .anomalies
                 .with_label_values(&[channel.as_str(), "BILL_MISMATCH"])
                 .inc();
+        }
+        Ok(())
+    }
+
+    /// The event that follows an item's `BILL_MISMATCH` once a later run found it explained
+    /// (`settled` by the bill of `by`): `PAYMENT_ANOMALY`, reason `BILL_MISMATCH_SETTLED`, its
+    /// biz_key the first one's and `:settled`. The first event stands.
+    async fn raise_settled(
+        &self,
+        settled: &PendingElsewhere,
+        by: &Scope<'_>,
+    ) -> Result<(), StoreError> {
+        let item = &settled.item;
+        if !item.kind.raised() {
+            return Ok(());
+        }
+        let message = Message {
+            topic: Topic::PaymentAnomaly,
+            biz_key: format!(
+                "{}:{}:bill:{}:{}{}:settled",
+                item.out_trade_no,
+                by.channel,
+                settled.date,
+                item.kind.as_str(),
+                item.out_refund_no
+                    .as_deref()
+                    .map(|r| format!(":{r}"))
+                    .unwrap_or_default()
+            ),
+            payload: json!({
+                "order_no": item.out_trade_no,
+                "channel": by.channel,
+                "reason": crate::notice::AnomalyReason::BillMismatchSettled,
+                "bill_date": settled.date,
+                "account": settled.account,
+                "type": item.kind,
+                "out_refund_no": item.out_refund_no,
+                "transaction_id": item.transaction_id,
+                "provider": item.provider,
+                "ours": item.ours,
+                "resolution": Resolution::Settled,
+                "settled_by": {"bill_date": by.date, "account": by.account},
+            }),
+        };
+        if self.store.raise_once(&message, self.clock.now()).await? {
+            tracing::info!(order_no = %item.out_trade_no, channel = %by.channel, date = %settled.date, by = by.date, "a bill difference raised before is in another day's bill: settled");
         }
         Ok(())
     }

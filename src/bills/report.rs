@@ -94,6 +94,10 @@ pub enum Resolution {
     /// May be timing (near midnight, dated the next day by the other side): compared again
     /// by the runs of the next `bills.settle_days` days before it is reported.
     Pending,
+    /// Was `open` (and raised), until a later run found it explained: the payment or refund
+    /// is in another day's bill (its bill was compared after this day's). Its anomaly event
+    /// is followed by one saying so.
+    Settled,
 }
 
 impl Resolution {
@@ -102,11 +106,12 @@ impl Resolution {
             Self::Recovered => "recovered",
             Self::Open => "open",
             Self::Pending => "pending",
+            Self::Settled => "settled",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::Recovered, Self::Open, Self::Pending]
+        [Self::Recovered, Self::Open, Self::Pending, Self::Settled]
             .into_iter()
             .find(|v| v.as_str() == s)
     }
@@ -150,7 +155,7 @@ pub struct Report {
     pub date: String,
     #[schema(value_type = String)]
     pub channel: ChannelId,
-    /// WeChat `mchid` or Alipay `app_id`.
+    /// WeChat `mchid` or Alipay `app_id` (the seller's first app: its bill is the seller's).
     pub account: String,
     /// What vouches for the bill file: `signed_hash` (WeChat), or `none` (Alipay: the file
     /// is not integrity-protected; its own totals are all it is checked against).

@@ -11,7 +11,7 @@
 use diesel::dsl::sql;
 use diesel::prelude::*;
 use diesel::result::{DatabaseErrorKind, Error};
-use diesel::sql_types::BigInt;
+use diesel::sql_types::{BigInt, Nullable};
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::report::{Item, ItemType, OurTotals, Report, Resolution, Side, Status};
@@ -20,19 +20,25 @@ use crate::notice::ChannelId;
 use crate::store::schema::{
     bill_item, bill_line, bill_report, bill_run, order_account, pay_callback, refund_callback,
 };
+use crate::store::types::UtcTs;
 use crate::store::{Dialect, Pools, Store, StoreError, acquire, with_conn};
 use crate::time::Timestamp;
 
 /// The longest id a bill row may carry: the ledger's columns are this wide.
 pub const MAX_ID: usize = 64;
 
-/// Which ledger rows are an account's: those of orders that name it (`order_account`), and,
-/// for the channel's first account, those of orders that name none.
+/// Which ledger rows are an account's bill's: those of orders that name an account the bill
+/// covers (`order_account`), and, for the channel's first account, those of orders that name
+/// none.
 #[derive(Debug, Clone, Copy)]
 pub struct Scope<'a> {
     pub date: &'a str,
     pub channel: ChannelId,
+    /// The account the bill was fetched for: its rows in `bill_line`, its report.
     pub account: &'a str,
+    /// The accounts whose payments the bill lists: `account`, and an Alipay seller's other
+    /// apps.
+    pub covers: &'a [String],
     /// Orders that name no account count as this account's.
     pub unnamed: bool,
     /// The provider-local day, as `[start, end)`.
@@ -56,7 +62,8 @@ pub struct BillSide {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Recorded {
     pub fen: i64,
-    /// When the ledger recorded it (`created_at`): what dates it.
+    /// When the provider says it happened (`occurred_at`), else when the ledger recorded it
+    /// (`created_at`): what dates it.
     pub at: Timestamp,
     /// `PAID`, or the refund's status.
     pub status: String,
@@ -169,21 +176,54 @@ impl ItemRow {
     }
 }
 
-/// Keeps the rows of orders that name `scope.account` on the channel (`order_account`,
-/// left-joined), and for the channel's first account those of orders that name none.
+/// Keeps the rows of orders that name an account of `scope.covers` on the channel
+/// (`order_account`, left-joined), and for the channel's first account those of orders that
+/// name none.
 macro_rules! of_account {
     ($query:expr, $scope:expr) => {
         if $scope.unnamed {
             $query.filter(
                 order_account::account
                     .nullable()
-                    .eq($scope.account)
+                    .eq_any($scope.covers)
                     .or(order_account::account.nullable().is_null()),
             )
         } else {
-            $query.filter(order_account::account.nullable().eq($scope.account))
+            $query.filter(order_account::account.nullable().eq_any($scope.covers))
         }
     };
+}
+
+/// A bill row and a ledger payment of one order are the same payment only with the same
+/// transaction id, where both have one: a second payment of a paid order (through another
+/// merchant of the channel) is another payment.
+macro_rules! same_transaction {
+    () => {
+        bill_line::transaction_id
+            .eq("")
+            .or(pay_callback::transaction_id.eq(""))
+            .or(pay_callback::transaction_id.eq(bill_line::transaction_id))
+    };
+}
+
+/// The callback rows of the scope's day: dated by the provider's own time of the payment or
+/// refund (`occurred_at`) where the notice carried it, else by when the ledger recorded it
+/// (`created_at`). Two index ranges, one per column.
+macro_rules! dated_in {
+    ($table:ident, $scope:expr) => {
+        $table::occurred_at
+            .ge($scope.start)
+            .and($table::occurred_at.lt($scope.end))
+            .or($table::occurred_at
+                .is_null()
+                .and($table::created_at.ge($scope.start))
+                .and($table::created_at.lt($scope.end)))
+    };
+}
+
+/// What dates a callback row (see [`dated_in`]), as SQL.
+fn dated(table: &str) -> String {
+    format!("COALESCE({table}.occurred_at, {table}.created_at)")
 }
 
 /// `(count, sum of $amount)` of the account's rows of a callback table recorded on the
@@ -198,8 +238,7 @@ macro_rules! day_totals {
                         .and(order_account::channel.eq($table::channel))),
                 )
                 .filter($table::channel.eq($scope.channel.as_str()))
-                .filter($table::created_at.ge($scope.start))
-                .filter($table::created_at.lt($scope.end))
+                .filter(dated_in!($table, $scope))
                 .into_boxed();
             query = of_account!(query, $scope);
             query
@@ -325,7 +364,7 @@ impl Store {
     }
 
     /// Stores a batch of one account's bill rows in one statement. A row whose key is in
-    /// the run already (the same payment or refund twice, in this bill or another account's)
+    /// the account's bill already (the same payment or refund twice in one bill)
     /// is `Ok(Err(..))`: the bill is refused, not the statement retried.
     pub async fn insert_bill_lines(
         &self,
@@ -385,7 +424,7 @@ impl Store {
             Ok(_) => Ok(Ok(())),
             Err(Error::DatabaseError(DatabaseErrorKind::UniqueViolation, info)) => {
                 Ok(Err(format!(
-                    "a payment or refund appears twice in the bills of the day ({})",
+                    "a payment or refund appears twice in the bill ({})",
                     info.message()
                 )))
             }
@@ -424,15 +463,16 @@ impl Store {
                     .left_join(
                         pay_callback::table.on(pay_callback::out_trade_no
                             .eq(bill_line::out_trade_no)
-                            .and(pay_callback::channel.eq(bill_line::channel))),
+                            .and(pay_callback::channel.eq(bill_line::channel))
+                            .and(same_transaction!())),
                     )
                     .filter(
                         pay_callback::out_trade_no
                             .nullable()
                             .is_null()
                             .or(pay_callback::amount_fen.nullable().ne(bill_line::amount_fen.nullable()))
-                            .or(pay_callback::created_at.nullable().lt(scope.start))
-                            .or(pay_callback::created_at.nullable().ge(scope.end)),
+                            .or(sql::<Nullable<UtcTs>>(&dated("pay_callback")).lt(scope.start))
+                            .or(sql::<Nullable<UtcTs>>(&dated("pay_callback")).ge(scope.end)),
                     )
                     .select((
                         bill_line::out_trade_no,
@@ -441,7 +481,7 @@ impl Store {
                         bill_line::amount_fen,
                         bill_line::status,
                         pay_callback::amount_fen.nullable(),
-                        pay_callback::created_at.nullable(),
+                        sql::<Nullable<UtcTs>>(&dated("pay_callback")),
                         sql::<diesel::sql_types::Nullable<diesel::sql_types::Text>>("NULL"),
                     ))
                     .limit(limit)
@@ -461,8 +501,8 @@ impl Store {
                             .nullable()
                             .is_null()
                             .or(refund_callback::refund_fen.nullable().ne(bill_line::amount_fen.nullable()))
-                            .or(refund_callback::created_at.nullable().lt(scope.start))
-                            .or(refund_callback::created_at.nullable().ge(scope.end)),
+                            .or(sql::<Nullable<UtcTs>>(&dated("refund_callback")).lt(scope.start))
+                            .or(sql::<Nullable<UtcTs>>(&dated("refund_callback")).ge(scope.end)),
                     )
                     .select((
                         bill_line::out_trade_no,
@@ -471,7 +511,7 @@ impl Store {
                         bill_line::amount_fen,
                         bill_line::status,
                         refund_callback::refund_fen.nullable(),
-                        refund_callback::created_at.nullable(),
+                        sql::<Nullable<UtcTs>>(&dated("refund_callback")),
                         refund_callback::status.nullable(),
                     ))
                     .limit(limit)
@@ -531,11 +571,11 @@ impl Store {
                             .and(bill_line::channel.eq(pay_callback::channel))
                             .and(bill_line::kind.eq(LineKind::Payment.as_str()))
                             .and(bill_line::out_trade_no.eq(pay_callback::out_trade_no))
-                            .and(bill_line::out_refund_no.eq(""))),
+                            .and(bill_line::out_refund_no.eq(""))
+                            .and(same_transaction!())),
                     )
                     .filter(pay_callback::channel.eq(channel))
-                    .filter(pay_callback::created_at.ge(scope.start))
-                    .filter(pay_callback::created_at.lt(scope.end))
+                    .filter(dated_in!(pay_callback, scope))
                     .filter(bill_line::out_trade_no.nullable().is_null())
                     .into_boxed();
                 query = of_account!(query, scope);
@@ -545,7 +585,7 @@ impl Store {
                         sql::<diesel::sql_types::Text>("''"),
                         pay_callback::transaction_id,
                         pay_callback::amount_fen,
-                        pay_callback::created_at,
+                        sql::<UtcTs>(&dated("pay_callback")),
                         sql::<diesel::sql_types::Text>("'PAID'"),
                     ))
                     .limit(limit)
@@ -568,8 +608,7 @@ impl Store {
                             .and(bill_line::out_refund_no.eq(refund_callback::out_refund_no))),
                     )
                     .filter(refund_callback::channel.eq(channel))
-                    .filter(refund_callback::created_at.ge(scope.start))
-                    .filter(refund_callback::created_at.lt(scope.end))
+                    .filter(dated_in!(refund_callback, scope))
                     .filter(bill_line::out_trade_no.nullable().is_null())
                     .into_boxed();
                 query = of_account!(query, scope);
@@ -579,7 +618,7 @@ impl Store {
                         refund_callback::out_refund_no,
                         refund_callback::refund_id,
                         refund_callback::refund_fen,
-                        refund_callback::created_at,
+                        sql::<UtcTs>(&dated("refund_callback")),
                         refund_callback::status,
                     ))
                     .limit(limit)
@@ -772,6 +811,29 @@ impl Store {
                 })
             })
             .collect())
+    }
+
+    /// The stored item of the scope's report of `kind` for one payment or refund, if any.
+    pub async fn item_of(
+        &self,
+        scope: &Scope<'_>,
+        kind: ItemType,
+        out_trade_no: &str,
+        out_refund_no: &str,
+    ) -> Result<Option<Item>, StoreError> {
+        let row: Option<ItemRow> = with_conn!(self, conn => {
+            bill_item::table
+                .filter(bill_item::bill_date.eq(scope.date))
+                .filter(bill_item::channel.eq(scope.channel.as_str()))
+                .filter(bill_item::account.eq(scope.account))
+                .filter(bill_item::item_type.eq(kind.as_str()))
+                .filter(bill_item::out_trade_no.eq(out_trade_no))
+                .filter(bill_item::out_refund_no.eq(out_refund_no))
+                .first(conn)
+                .await
+                .optional()?
+        });
+        Ok(row.and_then(ItemRow::item))
     }
 
     /// The status of the report of (`date`, `channel`, `account`), if there is one.

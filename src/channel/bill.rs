@@ -197,8 +197,15 @@ pub enum Fetched {
 pub trait BillSource: Send + Sync + 'static {
     fn channel(&self) -> ChannelId;
 
-    /// The merchants/apps whose bills can be fetched, in configuration order.
+    /// The merchants/apps whose bills can be fetched, in configuration order: one per bill
+    /// the provider keeps (Alipay keeps one per seller, for all of its apps).
     fn accounts(&self) -> Vec<String>;
+
+    /// The accounts whose payments and refunds the bill `account` fetches lists: itself, and
+    /// every other account whose bill it is too (an Alipay seller's other apps).
+    fn covers(&self, account: &str) -> Vec<String> {
+        vec![account.to_owned()]
+    }
 
     /// Fetches the bill of `date` (a provider-local day) for `account` into a temporary
     /// file and checks what can be checked before a row is read.

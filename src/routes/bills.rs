@@ -43,7 +43,7 @@ impl BillQuery {
         (status = 200, description = "One report per account compared", body = Vec<Report>),
         (status = 400, description = "Bad date or channel", body = ErrorBody),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 409, description = "Another instance is reconciling that date and channel now", body = ErrorBody),
+        (status = 409, description = "A run of that date and channel is going on now (a retry of this call, the daily job, another instance)", body = ErrorBody),
         (status = 422, description = "No merchant or app of that channel has API credentials", body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn reconcile(

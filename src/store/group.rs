@@ -210,6 +210,7 @@ impl PaymentGroup for diesel_async::AsyncPgConnection {
                 .map(|p| Payload(Message::order_paid(&p.notice, p.now).payload))
                 .collect(),
             now: payments.iter().map(|p| p.now).collect(),
+            occurred_at: payments.iter().map(|p| p.notice.occurred_at).collect(),
         };
         let rows: Vec<(i64, bool, Option<String>, i64)> = statement.load(self).await?;
         let mut outcomes = vec![None; payments.len()];

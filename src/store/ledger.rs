@@ -96,6 +96,7 @@ impl PaymentFastPath for diesel_async::AsyncPgConnection {
             currency: &n.currency,
             digest: digest.as_str(),
             now,
+            occurred_at: n.occurred_at,
             payload: Payload(message.payload),
         }
         .load(self)
@@ -442,6 +443,7 @@ impl Store {
             status: REFUND_COUNTED,
             digest: digest.as_str(),
             created_at: now,
+            occurred_at: n.occurred_at,
             running_total_fen: running_total,
         };
         let refund_key = (&refund.out_refund_no, channel, &n.out_trade_no);

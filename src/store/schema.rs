@@ -45,6 +45,8 @@ diesel::table! {
         amount_fen -> BigInt,
         digest -> Text,
         created_at -> UtcTs,
+        /// When the provider says it was paid (WeChat `success_time`, Alipay `gmt_payment`).
+        occurred_at -> Nullable<UtcTs>,
     }
 }
 
@@ -61,6 +63,8 @@ diesel::table! {
         status -> Text,
         digest -> Text,
         created_at -> UtcTs,
+        /// When the provider says it was refunded (WeChat `success_time`, Alipay `gmt_refund`).
+        occurred_at -> Nullable<UtcTs>,
         running_total_fen -> Nullable<BigInt>,
     }
 }
@@ -199,7 +203,7 @@ diesel::table! {
     use diesel::sql_types::*;
 
     /// The detail rows of the bills a run is comparing.
-    bill_line (bill_date, channel, kind, out_trade_no, out_refund_no) {
+    bill_line (bill_date, channel, account, kind, out_trade_no, out_refund_no) {
         bill_date -> Text,
         channel -> Text,
         kind -> Text,

@@ -110,6 +110,8 @@ pub struct InsertPayCallback<'a> {
     pub amount_fen: i64,
     pub digest: &'a str,
     pub created_at: Timestamp,
+    /// When the provider says it was paid, if the notice says.
+    pub occurred_at: Option<Timestamp>,
 }
 
 impl<'a> InsertPayCallback<'a> {
@@ -122,14 +124,16 @@ impl<'a> InsertPayCallback<'a> {
             amount_fen: n.amount_fen,
             digest: digest.as_str(),
             created_at,
+            occurred_at: n.occurred_at,
         }
     }
 }
 
 statement!(InsertPayCallback, |self, out| {
-    "INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at) VALUES ("
+    "INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at, occurred_at) VALUES ("
     [Text: self.out_trade_no] ", " [Text: self.channel] ", " [Text: self.transaction_id] ", "
-    [BigInt: &self.amount_fen] ", " [Text: self.digest] ", " [UtcTs: &self.created_at] ")"
+    [BigInt: &self.amount_fen] ", " [Text: self.digest] ", " [UtcTs: &self.created_at] ", "
+    [Nullable<UtcTs>: &self.occurred_at] ")"
 }, unless_exists: " ON CONFLICT (out_trade_no, channel) DO NOTHING");
 
 /// Records a refund callback; 0 rows when `(out_refund_no, channel, out_trade_no)` exists.
@@ -142,15 +146,17 @@ pub struct InsertRefundCallback<'a> {
     pub status: &'a str,
     pub digest: &'a str,
     pub created_at: Timestamp,
+    /// When the provider says it was refunded, if the notice says.
+    pub occurred_at: Option<Timestamp>,
     /// The trade's running refund total the provider reported with it (Alipay), if any.
     pub running_total_fen: Option<i64>,
 }
 
 statement!(InsertRefundCallback, |self, out| {
-    "INSERT INTO refund_callback (out_refund_no, channel, out_trade_no, refund_id, refund_fen, status, digest, created_at, running_total_fen) VALUES ("
+    "INSERT INTO refund_callback (out_refund_no, channel, out_trade_no, refund_id, refund_fen, status, digest, created_at, occurred_at, running_total_fen) VALUES ("
     [Text: self.out_refund_no] ", " [Text: self.channel] ", " [Text: self.out_trade_no] ", "
     [Text: self.refund_id] ", " [BigInt: &self.refund_fen] ", " [Text: self.status] ", "
-    [Text: self.digest] ", " [UtcTs: &self.created_at] ", " [Nullable<BigInt>: &self.running_total_fen] ")"
+    [Text: self.digest] ", " [UtcTs: &self.created_at] ", " [Nullable<UtcTs>: &self.occurred_at] ", " [Nullable<BigInt>: &self.running_total_fen] ")"
 }, unless_exists: " ON CONFLICT (out_refund_no, channel, out_trade_no) DO NOTHING");
 
 /// Records a notification that changes no order; 0 rows when it was recorded before.
@@ -324,6 +330,7 @@ pub struct PayFirst<'a> {
     pub currency: &'a str,
     pub digest: &'a str,
     pub now: Timestamp,
+    pub occurred_at: Option<Timestamp>,
     pub payload: Payload,
 }
 
@@ -333,9 +340,10 @@ impl QueryFragment<Pg> for PayFirst<'_> {
             "WITH target AS (SELECT order_no FROM orders WHERE order_no = " [Text: self.out_trade_no]
             " AND " {WAITING} " AND amount_fen = " [BigInt: &self.amount_fen]
             " AND currency = " [Text: self.currency] " FOR UPDATE), "
-            "cb AS (INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at) "
+            "cb AS (INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at, occurred_at) "
             "SELECT order_no, " [Text: self.channel] ", " [Text: self.transaction_id] ", "
-            [BigInt: &self.amount_fen] ", " [Text: self.digest] ", " [UtcTs: &self.now]
+            [BigInt: &self.amount_fen] ", " [Text: self.digest] ", " [UtcTs: &self.now] ", "
+            [Nullable<UtcTs>: &self.occurred_at]
             " FROM target ON CONFLICT (out_trade_no, channel) DO NOTHING RETURNING out_trade_no), "
             "paid AS (UPDATE orders SET status = 'PAID', channel = " [Text: self.channel]
             ", transaction_id = " [Text: self.transaction_id] ", paid_at = " [UtcTs: &self.now]
@@ -384,6 +392,7 @@ pub struct PayGroup<'a> {
     pub digest: Vec<&'a str>,
     pub payload: Vec<Payload>,
     pub now: Vec<Timestamp>,
+    pub occurred_at: Vec<Option<Timestamp>>,
 }
 
 impl QueryFragment<Pg> for PayGroup<'_> {
@@ -394,15 +403,16 @@ impl QueryFragment<Pg> for PayGroup<'_> {
             [Array<Text>: &self.out_trade_no] ", " [Array<Text>: &self.channel] ", "
             [Array<Text>: &self.transaction_id] ", " [Array<BigInt>: &self.amount_fen] ", "
             [Array<Text>: &self.currency] ", " [Array<Text>: &self.digest] ", "
-            [Array<Json>: &self.payload] ", " [Array<UtcTs>: &self.now]
-            ") WITH ORDINALITY AS i(out_trade_no, channel, transaction_id, amount_fen, currency, digest, payload, now, position)), "
+            [Array<Json>: &self.payload] ", " [Array<UtcTs>: &self.now] ", "
+            [Array<Nullable<UtcTs>>: &self.occurred_at]
+            ") WITH ORDINALITY AS i(out_trade_no, channel, transaction_id, amount_fen, currency, digest, payload, now, occurred_at, position)), "
             "locked AS (SELECT order_no, amount_fen, currency FROM orders "
             "WHERE order_no = ANY(ARRAY(SELECT out_trade_no FROM input)) AND " {WAITING}
             " ORDER BY order_no FOR UPDATE SKIP LOCKED), "
             "target AS (SELECT l.order_no FROM locked l JOIN input i ON i.out_trade_no = l.order_no "
             "WHERE l.amount_fen = i.amount_fen AND l.currency = i.currency), "
-            "cb AS (INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at) "
-            "SELECT i.out_trade_no, i.channel, i.transaction_id, i.amount_fen, i.digest, i.now"
+            "cb AS (INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at, occurred_at) "
+            "SELECT i.out_trade_no, i.channel, i.transaction_id, i.amount_fen, i.digest, i.now, i.occurred_at"
             " FROM input i JOIN target t ON t.order_no = i.out_trade_no "
             "ON CONFLICT (out_trade_no, channel) DO NOTHING RETURNING out_trade_no), "
             "paid AS (UPDATE orders o SET status = 'PAID', channel = i.channel, transaction_id = i.transaction_id, paid_at = i.now"

@@ -42,9 +42,17 @@ channel_tests!(
     alipay_midnight_is_pending_then_settled => midnight_is_pending_then_settled("alipay"),
     wechat_a_bad_bill_is_never_acted_upon => a_bad_bill_is_never_acted_upon("wechat"),
     alipay_a_bad_bill_is_never_acted_upon => a_bad_bill_is_never_acted_upon("alipay"),
+    wechat_a_late_notification_is_dated_by_the_providers_time => a_late_notification_is_dated_by_the_providers_time("wechat"),
+    alipay_a_late_notification_is_dated_by_the_providers_time => a_late_notification_is_dated_by_the_providers_time("alipay"),
+    wechat_a_difference_a_later_bill_explains_is_settled => a_difference_a_later_bill_explains_is_settled("wechat"),
+    alipay_a_difference_a_later_bill_explains_is_settled => a_difference_a_later_bill_explains_is_settled("alipay"),
 );
 
 crate::on_every_backend!(
+    a_sellers_bill_is_read_once_for_all_its_apps,
+    a_second_payment_through_another_merchant_is_not_the_first,
+    a_second_run_of_the_same_day_is_refused_and_shares_no_rows,
+    a_run_keeps_its_lease_while_one_account_outlasts_it,
     wechat_a_balanced_day,
     alipay_a_balanced_day,
     wechat_a_day_with_differences,
@@ -53,6 +61,10 @@ crate::on_every_backend!(
     alipay_midnight_is_pending_then_settled,
     wechat_a_bad_bill_is_never_acted_upon,
     alipay_a_bad_bill_is_never_acted_upon,
+    wechat_a_late_notification_is_dated_by_the_providers_time,
+    alipay_a_late_notification_is_dated_by_the_providers_time,
+    wechat_a_difference_a_later_bill_explains_is_settled,
+    alipay_a_difference_a_later_bill_explains_is_settled,
 );
 
 async fn app_with(backend: Backend, fake: &FakeProvider) -> TestApp {
@@ -62,6 +74,36 @@ async fn app_with(backend: Backend, fake: &FakeProvider) -> TestApp {
         s.bills.download_timeout_secs = 2;
     })
     .await
+}
+
+/// Two WeChat merchants with API credentials: 1900000001 at `fake`, 1900000002 at another
+/// provider; with `stall`, one that answers every request only after three seconds (its
+/// bill takes six), so a run stays on that account a while.
+async fn two_merchants(backend: Backend, stall: bool) -> (FakeProvider, FakeProvider, TestApp) {
+    use crate::support::keys::private_key_path;
+    use crate::support::provider::{MERCHANT_KEY, MERCHANT_SERIAL};
+
+    let fake = fake().await;
+    let b = crate::wechat::sandbox('B');
+    let slow = FakeProvider::start(
+        (&b.mchid, &b.appid, &b.serial, b.private_key),
+        (APP_ID, "alipay"),
+    )
+    .await;
+    slow.state
+        .stall
+        .store(stall, std::sync::atomic::Ordering::SeqCst);
+    let (url, slow_url) = (fake.url.clone(), slow.url.clone());
+    let app = spawn_app_with(backend, move |s| {
+        configure(s, &url);
+        let m = &mut s.wechat.merchants[1];
+        m.private_key_file = Some(private_key_path(MERCHANT_KEY));
+        m.merchant_serial = Some(MERCHANT_SERIAL.into());
+        m.api_base = Some(slow_url);
+        s.bills.download_timeout_secs = 20;
+    })
+    .await;
+    (fake, slow, app)
 }
 
 fn channel_id(channel: &str) -> ChannelId {
@@ -180,18 +222,24 @@ fn item<'a>(report: &'a Value, kind: &str, order_no: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} item for {order_no} in {report}"))
 }
 
-/// The biz_keys of the `PAYMENT_ANOMALY` messages, sorted; each must be `BILL_MISMATCH`.
+/// The biz_keys of the `PAYMENT_ANOMALY` messages, sorted; each must be `BILL_MISMATCH`, or
+/// `BILL_MISMATCH_SETTLED` for the event that settles one (`…:settled`).
 async fn anomalies(app: &TestApp) -> Vec<String> {
     let messages = app.outbox("PAYMENT_ANOMALY").await;
     for m in &messages {
-        assert_eq!(m.payload.0["reason"], "BILL_MISMATCH", "{:?}", m.payload.0);
+        let reason = if m.biz_key.ends_with(":settled") {
+            "BILL_MISMATCH_SETTLED"
+        } else {
+            "BILL_MISMATCH"
+        };
+        assert_eq!(m.payload.0["reason"], reason, "{:?}", m.payload.0);
     }
     let mut keys: Vec<String> = messages.into_iter().map(|m| m.biz_key).collect();
     keys.sort();
     keys
 }
 
-/// Beijing wall-clock time `at` of 2026-11-30 / 12-01, as the service's clock.
+/// Beijing wall-clock time `at` of 2026-11-30 / 12-`day`, as the service's clock.
 fn beijing(day: u32, h: u32, m: u32, s: u32, ms: u32) -> chrono::DateTime<chrono::Utc> {
     let local = chrono::FixedOffset::east_opt(8 * 3600)
         .expect("offset")
@@ -499,6 +547,132 @@ async fn midnight_is_pending_then_settled(backend: Backend, channel: &str) {
     );
 }
 
+/// The stored report of `date` of `channel`.
+async fn stored_of(app: &TestApp, date: &str, channel: &str) -> Value {
+    let mine: Vec<Value> = stored(app, date)
+        .await
+        .into_iter()
+        .filter(|r| r["channel"] == channel)
+        .collect();
+    assert_eq!(mine.len(), 1, "{mine:?}");
+    mine.into_iter().next().unwrap_or_default()
+}
+
+/// A payment at 23:50 whose notification was recorded at 02:30 the next day (an outage),
+/// and a bill of its day that was not ready at its own run: the next morning's job compares
+/// that day before the day after, and the payment is the day's by the provider's time, so
+/// the day after does not raise it as missing at the provider.
+async fn a_late_notification_is_dated_by_the_providers_time(backend: Backend, channel: &str) {
+    let fake = fake().await;
+    let app = app_with(backend, &fake).await;
+    create(&app, "OO-LATE", 100, channel).await;
+    app.clock.set(beijing(1, 2, 30, 0, 0));
+    let mut late = payment(channel, "OO-LATE", 100);
+    late.occurred_at = Some(paynotify::time::Timestamp::new(beijing(30, 23, 50, 0, 0)));
+    record(&app, &late).await;
+    let paid = vec![line(channel, "OO-LATE", 100, "2026-11-30 23:50:00")];
+    fake.state.set_bill(
+        DAY,
+        FakeBill {
+            lines: paid.clone(),
+            fault: Some(BillFault::SummaryOff),
+        },
+    );
+    fake.state.set_bill(NEXT, bill(vec![]));
+    app.clock.set(beijing(1, 10, 30, 0, 0));
+    assert_eq!(
+        reconcile(&app, DAY, channel).await[0]["status"],
+        "unavailable"
+    );
+    // The morning after, 11-30's bill is ready.
+    fake.state.set_bill(DAY, bill(paid));
+    app.clock.set(beijing(2, 10, 30, 0, 0));
+    app.bills.daily().await.expect("daily run");
+    assert!(anomalies(&app).await.is_empty());
+    let day = stored_of(&app, DAY, channel).await;
+    assert_eq!(day["status"], "balanced", "{day}");
+    assert_eq!(day["items"], serde_json::json!([]), "{day}");
+    assert_eq!(day["ours"]["count"], 1, "{day}");
+    let next = stored_of(&app, NEXT, channel).await;
+    assert_eq!(next["status"], "balanced", "{next}");
+    assert_eq!(next["items"], serde_json::json!([]), "{next}");
+    assert_eq!(next["ours"]["count"], 0, "{next}");
+}
+
+/// A payment whose notification said nothing of when it was paid, recorded at 02:30 the day
+/// after, and raised by that day's run (its own day's bill was still not ready): the run of
+/// its day, later, finds it in the bill. The item is `settled` and an event says so; the
+/// first event stands.
+async fn a_difference_a_later_bill_explains_is_settled(backend: Backend, channel: &str) {
+    let fake = fake().await;
+    let app = app_with(backend, &fake).await;
+    create(&app, "OO-OLD", 300, channel).await;
+    app.clock.set(beijing(1, 2, 30, 0, 0));
+    record(&app, &payment(channel, "OO-OLD", 300)).await;
+    let paid = vec![line(channel, "OO-OLD", 300, "2026-11-30 23:50:00")];
+    fake.state.set_bill(
+        DAY,
+        FakeBill {
+            lines: paid.clone(),
+            fault: Some(BillFault::SummaryOff),
+        },
+    );
+    fake.state.set_bill(NEXT, bill(vec![]));
+    app.clock.set(beijing(2, 10, 30, 0, 0));
+    assert_eq!(
+        reconcile(&app, DAY, channel).await[0]["status"],
+        "unavailable"
+    );
+    let next = &reconcile(&app, NEXT, channel).await[0];
+    assert_eq!(next["status"], "mismatched", "{next}");
+    assert_eq!(
+        item(next, "MISSING_AT_PROVIDER", "OO-OLD")["resolution"],
+        "open"
+    );
+    let raised = format!("OO-OLD:{channel}:bill:{NEXT}:MISSING_AT_PROVIDER");
+    assert_eq!(anomalies(&app).await, vec![raised.clone()]);
+
+    fake.state.set_bill(DAY, bill(paid));
+    let day = &reconcile(&app, DAY, channel).await[0];
+    assert_eq!(day["status"], "balanced", "{day}");
+    assert_eq!(day["items"], serde_json::json!([]), "{day}");
+    let next = stored_of(&app, NEXT, channel).await;
+    assert_eq!(next["status"], "balanced", "{next}");
+    assert_eq!(
+        item(&next, "MISSING_AT_PROVIDER", "OO-OLD")["resolution"],
+        "settled",
+        "{next}"
+    );
+    let settled = format!("{raised}:settled");
+    assert_eq!(anomalies(&app).await, vec![raised, settled.clone()]);
+    let event = app
+        .outbox("PAYMENT_ANOMALY")
+        .await
+        .into_iter()
+        .find(|m| m.biz_key == settled)
+        .expect("the settling event");
+    assert_eq!(event.payload.0["resolution"], "settled");
+    assert_eq!(event.payload.0["bill_date"], NEXT);
+    assert_eq!(event.payload.0["settled_by"]["bill_date"], DAY);
+    // A rerun of either day changes nothing.
+    for date in [DAY, NEXT] {
+        assert_eq!(
+            reconcile(&app, date, channel).await[0]["status"],
+            "balanced"
+        );
+    }
+    let again = stored_of(&app, NEXT, channel).await;
+    assert_eq!(
+        (&again["status"], &again["items"]),
+        (&next["status"], &next["items"])
+    );
+    assert_eq!(
+        stored_of(&app, DAY, channel).await["items"],
+        serde_json::json!([])
+    );
+    assert_eq!(anomalies(&app).await.len(), 2);
+}
+
 /// Every bad input of the channel's bill, and the label its reason starts with.
 fn faults(channel: &str) -> Vec<(BillFault, &'static str)> {
     let mut all = vec![
@@ -620,6 +794,261 @@ async fn a_run_held_elsewhere_is_refused(backend: Backend) {
     assert_eq!(
         reconcile(&app, DAY, "wechat").await[0]["status"],
         "balanced"
+    );
+}
+
+/// `POST /orders` naming `named` (`{"alipay_app_id": …}`, or nothing).
+async fn create_naming(app: &TestApp, order_no: &str, fen: i64, named: Value) {
+    let mut body =
+        serde_json::json!({ "order_no": order_no, "amount_fen": fen, "currency": "CNY" });
+    if let (Some(body), Value::Object(named)) = (body.as_object_mut(), named) {
+        body.extend(named);
+    }
+    let response = app
+        .client
+        .post(app.url("/orders"))
+        .bearer_auth(&app.api_token)
+        .json(&body)
+        .send()
+        .await
+        .expect("POST /orders");
+    assert_eq!(response.status(), 201);
+}
+
+/// Two Alipay apps of one seller with API credentials: Alipay's bill is the seller's, the
+/// same file for either app. It is fetched once and compared with the payments of orders
+/// naming either app, and those naming none.
+async fn a_sellers_bill_is_read_once_for_all_its_apps(backend: Backend) {
+    const SECOND_APP: &str = "2021000000000009";
+    let fake = fake().await;
+    fake.state.also_app(SECOND_APP);
+    let url = fake.url.clone();
+    let app = spawn_app_with(backend, move |s| {
+        configure(s, &url);
+        let first = &s.alipay.apps[0];
+        let second = paynotify::channel::alipay::settings::AlipayApp {
+            app_private_key_file: first.app_private_key_file.clone(),
+            gateway: first.gateway.clone(),
+            app_id: SECOND_APP.into(),
+            seller_id: first.seller_id.clone(),
+            alipay_public_key_file: first.alipay_public_key_file.clone(),
+            alipay_cert_file: None,
+            app_cert_file: None,
+            alipay_root_cert_file: None,
+        };
+        s.alipay.apps.push(second);
+        s.bills.download_timeout_secs = 2;
+    })
+    .await;
+    let second = serde_json::json!({ "alipay_app_id": SECOND_APP });
+    paid_here(&app, "alipay", "SA-1", 1000).await;
+    for (no, fen) in [("SA-2", 2000), ("SA-3", 3000)] {
+        create_naming(&app, no, fen, second.clone()).await;
+        record(&app, &payment("alipay", no, fen)).await;
+    }
+    create_naming(&app, "SA-4", 4000, Value::Null).await;
+    record(&app, &payment("alipay", "SA-4", 4000)).await;
+    fake.state.set_bill(
+        DAY,
+        bill(vec![
+            line("alipay", "SA-1", 1000, "2026-11-30 15:00:00"),
+            line("alipay", "SA-2", 2000, "2026-11-30 15:00:01"),
+        ]),
+    );
+    let response = crate::reconcile::post(
+        &app,
+        &format!("/admin/bills/reconcile?date={DAY}&channel=alipay"),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    // What the seller's bill lacks is raised, whichever app (or none) the order names.
+    assert_eq!(
+        anomalies(&app).await,
+        vec![
+            format!("SA-3:alipay:bill:{DAY}:MISSING_AT_PROVIDER"),
+            format!("SA-4:alipay:bill:{DAY}:MISSING_AT_PROVIDER"),
+        ]
+    );
+    let reports: Vec<Value> = response.json().await.expect("reports");
+    assert_eq!(reports.len(), 1, "{reports:?}");
+    let r = &reports[0];
+    assert_eq!(r["account"], APP_ID, "{r}");
+    assert_eq!(r["status"], "mismatched", "{r}");
+    assert_eq!(r["items"].as_array().map(Vec::len), Some(2), "{r}");
+    assert_eq!(r["provider"]["count"], 2, "{r}");
+    assert_eq!(r["ours"]["count"], 4, "{r}");
+    assert_eq!(
+        fake.state.bill_downloads.lock().expect("downloads").len(),
+        1
+    );
+}
+
+/// An order paid through merchant 1900000001 (its notification came) and paid again, the
+/// same amount, through 1900000002 (its notification lost): each merchant's bill lists it.
+/// The second is not the first (another transaction id): it is missing here, asked about at
+/// its merchant, and the ledger raises the duplicate payment.
+async fn a_second_payment_through_another_merchant_is_not_the_first(backend: Backend) {
+    use crate::support::provider::Trade;
+
+    let (fake, other, app) = two_merchants(backend, false).await;
+    paid_here(&app, "wechat", "TX-TWICE", 19900).await;
+    let second = "4200000000000000000002".to_owned();
+    other.state.set(
+        "TX-TWICE",
+        Trade::Paid {
+            transaction_id: second.clone(),
+            total: 19900,
+        },
+    );
+    fake.state.set_bill(
+        DAY,
+        bill(vec![line(
+            "wechat",
+            "TX-TWICE",
+            19900,
+            "2026-11-30 15:59:58",
+        )]),
+    );
+    other.state.set_bill(
+        DAY,
+        bill(vec![FakeLine {
+            transaction_id: second.clone(),
+            ..line("wechat", "TX-TWICE", 19900, "2026-11-30 16:10:00")
+        }]),
+    );
+    app.clock.set(beijing(1, 10, 30, 0, 0));
+    let response = crate::reconcile::post(
+        &app,
+        &format!("/admin/bills/reconcile?date={DAY}&channel=wechat"),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let reports: Vec<Value> = response.json().await.expect("reports");
+    let of = |account: &str| {
+        reports
+            .iter()
+            .find(|r| r["account"] == account)
+            .cloned()
+            .unwrap_or_else(|| panic!("no report of {account} in {reports:?}"))
+    };
+    let first = of(MCHID);
+    assert_eq!(first["status"], "balanced", "{first}");
+    assert_eq!(first["items"], serde_json::json!([]), "{first}");
+    let again = of("1900000002");
+    assert_eq!(again["status"], "mismatched", "{again}");
+    let missing = item(&again, "MISSING_HERE", "TX-TWICE");
+    assert_eq!(missing["transaction_id"], second.as_str(), "{missing}");
+    assert_eq!(missing["ours"], Value::Null, "{missing}");
+    // Its signed answer went through the ledger: the order's payment stands, the second is
+    // raised.
+    assert_eq!(missing["resolution"], "open", "{missing}");
+    let raised: Vec<Value> = app
+        .outbox("PAYMENT_ANOMALY")
+        .await
+        .into_iter()
+        .map(|m| m.payload.0)
+        .collect();
+    assert!(
+        raised
+            .iter()
+            .any(|p| p["reason"] == "DUPLICATE_PAYMENT" && p["order_no"] == "TX-TWICE"),
+        "{raised:?}"
+    );
+    assert!(
+        raised.iter().all(|p| p["reason"] != "BILL_MISMATCH"),
+        "{raised:?}"
+    );
+    assert_eq!(app.db.count("bill_line").await, 0);
+}
+
+/// An operator's retry of a slow reconcile call, and the daily job, while a run of the same
+/// date and channel goes on in this instance: refused (the job leaves it), never a second run
+/// emptying the first one's bill rows under it (which raised every payment of the first
+/// merchant as missing at the provider).
+async fn a_second_run_of_the_same_day_is_refused_and_shares_no_rows(backend: Backend) {
+    let (fake, slow, app) = two_merchants(backend, true).await;
+    paid_here(&app, "wechat", "TW-A", 19900).await;
+    paid_here(&app, "wechat", "TW-B", 5000).await;
+    fake.state.set_bill(
+        DAY,
+        bill(vec![
+            line("wechat", "TW-A", 19900, "2026-11-30 15:59:58"),
+            line("wechat", "TW-B", 5000, "2026-11-30 15:59:59"),
+        ]),
+    );
+    slow.state.set_bill(DAY, bill(vec![]));
+    // The job's "yesterday" is DAY.
+    app.clock.set(beijing(1, 10, 30, 0, 0));
+    let path = format!("/admin/bills/reconcile?date={DAY}&channel=wechat");
+    let (first, second, daily) = tokio::join!(
+        crate::reconcile::post(&app, &path),
+        async {
+            // The first run is on the slow merchant's bill now.
+            tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+            crate::reconcile::post(&app, &path).await
+        },
+        async {
+            tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+            app.bills.daily().await
+        }
+    );
+    assert!(anomalies(&app).await.is_empty());
+    assert_eq!(second.status(), 409);
+    let daily = daily.expect("the daily job goes on past a run held");
+    assert!(
+        daily.iter().all(|r| r.channel != ChannelId::Wechat),
+        "{daily:?}"
+    );
+    assert_eq!(first.status(), 200);
+    let reports: Vec<Value> = first.json().await.expect("reports");
+    assert_eq!(reports.len(), 2, "{reports:?}");
+    for r in &reports {
+        assert_eq!(r["status"], "balanced", "{r}");
+        assert_eq!(r["items"], serde_json::json!([]), "{r}");
+    }
+    let kept: Vec<Value> = stored(&app, DAY)
+        .await
+        .into_iter()
+        .filter(|r| r["channel"] == "wechat")
+        .collect();
+    assert_eq!(kept, reports);
+    assert_eq!(app.db.count("bill_line").await, 0);
+    assert_eq!(app.db.count("bill_run").await, 0);
+}
+
+/// A run renews its lease while one account's bill takes longer than the lease: another
+/// instance cannot take the run over under it.
+async fn a_run_keeps_its_lease_while_one_account_outlasts_it(backend: Backend) {
+    let (fake, slow, app) = two_merchants(backend, true).await;
+    fake.state.set_bill(DAY, bill(vec![]));
+    slow.state.set_bill(DAY, bill(vec![]));
+    let path = format!("/admin/bills/reconcile?date={DAY}&channel=wechat");
+    let (response, taken) = tokio::join!(crate::reconcile::post(&app, &path), async {
+        // On the slow merchant's bill, whose lease was renewed before it began.
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        app.clock.advance(3000);
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        // Past the hour from that renewal, the download still going on.
+        app.clock.advance(1000);
+        let now = app.clock.now();
+        app.store
+            .claim_bill_run(
+                DAY,
+                ChannelId::Wechat,
+                "another-instance",
+                now,
+                now.plus_seconds(600),
+            )
+            .await
+            .expect("claim")
+    });
+    assert!(!taken, "another instance took the lease of a run going on");
+    assert_eq!(response.status(), 200);
+    let reports: Vec<Value> = response.json().await.expect("reports");
+    assert_eq!(reports.len(), 2, "{reports:?}");
+    assert!(
+        reports.iter().all(|r| r["status"] == "balanced"),
+        "{reports:?}"
     );
 }
 

@@ -115,8 +115,34 @@ impl BillSource for AlipayApi {
         ChannelId::Alipay
     }
 
+    /// The first app (configuration order) of each seller: Alipay's bill is the seller's,
+    /// the same file whichever of its apps asks.
     fn accounts(&self) -> Vec<String> {
-        self.apps.ids()
+        let mut sellers: Vec<&str> = Vec::new();
+        let mut first = Vec::new();
+        for a in self.apps.list() {
+            if !sellers.contains(&a.app.seller_id.as_str()) {
+                sellers.push(&a.app.seller_id);
+                first.push(a.app.app_id.clone());
+            }
+        }
+        first
+    }
+
+    /// Every app with API credentials of `account`'s seller, `account` first.
+    fn covers(&self, account: &str) -> Vec<String> {
+        let Ok(a) = self.apps.get(account) else {
+            return vec![account.to_owned()];
+        };
+        let mut apps = vec![account.to_owned()];
+        apps.extend(
+            self.apps
+                .list()
+                .iter()
+                .filter(|o| o.app.seller_id == a.app.seller_id && o.app.app_id != account)
+                .map(|o| o.app.app_id.clone()),
+        );
+        apps
     }
 
     /// `account` is an `app_id`; the bill is its seller's (`#账号` must name that PID).
