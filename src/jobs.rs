@@ -377,12 +377,15 @@ impl Jobs {
                     }
                     let started = std::time::Instant::now();
                     match a.run(&s, c.as_ref()).await {
-                        Ok(done) if done.orders == 0 => {}
+                        Ok(done) if done == crate::archive::Archived::default() => {}
                         Ok(done) => tracing::info!(
                             took_ms = started.elapsed().as_millis() as u64,
                             orders = done.orders,
+                            anomalies_of_orders_not_here = done.anomalies,
                             deleted = done.rows,
                             files = ?done.files,
+                            bill_items_deleted = done.bill_items,
+                            bill_lines_deleted = done.bill_lines,
                             "orders archived"
                         ),
                         Err(e) => {

@@ -414,10 +414,14 @@ impl Application {
                 every: Duration::from_secs(settings.retention.every_secs),
                 keep_days: settings.retention.keep_days,
                 receipts_keep_days: settings.receipts.keep_days,
-                archive: Archiver::new(
-                    settings.retention.archive_dir.clone(),
-                    settings.retention.orders_keep_days,
-                ),
+                archive: Archiver {
+                    bill_items_keep_days: settings.retention.bill_items_keep_days,
+                    bill_lines_keep_days: settings.retention.bill_lines_keep_days,
+                    ..Archiver::new(
+                        settings.retention.archive_dir.clone(),
+                        settings.retention.orders_keep_days,
+                    )
+                },
             },
         )
         .await

@@ -39,7 +39,18 @@ pub struct Archiver {
     pub dir: PathBuf,
     pub keep_days: u32,
     pub batch: i64,
+    /// The daily bill runs' differences (`bill_item`) are kept this many days past their
+    /// bill date (`retention.bill_items_keep_days`).
+    pub bill_items_keep_days: u32,
+    /// Bill rows a run left behind (`bill_line`: a run that died) are deleted this many days
+    /// past their bill date (`retention.bill_lines_keep_days`), unless a run holds them.
+    pub bill_lines_keep_days: u32,
 }
+
+/// `retention.bill_items_keep_days` by default (config/default.toml).
+pub const BILL_ITEMS_KEEP_DAYS: u32 = 400;
+/// `retention.bill_lines_keep_days` by default (config/default.toml).
+pub const BILL_LINES_KEEP_DAYS: u32 = 31;
 
 /// What one run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -47,8 +58,13 @@ pub struct Archived {
     pub orders: usize,
     /// Rows deleted, the orders' own included.
     pub rows: usize,
+    /// Anomalies of orders not here, archived and removed.
+    pub anomalies: usize,
     /// The files written to, in name order.
     pub files: Vec<PathBuf>,
+    /// Bill differences (`bill_item`) and bill rows left behind (`bill_line`) deleted.
+    pub bill_items: usize,
+    pub bill_lines: usize,
 }
 
 impl Archiver {
@@ -57,12 +73,15 @@ impl Archiver {
             dir: dir.into(),
             keep_days,
             batch: BATCH,
+            bill_items_keep_days: BILL_ITEMS_KEEP_DAYS,
+            bill_lines_keep_days: BILL_LINES_KEEP_DAYS,
         }
     }
 
-    /// Archives every order past the window, a batch at a time. A batch whose file could not
-    /// be written deletes nothing and ends the run with its error; the next run writes it
-    /// again (to a file of its own).
+    /// Archives every order past the window, a batch at a time, then the anomalies past it
+    /// whose order is not here; then deletes the bill differences and the bill rows past
+    /// theirs. A batch whose file could not be written deletes nothing and ends the run with
+    /// its error; the next run writes it again (to a file of its own).
     pub async fn run(&self, store: &Store, clock: &dyn Clock) -> Result<Archived, BatchError> {
         let now = clock.now();
         let cutoff = now.plus_seconds(-i64::from(self.keep_days) * 86_400);
@@ -83,8 +102,41 @@ impl Archiver {
             }
             tokio::time::sleep(PAUSE).await;
         }
-        if done.orders > 0 {
+        loop {
+            let dir = self.dir.clone();
+            let run = run.clone();
+            let (written, deleted) = store
+                .archive_orphan_anomalies(cutoff, self.batch, async move |anomalies| {
+                    let lines = anomalies
+                        .into_iter()
+                        .map(|a| (a.anomaly.created_at.as_datetime().date_naive(), a))
+                        .collect();
+                    write_lines(&dir, ANOMALIES, &run, lines).await
+                })
+                .await?;
+            done.anomalies += deleted;
+            done.rows += deleted;
+            if (written as i64) < self.batch {
+                break;
+            }
+            tokio::time::sleep(PAUSE).await;
+        }
+        if done.orders + done.anomalies > 0 {
             done.files = files_of_run(&self.dir, &run);
+        }
+        let items_before = bill_date_before(now, self.bill_items_keep_days);
+        loop {
+            let deleted = store.purge_bill_items_of_a_date(&items_before).await?;
+            if deleted == 0 {
+                break;
+            }
+            done.bill_items += deleted;
+            tokio::time::sleep(PAUSE).await;
+        }
+        let lines_before = bill_date_before(now, self.bill_lines_keep_days);
+        while let Some(deleted) = store.purge_bill_lines_of_a_date(&lines_before, now).await? {
+            done.bill_lines += deleted;
+            tokio::time::sleep(PAUSE).await;
         }
         Ok(done)
     }
@@ -98,9 +150,25 @@ fn run_name(now: Timestamp) -> String {
     format!("{}-{suffix}", now.as_datetime().format("%Y%m%dT%H%M%SZ"))
 }
 
+/// The first day of bill dates (`YYYY-MM-DD`) kept `keep_days` at `now`.
+fn bill_date_before(now: Timestamp, keep_days: u32) -> String {
+    now.plus_seconds(-i64::from(keep_days) * 86_400)
+        .as_datetime()
+        .format("%Y-%m-%d")
+        .to_string()
+}
+
+/// The file names' first part: the orders' files, and the anomalies' of orders not here.
+const ORDERS: &str = "orders";
+pub const ANOMALIES: &str = "anomalies";
+
 /// The file an order created on `day` goes to in run `run`.
 pub fn file_name(day: NaiveDate, run: &str) -> String {
-    format!("orders-{}-{run}.jsonl.gz", day.format("%Y%m%d"))
+    file_name_of(ORDERS, day, run)
+}
+
+fn file_name_of(kind: &str, day: NaiveDate, run: &str) -> String {
+    format!("{kind}-{}-{run}.jsonl.gz", day.format("%Y%m%d"))
 }
 
 fn files_of_run(dir: &Path, run: &str) -> Vec<PathBuf> {
@@ -111,30 +179,47 @@ fn files_of_run(dir: &Path, run: &str) -> Vec<PathBuf> {
         .flatten()
         .map(|e| e.path())
         .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("orders-") && n.ends_with(&suffix))
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                [ORDERS, ANOMALIES]
+                    .iter()
+                    .any(|kind| n.starts_with(&format!("{kind}-")))
+                    && n.ends_with(&suffix)
+            })
         })
         .collect();
     files.sort();
     files
 }
 
-/// One batch: a gzip member per creation day, each appended to its file and synced.
+/// One batch of orders: a gzip member per creation day, each appended to its file and synced.
 async fn write_batch(dir: &Path, run: &str, archived: Vec<ArchivedOrder>) -> std::io::Result<()> {
+    let lines = archived
+        .into_iter()
+        .map(|order| (order.order.created_at.as_datetime().date_naive(), order))
+        .collect();
+    write_lines(dir, ORDERS, run, lines).await
+}
+
+/// `lines`, each of its day, as a gzip member per day appended to that day's file of `kind`
+/// and synced.
+async fn write_lines<T: serde::Serialize>(
+    dir: &Path,
+    kind: &str,
+    run: &str,
+    lines: Vec<(NaiveDate, T)>,
+) -> std::io::Result<()> {
     let mut by_day: BTreeMap<NaiveDate, Vec<u8>> = BTreeMap::new();
-    for order in &archived {
-        let day = order.order.created_at.as_datetime().date_naive();
-        let lines = by_day.entry(day).or_default();
-        serde_json::to_writer(&mut *lines, order)?;
-        lines.push(b'\n');
+    for (day, line) in &lines {
+        let bytes = by_day.entry(*day).or_default();
+        serde_json::to_writer(&mut *bytes, line)?;
+        bytes.push(b'\n');
     }
     let members: Vec<(PathBuf, Vec<u8>)> = by_day
         .into_iter()
         .map(|(day, lines)| {
             let mut gz = GzEncoder::new(Vec::new(), Compression::default());
             gz.write_all(&lines)?;
-            Ok((dir.join(file_name(day, run)), gz.finish()?))
+            Ok((dir.join(file_name_of(kind, day, run)), gz.finish()?))
         })
         .collect::<std::io::Result<_>>()?;
     let dir = dir.to_path_buf();

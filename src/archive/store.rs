@@ -1,6 +1,6 @@
-//! The archive's statements: one batch of orders past their lifetime locked, read with
-//! everything recorded of them, handed to the writer, and deleted — in one transaction, so
-//! a row is deleted only once the file holding it is on disk.
+//! The archive's statements: one batch of orders past their lifetime read with everything
+//! recorded of them, handed to the writer, and deleted, so a row is deleted only once the
+//! file holding it is on disk (`Store::archive_batch`).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -13,12 +13,13 @@ use crate::order::{OrderStatus, RefundStatus};
 use crate::refunds::store::{RefundRow, in_flight};
 use crate::store::orders::{PayCallback, RefundCallback, StatusCallback};
 use crate::store::schema::{
-    order_account, orders, pay_callback, payment_anomaly, refund_callback, refund_request,
-    status_callback,
+    bill_item, bill_line, bill_run, order_account, orders, pay_callback, payment_anomaly,
+    refund_callback, refund_request, status_callback,
 };
 use crate::store::types::Payload;
 use crate::store::{Store, StoreError, with_conn};
 use crate::time::Timestamp;
+use diesel::dsl::{exists, not};
 
 /// The statuses nothing moves any more but a refund, which the window leaves room for.
 const FINAL: [OrderStatus; 3] = [
@@ -99,33 +100,52 @@ pub enum BatchError {
     Write(#[source] std::io::Error),
 }
 
-/// Inside the batch's transaction: a statement failed, or the writer did.
-#[derive(Debug)]
-enum InTx {
-    Query(diesel::result::Error),
-    Write(std::io::Error),
-}
-
-impl From<diesel::result::Error> for InTx {
+impl From<diesel::result::Error> for BatchError {
     fn from(e: diesel::result::Error) -> Self {
-        Self::Query(e)
+        Self::Store(StoreError::Query(e))
     }
 }
 
-impl From<InTx> for BatchError {
-    fn from(e: InTx) -> Self {
-        match e {
-            InTx::Query(e) => Self::Store(StoreError::Query(e)),
-            InTx::Write(e) => Self::Write(e),
-        }
-    }
+/// The orders of `$query` past their lifetime at `$cutoff`: final (`PAID`, `REFUNDED`,
+/// `CLOSED`), created before the cutoff, and with no money moving since it — paid before it
+/// (a refund may come up to a year after the payment, and an order may be paid up to a month
+/// after it was created), no payment, refund or anomaly recorded since, and no refund request
+/// in flight or changed since. The creation time alone leads to the index.
+macro_rules! past_window {
+    ($query:expr, $cutoff:expr) => {{
+        let cutoff: Timestamp = $cutoff;
+        $query
+            .filter(orders::created_at.lt(cutoff))
+            .filter(orders::status.eq_any(FINAL.map(OrderStatus::as_str)))
+            .filter(orders::paid_at.is_null().or(orders::paid_at.lt(cutoff)))
+            .filter(not(exists(
+                pay_callback::table
+                    .filter(pay_callback::out_trade_no.eq(orders::order_no))
+                    .filter(pay_callback::created_at.ge(cutoff)),
+            )))
+            .filter(not(exists(
+                refund_callback::table
+                    .filter(refund_callback::out_trade_no.eq(orders::order_no))
+                    .filter(refund_callback::created_at.ge(cutoff)),
+            )))
+            .filter(not(exists(
+                refund_request::table
+                    .filter(refund_request::order_no.eq(orders::order_no))
+                    .filter(in_flight!().or(refund_request::updated_at.ge(cutoff))),
+            )))
+            .filter(not(exists(
+                payment_anomaly::table
+                    .filter(payment_anomaly::order_no.eq(orders::order_no))
+                    .filter(payment_anomaly::created_at.ge(cutoff)),
+            )))
+    }};
 }
 
-/// For each table whose rows name an archived order (`list: table by column, oldest first by
-/// column => Row`): its rows of the batch's orders read into each record's `list`, then
-/// deleted, counted in `rows`. The column naming the order is the row's field of that name.
-macro_rules! rows_naming {
-    ($conn:expr, $keys:expr, $archived:expr, $index:expr, $rows:expr;
+/// The orders of `$keys` still past their window at `$cutoff`, oldest first, each with
+/// everything recorded of it (`list: table by column, oldest first by column => Row`: the
+/// rows of `table` whose `column` names the order, into the record's `list`).
+macro_rules! records_of {
+    (@lists $conn:expr, $keys:expr, $archived:expr, $index:expr;
      $($list:ident: $table:ident by $column:ident, oldest first by $order:ident => $row:ty),+ $(,)?) => {
         $(
             let found: Vec<$row> = $table::table
@@ -139,20 +159,87 @@ macro_rules! rows_naming {
                     $archived[i].$list.push(row);
                 }
             }
+        )+
+    };
+    ($conn:expr, $keys:expr, $cutoff:expr) => {{
+        let keys: &[String] = $keys;
+        let found: Vec<OrderRow> = past_window!(orders::table, $cutoff)
+            .filter(orders::order_no.eq_any(keys))
+            .order((orders::created_at, orders::order_no))
+            .select(OrderRow::as_select())
+            .load($conn)
+            .await?;
+        let (mut archived, index) = records(found);
+        records_of!(@lists $conn, keys, archived, index;
+            accounts: order_account by order_no, oldest first by order_no => AccountRow,
+            pay_callbacks: pay_callback by out_trade_no, oldest first by created_at => PayCallback,
+            refund_callbacks: refund_callback by out_trade_no, oldest first by created_at => RefundCallback,
+            status_callbacks: status_callback by out_trade_no, oldest first by created_at => StatusCallback,
+            refund_requests: refund_request by order_no, oldest first by created_at => RefundRow,
+            anomalies: payment_anomaly by order_no, oldest first by created_at => AnomalyRow,
+        );
+        archived
+    }};
+}
+
+/// Deletes the orders of `$keys` and every row naming them; the rows deleted.
+macro_rules! delete_orders {
+    (@each $conn:expr, $keys:expr, $rows:ident; $($table:ident by $column:ident),+) => {
+        $(
             $rows += diesel::delete($table::table.filter($table::$column.eq_any($keys)))
                 .execute($conn)
                 .await?;
         )+
     };
+    ($conn:expr, $keys:expr) => {{
+        let keys: &[String] = $keys;
+        let mut rows = 0;
+        delete_orders!(@each $conn, keys, rows;
+            order_account by order_no, pay_callback by out_trade_no,
+            refund_callback by out_trade_no, status_callback by out_trade_no,
+            refund_request by order_no, payment_anomaly by order_no, orders by order_no);
+        rows
+    }};
+}
+
+/// The numbers of at most `$limit` orders past their window, oldest first.
+macro_rules! candidates {
+    ($conn:expr, $cutoff:expr, $limit:expr) => {{
+        let keys: Vec<String> = past_window!(orders::table, $cutoff)
+            .order((orders::created_at, orders::order_no))
+            .select(orders::order_no)
+            .limit($limit)
+            .load($conn)
+            .await?;
+        keys
+    }};
+}
+
+/// Locks the orders of `$keys` still past their window: an update of their rows that
+/// changes nothing (PostgreSQL and MySQL row locks; SQLite's write lock, taken by the
+/// transaction's first statement, so it waits for another writer instead of failing).
+macro_rules! lock_orders {
+    ($conn:expr, $keys:expr, $cutoff:expr) => {
+        diesel::update(past_window!(orders::table, $cutoff).filter(orders::order_no.eq_any($keys)))
+            .set(orders::close_attempts.eq(orders::close_attempts))
+            .execute($conn)
+            .await?
+    };
 }
 
 impl Store {
-    /// Archives at most `limit` orders created before `cutoff` that are final and have no
-    /// refund in flight, oldest first: each is locked (an update of its row that changes
-    /// nothing: PostgreSQL and MySQL row locks, SQLite's write lock), read with its accounts,
-    /// callback rows, refund requests and anomalies, handed to `write`, and deleted with them
-    /// once `write` returned — all in one transaction. A refund recorded meanwhile waits for
-    /// the lock and then finds no order. `write` failing deletes nothing.
+    /// Archives at most `limit` orders past their window at `cutoff` (see `past_window!`),
+    /// oldest first, each with its accounts, callback rows, refund requests and anomalies:
+    /// the batch is read, handed to `write` (which gzips it and syncs it to disk) outside any
+    /// transaction, and then deleted in a short one that locks the orders first (an update
+    /// of their rows that changes nothing: PostgreSQL and MySQL row locks, SQLite's write
+    /// lock, which a transaction beginning with a write waits for rather than fails) and
+    /// reads each record again: only an order whose rows are still as written is deleted;
+    /// one that changed meanwhile (a refund came) stays for the next run, its line holding
+    /// the state before. No lock is held while the file is written: on SQLite the lock is
+    /// the whole file's, and on MySQL the batch's deleted index records held up another order's
+    /// payment.
+    /// `write` failing deletes nothing.
     pub async fn archive_batch<W, F>(
         &self,
         cutoff: Timestamp,
@@ -164,64 +251,41 @@ impl Store {
         F: Future<Output = std::io::Result<()>> + Send,
     {
         with_conn!(self, conn => {
-            conn.transaction::<_, InTx, _>(async |conn| {
-                let in_flight = refund_request::table
-                    .filter(refund_request::order_no.eq(orders::order_no))
-                    .filter(in_flight!());
-                let finals = FINAL.map(OrderStatus::as_str);
-                let candidates: Vec<String> = orders::table
-                    .filter(orders::created_at.lt(cutoff))
-                    .filter(orders::status.eq_any(finals))
-                    .filter(diesel::dsl::not(diesel::dsl::exists(in_flight.clone())))
-                    .order(orders::created_at)
-                    .select(orders::order_no)
-                    .limit(limit)
-                    .load(conn)
-                    .await?;
-                if candidates.is_empty() {
-                    return Ok(BatchDone::default());
-                }
-                // The lock; the conditions again, as a concurrent change may have moved one.
-                diesel::update(
-                    orders::table
-                        .filter(orders::order_no.eq_any(&candidates))
-                        .filter(orders::created_at.lt(cutoff))
-                        .filter(orders::status.eq_any(finals))
-                        .filter(diesel::dsl::not(diesel::dsl::exists(in_flight.clone()))),
-                )
-                .set(orders::close_attempts.eq(orders::close_attempts))
-                .execute(conn)
+            // One snapshot where the backend gives one (MySQL, SQLite): a batch read across
+            // a change is no loss either way, as the deletion compares.
+            let read = conn
+                .transaction::<_, diesel::result::Error, _>(async |conn| {
+                    let keys = candidates!(conn, cutoff, limit);
+                    Ok(records_of!(conn, &keys, cutoff))
+                })
                 .await?;
-                let locked: Vec<OrderRow> = orders::table
-                    .filter(orders::order_no.eq_any(&candidates))
-                    .filter(orders::created_at.lt(cutoff))
-                    .filter(orders::status.eq_any(finals))
-                    .filter(diesel::dsl::not(diesel::dsl::exists(in_flight.clone())))
-                    .order(orders::created_at)
-                    .select(OrderRow::as_select())
-                    .load(conn)
-                    .await?;
-                let keys: Vec<String> = locked.iter().map(|o| o.order_no.clone()).collect();
-                if keys.is_empty() {
+            if read.is_empty() {
+                return Ok(BatchDone::default());
+            }
+            write(read.clone()).await.map_err(BatchError::Write)?;
+            let keys: Vec<String> = read.iter().map(|r| r.order.order_no.clone()).collect();
+            conn.transaction::<_, diesel::result::Error, _>(async |conn| {
+                lock_orders!(conn, &keys, cutoff);
+                let now = records_of!(conn, &keys, cutoff);
+                let written: HashMap<&str, &ArchivedOrder> =
+                    read.iter().map(|r| (r.order.order_no.as_str(), r)).collect();
+                let unchanged: Vec<String> = now
+                    .iter()
+                    .filter(|r| {
+                        written
+                            .get(r.order.order_no.as_str())
+                            .is_some_and(|w| *w == *r)
+                    })
+                    .map(|r| r.order.order_no.clone())
+                    .collect();
+                if unchanged.is_empty() {
                     return Ok(BatchDone::default());
                 }
-                let (mut archived, index) = records(locked);
-                let mut rows = 0;
-                rows_naming!(conn, &keys, archived, index, rows;
-                    accounts: order_account by order_no, oldest first by order_no => AccountRow,
-                    pay_callbacks: pay_callback by out_trade_no, oldest first by created_at => PayCallback,
-                    refund_callbacks: refund_callback by out_trade_no, oldest first by created_at => RefundCallback,
-                    status_callbacks: status_callback by out_trade_no, oldest first by created_at => StatusCallback,
-                    refund_requests: refund_request by order_no, oldest first by created_at => RefundRow,
-                    anomalies: payment_anomaly by order_no, oldest first by created_at => AnomalyRow,
-                );
-                rows += diesel::delete(orders::table.filter(orders::order_no.eq_any(&keys)))
-                    .execute(conn)
-                    .await?;
-                let orders = archived.len();
-                // Last, before the commit: a row is gone only once its line is on disk.
-                write(archived).await.map_err(InTx::Write)?;
-                Ok(BatchDone { orders, rows })
+                let rows = delete_orders!(conn, &unchanged);
+                Ok(BatchDone {
+                    orders: unchanged.len(),
+                    rows,
+                })
             })
             .await
             .map_err(BatchError::from)
@@ -251,4 +315,123 @@ fn records(orders: Vec<OrderRow>) -> (Vec<ArchivedOrder>, HashMap<String, usize>
         })
         .collect();
     (archived, index)
+}
+
+/// An anomaly of an order not here (never created, or archived before the anomaly came: a
+/// bill's difference about a payment this ledger never saw): a line of the anomalies' archive
+/// (docs/operations.md, "The order archive").
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ArchivedAnomaly {
+    /// The line's format, as [`ArchivedOrder::format`].
+    pub format: u32,
+    pub anomaly: AnomalyRow,
+}
+
+impl Store {
+    /// At most `limit` anomalies recorded before `cutoff` whose order is not here, oldest
+    /// first, handed to `write`, then deleted (unless their order appeared meanwhile: they
+    /// are its anomalies again). An anomaly is never changed once recorded, so the rows
+    /// deleted are the rows written. Returns how many were written and how many deleted;
+    /// `write` failing deletes nothing.
+    pub async fn archive_orphan_anomalies<W, F>(
+        &self,
+        cutoff: Timestamp,
+        limit: i64,
+        write: W,
+    ) -> Result<(usize, usize), BatchError>
+    where
+        W: FnOnce(Vec<ArchivedAnomaly>) -> F + Send,
+        F: Future<Output = std::io::Result<()>> + Send,
+    {
+        with_conn!(self, conn => {
+            let orphan = |at: Timestamp| {
+                payment_anomaly::created_at.lt(at).and(not(exists(
+                    orders::table.filter(orders::order_no.eq(payment_anomaly::order_no)),
+                )))
+            };
+            let found: Vec<AnomalyRow> = payment_anomaly::table
+                .filter(orphan(cutoff))
+                .order((payment_anomaly::created_at, payment_anomaly::biz_key))
+                .select(AnomalyRow::as_select())
+                .limit(limit)
+                .load(conn)
+                .await
+                .map_err(StoreError::Query)?;
+            if found.is_empty() {
+                return Ok((0, 0));
+            }
+            let keys: Vec<String> = found.iter().map(|a| a.biz_key.clone()).collect();
+            let written = found.len();
+            let lines = found
+                .into_iter()
+                .map(|anomaly| ArchivedAnomaly { format: FORMAT, anomaly })
+                .collect();
+            write(lines).await.map_err(BatchError::Write)?;
+            let deleted = diesel::delete(
+                payment_anomaly::table
+                    .filter(payment_anomaly::biz_key.eq_any(&keys))
+                    .filter(orphan(cutoff)),
+            )
+            .execute(conn)
+            .await
+            .map_err(StoreError::Query)?;
+            Ok((written, deleted))
+        })
+    }
+
+    /// Deletes the differences the daily bill runs found (`bill_item`) of the oldest bill
+    /// date before `before` (`YYYY-MM-DD`): a date's in one statement (a date holds at most
+    /// 10,000 per account). The rows deleted; 0 when no date is left before `before`.
+    pub async fn purge_bill_items_of_a_date(&self, before: &str) -> Result<usize, StoreError> {
+        with_conn!(self, conn => {
+            let oldest: Option<String> = bill_item::table
+                .filter(bill_item::bill_date.lt(before))
+                .select(diesel::dsl::min(bill_item::bill_date))
+                .first(conn)
+                .await?;
+            let Some(date) = oldest else { return Ok(0) };
+            Ok(diesel::delete(bill_item::table.filter(bill_item::bill_date.eq(date)))
+                .execute(conn)
+                .await?)
+        })
+    }
+
+    /// Deletes the bill rows (`bill_line`) a run left behind of the oldest (bill date,
+    /// channel) before `before` (`YYYY-MM-DD`) that no run holds at `now` (a run empties
+    /// them when it ends; one that died does not). The rows deleted; `None` when no such
+    /// (date, channel) is left.
+    pub async fn purge_bill_lines_of_a_date(
+        &self,
+        before: &str,
+        now: Timestamp,
+    ) -> Result<Option<usize>, StoreError> {
+        with_conn!(self, conn => {
+            let left = |before: &str| {
+                bill_line::bill_date.lt(before.to_owned()).and(not(exists(
+                    bill_run::table
+                        .filter(bill_run::bill_date.eq(bill_line::bill_date))
+                        .filter(bill_run::channel.eq(bill_line::channel))
+                        .filter(bill_run::locked_until.gt(now)),
+                )))
+            };
+            let next: Option<(String, String)> = bill_line::table
+                .filter(left(before))
+                .select((bill_line::bill_date, bill_line::channel))
+                .order((bill_line::bill_date, bill_line::channel))
+                .first(conn)
+                .await
+                .optional()?;
+            let Some((date, channel)) = next else { return Ok(None) };
+            // The lease again: a run of that (date, channel) may have started meanwhile.
+            let deleted = diesel::delete(
+                bill_line::table
+                    .filter(bill_line::bill_date.eq(&date))
+                    .filter(bill_line::channel.eq(&channel))
+                    .filter(left(before)),
+            )
+            .execute(conn)
+            .await?;
+            Ok(Some(deleted))
+        })
+    }
 }

@@ -111,6 +111,8 @@ impl Default for RetentionSettings {
             keep_days: 7,
             orders_keep_days: 400,
             archive_dir: "data/archive".into(),
+            bill_items_keep_days: 400,
+            bill_lines_keep_days: 31,
         }
     }
 }

@@ -214,6 +214,10 @@ pub struct RetentionSettings {
     pub orders_keep_days: u32,
     /// Where the archive's files go (`src/archive`); created at start-up.
     pub archive_dir: PathBuf,
+    /// The daily bill runs' differences (`bill_item`) are deleted this long after their date.
+    pub bill_items_keep_days: u32,
+    /// Bill rows a run left behind (`bill_line`) are deleted this long after their date.
+    pub bill_lines_keep_days: u32,
 }
 
 /// Which notify requests leave a receipt (`receipts.store`).
@@ -474,6 +478,16 @@ mod tests {
         );
         let err = load("[retention]\narchive_dir = \"\"\n", &[]).unwrap_err();
         assert!(err.to_string().contains("retention.archive_dir"), "{err}");
+        let err = load("[retention]\nbill_items_keep_days = 29\n", &[]).unwrap_err();
+        assert!(
+            err.to_string().contains("retention.bill_items_keep_days"),
+            "{err}"
+        );
+        let err = load("[retention]\nbill_lines_keep_days = 7\n", &[]).unwrap_err();
+        assert!(
+            err.to_string().contains("retention.bill_lines_keep_days"),
+            "{err}"
+        );
         let err = load("[server]\nbody_timeout_ms = 0\n", &[]).unwrap_err();
         assert!(err.to_string().contains("server.body_timeout_ms"), "{err}");
         let err = load("[database]\nurl = \"oracle://x\"\n", &[]).unwrap_err();

@@ -215,6 +215,18 @@ impl Validate for RetentionSettings {
         if self.archive_dir.as_os_str().is_empty() {
             return Err(invalid("retention.archive_dir", "must name a directory"));
         }
+        if !(30..=36500).contains(&self.bill_items_keep_days) {
+            return Err(invalid(
+                "retention.bill_items_keep_days",
+                "must be between 30 (a bill day is compared again for a week) and 36500",
+            ));
+        }
+        if !(8..=3650).contains(&self.bill_lines_keep_days) {
+            return Err(invalid(
+                "retention.bill_lines_keep_days",
+                "must be between 8 (the daily job reruns the past week) and 3650",
+            ));
+        }
         Ok(())
     }
 }

@@ -36,6 +36,11 @@ on_every_backend!(
     final_orders_past_the_window_are_archived_with_their_rows_then_removed,
     a_failed_write_removes_nothing,
     batches_take_every_order_past_the_window,
+    a_paid_order_stays_a_window_past_its_payment_and_its_last_refund,
+    the_archive_waits_for_a_writer_and_then_archives,
+    payments_go_on_while_a_batch_is_written,
+    anomalies_of_orders_not_here_are_archived_past_the_window,
+    bill_differences_and_rows_left_behind_go_past_their_lifetime,
 );
 
 const DAY: i64 = 86_400;
@@ -280,6 +285,330 @@ async fn batches_take_every_order_past_the_window(backend: Backend) {
         assert_eq!(found.records.len(), 1, "AB-{i} once");
         assert!(found.damaged.is_empty());
     }
+}
+
+/// A refund counts from the payment, not the order's creation: an order paid a month after it
+/// was created, one refunded since, and one whose refund request changed since stay a whole
+/// window past that; an order paid when it was created goes at the end of its window.
+async fn a_paid_order_stays_a_window_past_its_payment_and_its_last_refund(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let created = app.clock.now();
+    // Day 0: created; paid at once.
+    for order in ["AW-EARLY", "AW-REFUNDED", "AW-REQUESTED"] {
+        let paid = TestNotification::paid(order, &format!("T-{order}"), 100);
+        app.create_and_apply(&paid.to_notice()).await;
+    }
+    // Day 0: created, paid a month later.
+    app.create_order("AW-LATE", 100).await;
+    app.clock.advance(30 * DAY);
+    let late = TestNotification::paid("AW-LATE", "T-AW-LATE", 100);
+    assert_eq!(app.apply(&late.to_notice()).await, Outcome::Applied);
+    // Day 300: a refund of one, a refund request of another brought to its end.
+    app.clock.advance(270 * DAY);
+    let mut refund = TestNotification::paid("AW-REFUNDED", "T-AW-REFUNDED", 100);
+    refund.kind = "refunded".into();
+    refund.refund = Some(("AW-REFUNDED-R1".into(), "RF-AW-1".into(), 30));
+    assert_eq!(app.apply(&refund.to_notice()).await, Outcome::Applied);
+    refund_request(&app, "AW-REQUESTED", "AW-REQUESTED-R1", "SUCCESS").await;
+
+    let archiver = Archiver::new(dir.path(), 380);
+    // Day 395: created 395 days ago, paid 365 days ago (WeChat still takes its refund).
+    app.clock.advance(95 * DAY);
+    let done = archiver
+        .run(&app.store, app.clock.as_ref())
+        .await
+        .expect("archive");
+    assert_eq!(
+        done.orders, 1,
+        "only the one paid when it was created: {done:?}"
+    );
+    assert!(
+        !find(dir.path(), "AW-EARLY", None)
+            .expect("read")
+            .records
+            .is_empty()
+    );
+    for order in ["AW-LATE", "AW-REFUNDED", "AW-REQUESTED"] {
+        assert_eq!(
+            app.db
+                .count(&format!("orders WHERE order_no = '{order}'"))
+                .await,
+            1,
+            "{order} kept"
+        );
+    }
+    // Its refund still finds it.
+    let mut late_refund = TestNotification::paid("AW-LATE", "T-AW-LATE", 100);
+    late_refund.kind = "refunded".into();
+    late_refund.refund = Some(("AW-LATE-R1".into(), "RF-AW-2".into(), 10));
+    assert_eq!(app.apply(&late_refund.to_notice()).await, Outcome::Applied);
+
+    // Day 681: a window past the refunds of day 300; the late order's refund of day 395
+    // keeps it until day 776.
+    app.clock.advance(286 * DAY);
+    let done = archiver
+        .run(&app.store, app.clock.as_ref())
+        .await
+        .expect("archive");
+    assert_eq!(done.orders, 2, "{done:?}");
+    assert_eq!(rows_of(&app, "AW-REFUNDED").await, 0);
+    assert_eq!(rows_of(&app, "AW-REQUESTED").await, 0);
+    assert_eq!(app.status_of("AW-LATE").await, "PAID");
+    app.clock.advance(96 * DAY);
+    let done = archiver
+        .run(&app.store, app.clock.as_ref())
+        .await
+        .expect("archive");
+    assert_eq!(done.orders, 1, "{done:?}");
+    // Its file is still the day it was created.
+    let found = find(
+        dir.path(),
+        "AW-LATE",
+        Some(created.as_datetime().date_naive()),
+    )
+    .expect("read");
+    assert_eq!(found.records.len(), 1);
+    assert_eq!(found.records[0]["refund_callbacks"][0]["refund_fen"], 10);
+}
+
+/// Another writer holds its lock when the archive starts (SQLite: the one writer of the file;
+/// PostgreSQL and MySQL: the order's row): the archive waits for it, then archives.
+async fn the_archive_waits_for_a_writer_and_then_archives(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let paid = TestNotification::paid("AL-1", "T-AL-1", 100);
+    app.create_and_apply(&paid.to_notice()).await;
+    app.clock.advance(401 * DAY);
+    let held = app
+        .db
+        .hold_write_lock("AL-1", std::time::Duration::from_millis(300))
+        .await;
+    let done = Archiver::new(dir.path(), 400)
+        .run(&app.store, app.clock.as_ref())
+        .await
+        .expect("the archive waits for the writer, it is not refused");
+    held.await.expect("the writer commits");
+    assert_eq!(done.orders, 1, "{done:?}");
+    assert_eq!(rows_of(&app, "AL-1").await, 0);
+}
+
+/// While a batch's file is written (gzipped and synced), payments of other orders are applied:
+/// the batch holds no lock they need (on SQLite, not the file's write lock). What changed of a
+/// batch's own order meanwhile stays for the next run.
+async fn payments_go_on_while_a_batch_is_written(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let archived = TestNotification::paid("AN-OLD", "T-AN-OLD", 100);
+    app.create_and_apply(&archived.to_notice()).await;
+    app.clock.advance(401 * DAY);
+    app.create_order("AN-NEW", 100).await;
+    let fresh = TestNotification::paid("AN-NEW", "T-AN-NEW", 100).to_notice();
+    let cutoff = app.clock.now().plus_seconds(-400 * DAY);
+    let store = app.store.clone();
+    let now = app.clock.now();
+    let mut during = None;
+    let (store, fresh, during_write) = (&store, &fresh, &mut during);
+    let done = app
+        .store
+        .archive_batch(cutoff, 10, async move |batch| {
+            assert_eq!(batch.len(), 1);
+            // A deadlock guard only: a payment waiting for the archive's lock would wait for
+            // ever (the archive waits for this write) until the busy timeout failed it.
+            *during_write = Some(
+                tokio::time::timeout(std::time::Duration::from_secs(30), store.apply(fresh, now))
+                    .await,
+            );
+            Ok(())
+        })
+        .await
+        .expect("archive");
+    let during = during.expect("the batch was written");
+    assert!(
+        matches!(during, Ok(Ok(Outcome::Applied))),
+        "a payment during the write: {during:?}"
+    );
+    assert_eq!(done.orders, 1, "{done:?}");
+    assert_eq!(rows_of(&app, "AN-OLD").await, 0);
+    assert_eq!(app.status_of("AN-NEW").await, "PAID");
+}
+
+/// A payment anomaly of `order_no` under `biz_key`, written straight into its table.
+async fn anomaly(app: &TestApp, biz_key: &str, order_no: &str) {
+    let now = sql_time(app.clock.now());
+    app.db
+        .execute(&format!(
+            "INSERT INTO payment_anomaly (biz_key, order_no, payload, created_at) \
+             VALUES ('{biz_key}', '{order_no}', '{{\"order_no\":\"{order_no}\",\"reason\":\"BILL_MISMATCH\"}}', '{now}')"
+        ))
+        .await;
+}
+
+/// A bill's difference about an order never created here has no order to leave with: it is
+/// archived (a file of anomalies) and removed once past the orders' window; one inside it,
+/// and one whose order is here, stay.
+async fn anomalies_of_orders_not_here_are_archived_past_the_window(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let created = app.clock.now();
+    anomaly(
+        &app,
+        "AO-NONE:wechat:bill:2026-01-01:MISSING_HERE",
+        "AO-NONE",
+    )
+    .await;
+    app.create_order("AO-WAIT", 100).await;
+    anomaly(
+        &app,
+        "AO-WAIT:wechat:bill:2026-01-01:MISSING_HERE",
+        "AO-WAIT",
+    )
+    .await;
+    app.clock.advance(300 * DAY);
+    anomaly(
+        &app,
+        "AO-RECENT:wechat:bill:2026-10-28:MISSING_HERE",
+        "AO-RECENT",
+    )
+    .await;
+    app.clock.advance(101 * DAY);
+    let done = Archiver::new(dir.path(), 400)
+        .run(&app.store, app.clock.as_ref())
+        .await
+        .expect("archive");
+    assert_eq!((done.orders, done.anomalies), (0, 1), "{done:?}");
+    assert_eq!(
+        app.db
+            .count("payment_anomaly WHERE order_no = 'AO-NONE'")
+            .await,
+        0
+    );
+    assert_eq!(
+        app.db
+            .count("payment_anomaly WHERE order_no = 'AO-WAIT'")
+            .await,
+        1
+    );
+    assert_eq!(
+        app.db
+            .count("payment_anomaly WHERE order_no = 'AO-RECENT'")
+            .await,
+        1
+    );
+    let name = format!("anomalies-{}-", created.as_datetime().format("%Y%m%d"));
+    assert_eq!(done.files.len(), 1, "{done:?}");
+    let file = &done.files[0];
+    assert!(
+        file.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(&name)),
+        "{file:?}"
+    );
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::MultiGzDecoder::new(std::fs::File::open(file).expect("open")),
+        &mut text,
+    )
+    .expect("gzip");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert_eq!(lines[0]["format"], 1);
+    assert_eq!(
+        lines[0]["anomaly"]["biz_key"],
+        "AO-NONE:wechat:bill:2026-01-01:MISSING_HERE"
+    );
+    assert_eq!(lines[0]["anomaly"]["payload"]["reason"], "BILL_MISMATCH");
+}
+
+/// The daily bill's differences (`bill_item`) go `retention.bill_items_keep_days` after their
+/// bill date; bill rows a run left behind (`bill_line`) `retention.bill_lines_keep_days`
+/// after theirs, unless a run of their date and channel holds its lease.
+async fn bill_differences_and_rows_left_behind_go_past_their_lifetime(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let now = app.clock.now();
+    let day = |ago: i64| {
+        now.plus_seconds(-ago * DAY)
+            .as_datetime()
+            .format("%Y-%m-%d")
+            .to_string()
+    };
+    for (ago, order) in [(42, "BI-OLD"), (41, "BI-OLD-2"), (39, "BI-KEPT")] {
+        app.db
+            .execute(&format!(
+                "INSERT INTO bill_item (bill_date, channel, account, item_type, out_trade_no, \
+                 out_refund_no, transaction_id, provider_status, provider_fen, ours_status, ours_fen, \
+                 resolution) VALUES ('{}', 'wechat', '1900000001', 'MISSING_HERE', '{order}', '', \
+                 'T-{order}', 'SUCCESS', 100, NULL, NULL, 'open')",
+                day(ago)
+            ))
+            .await;
+    }
+    for (ago, channel, order) in [
+        (12, "wechat", "BL-LEFT"),
+        (12, "alipay", "BL-RUNNING"),
+        (10, "wechat", "BL-RECENT"),
+    ] {
+        app.db
+            .execute(&format!(
+                "INSERT INTO bill_line (bill_date, channel, kind, out_trade_no, out_refund_no, \
+                 account, transaction_id, amount_fen, status) VALUES ('{}', '{channel}', 'payment', \
+                 '{order}', '', '1900000001', 'T-{order}', 100, 'SUCCESS')",
+                day(ago)
+            ))
+            .await;
+    }
+    // A rerun of that day is under way on the other channel.
+    app.db
+        .execute(&format!(
+            "INSERT INTO bill_run (bill_date, channel, locked_by, locked_until) \
+             VALUES ('{}', 'alipay', 'another instance', '{}')",
+            day(12),
+            sql_time(now.plus_seconds(600))
+        ))
+        .await;
+    let mut archiver = Archiver::new(dir.path(), 400);
+    archiver.bill_items_keep_days = 40;
+    archiver.bill_lines_keep_days = 11;
+    let done = archiver
+        .run(&app.store, app.clock.as_ref())
+        .await
+        .expect("run");
+    assert_eq!((done.bill_items, done.bill_lines), (2, 1), "{done:?}");
+    assert_eq!(
+        app.db
+            .count("bill_item WHERE out_trade_no = 'BI-KEPT'")
+            .await,
+        1
+    );
+    assert_eq!(app.db.count("bill_item").await, 1);
+    assert_eq!(
+        app.db
+            .count("bill_line WHERE out_trade_no = 'BL-LEFT'")
+            .await,
+        0
+    );
+    assert_eq!(
+        app.db.count("bill_line").await,
+        2,
+        "the run's and the recent one"
+    );
+    // The run ended without emptying them (it died): they go next time.
+    app.clock.advance(601);
+    let done = archiver
+        .run(&app.store, app.clock.as_ref())
+        .await
+        .expect("run");
+    assert_eq!((done.bill_items, done.bill_lines), (0, 1), "{done:?}");
+    assert_eq!(
+        app.db
+            .count("bill_line WHERE out_trade_no = 'BL-RECENT'")
+            .await,
+        1
+    );
+    assert_eq!(app.db.count("bill_line").await, 1);
 }
 
 /// `paynotify archive show` finds an archived order in what a run wrote, by its day or in

@@ -10,13 +10,22 @@ use diesel_migrations::{EmbeddedMigrations, MigrationHarness};
 use paynotify::receipts::store::ReceiptFilter;
 use paynotify::store::{MYSQL_MIGRATIONS, POSTGRES_MIGRATIONS, SQLITE_MIGRATIONS, Store};
 
-use crate::support::helpers::{Backend, TestDb, named, named_accounts, test_settings};
+use crate::support::helpers::{
+    Backend, TestApp, TestDb, named, named_accounts, spawn_app, test_settings,
+};
+use crate::support::test_channel::TestNotification;
+use paynotify::notice::Outcome;
+use paynotify::time::Clock;
 
 crate::on_every_backend!(
     accounts_named_in_order_columns_move_to_order_account,
     receipts_stored_before_routes_were_kept_name_no_route,
     rows_written_before_partitions_stay_and_anomalies_keep_their_key,
+    keys_differing_by_trailing_spaces_are_different_keys,
 );
+
+/// The MySQL migration that made the key columns compare byte for byte.
+const KEYS_WITHOUT_PADDING: &str = "2026-12-11-000001_keys_without_padding";
 
 /// The migration that put the outbox and the receipts in day partitions and gave payment
 /// anomalies their own table.
@@ -273,4 +282,148 @@ async fn rows_written_before_partitions_stay_and_anomalies_keep_their_key(backen
     assert_eq!(migrate(&db, backend, Step::Up(None)).await, rest);
     assert_eq!(db.count("local_message").await, outbox);
     assert_eq!(db.count("payment_anomaly").await, 1);
+}
+
+/// An order written as a client's system may name it, past `POST /orders` (which takes no
+/// spaces): straight into its table.
+async fn order_named(app: &TestApp, order_no: &str, amount_fen: i64) {
+    let now = app
+        .clock
+        .now()
+        .as_datetime()
+        .format("%Y-%m-%dT%H:%M:%S%.6fZ")
+        .to_string();
+    app.db
+        .execute(&format!(
+            "INSERT INTO orders (order_no, amount_fen, currency, subject, created_at, expire_at) \
+             VALUES ('{order_no}', {amount_fen}, 'CNY', 't', '{now}', '{now}')"
+        ))
+        .await;
+}
+
+/// The order of exactly `order_no` as stored: its status, amount and refunded amount. (Not
+/// through `GET /orders/…`: a URL loses its trailing spaces.)
+async fn stored(app: &TestApp, order_no: &str) -> (&'static str, i64, i64) {
+    let order = app
+        .store
+        .order(order_no)
+        .await
+        .expect("read")
+        .unwrap_or_else(|| panic!("{order_no:?} is there"));
+    assert_eq!(order.order_no, order_no);
+    (order.status.as_str(), order.amount_fen, order.refunded_fen)
+}
+
+/// Numbers that differ only by trailing spaces are different keys on every backend (MySQL's
+/// utf8mb4_bin pads: they were one): two orders, each paid once and refunded under refund
+/// numbers that differ so; two anomalies whose transactions differ so; and a payment of a
+/// number only here with a space more is an unknown order, which pays nothing.
+async fn keys_differing_by_trailing_spaces_are_different_keys(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_order("SP-1", 100).await;
+    order_named(&app, "SP-1 ", 200).await;
+    order_named(&app, "SP-1  ", 300).await;
+    assert_eq!(app.db.count("orders WHERE order_no LIKE 'SP-1%'").await, 3);
+    for (order_no, amount) in [("SP-1", 100), ("SP-1 ", 200), ("SP-1  ", 300)] {
+        let paid = TestNotification::paid(order_no, &format!("T-{}", order_no.len()), amount);
+        assert_eq!(
+            app.apply(&paid.to_notice()).await,
+            Outcome::Applied,
+            "{order_no:?}"
+        );
+        assert_eq!(
+            app.apply(&paid.to_notice()).await,
+            Outcome::Duplicate,
+            "{order_no:?}"
+        );
+        assert_eq!(
+            stored(&app, order_no).await,
+            ("PAID", amount, 0),
+            "{order_no:?}"
+        );
+    }
+    assert_eq!(app.db.count("pay_callback").await, 3);
+    assert_eq!(app.messages("ORDER_PAID").await, 3);
+
+    // Two refunds of one order, numbered 'R-1' and 'R-1 ': each counted once.
+    for (out_refund_no, fen) in [("R-1", 10), ("R-1 ", 20)] {
+        let mut refund = TestNotification::paid("SP-1", "T-4", 100);
+        refund.kind = "refunded".into();
+        refund.refund = Some((out_refund_no.into(), format!("RF-{fen}"), fen));
+        assert_eq!(
+            app.apply(&refund.to_notice()).await,
+            Outcome::Applied,
+            "{out_refund_no:?}"
+        );
+        assert_eq!(
+            app.apply(&refund.to_notice()).await,
+            Outcome::Duplicate,
+            "{out_refund_no:?}"
+        );
+    }
+    assert_eq!(stored(&app, "SP-1").await, ("PAID", 100, 30));
+    assert_eq!(stored(&app, "SP-1 ").await, ("PAID", 200, 0));
+
+    // Two more payments of one order under transactions 'T-X' and 'T-X ': two anomalies.
+    for transaction_id in ["T-X", "T-X "] {
+        let again = TestNotification::paid("SP-1 ", transaction_id, 200);
+        assert!(
+            matches!(app.apply(&again.to_notice()).await, Outcome::Anomaly(_)),
+            "{transaction_id:?}"
+        );
+    }
+    assert_eq!(app.db.count("payment_anomaly").await, 2);
+
+    // Only 'SP-2' is here: a payment of 'SP-2 ' finds no order.
+    app.create_order("SP-2", 100).await;
+    let other = TestNotification::paid("SP-2 ", "T-SP-2", 100);
+    assert_eq!(app.apply(&other.to_notice()).await, Outcome::UnknownOrder);
+    assert_eq!(stored(&app, "SP-2").await, ("WAIT_PAY", 100, 0));
+    assert_eq!(
+        app.db
+            .count("pay_callback WHERE out_trade_no LIKE 'SP-2%'")
+            .await,
+        0
+    );
+}
+
+/// MySQL: rows written before the key columns compared bytes read back the same after it,
+/// and down and up again keep them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_keys_written_before_they_compared_bytes_read_back_alike() {
+    let backend = Backend::Mysql;
+    let db = TestDb::create_unmigrated(backend).await;
+    migrate(&db, backend, Step::Up(Some(KEYS_WITHOUT_PADDING))).await;
+    db.execute(
+        "INSERT INTO orders (order_no, amount_fen, currency, subject, created_at, expire_at) VALUES \
+         ('K-ORDER-1', 100, 'CNY', 't', '2026-12-10T08:00:00.000000Z', '2026-12-10T09:00:00.000000Z')",
+    )
+    .await;
+    db.execute(
+        "INSERT INTO payment_anomaly (biz_key, order_no, payload, created_at) VALUES \
+         ('K-ORDER-1:wechat:T-1', 'K-ORDER-1', '{\"reason\":\"AMOUNT_MISMATCH\"}', '2026-12-10T08:00:00.000000Z')",
+    )
+    .await;
+    let rest = migrate(&db, backend, Step::Up(None)).await;
+    assert_eq!(rest.first().map(String::as_str), Some(KEYS_WITHOUT_PADDING));
+    let store = Store::connect(&test_settings(db.url()).database).expect("store");
+    let order = store
+        .order("K-ORDER-1")
+        .await
+        .expect("read")
+        .expect("the order is found by its number");
+    assert_eq!(order.order_no, "K-ORDER-1");
+    assert_eq!(db.count("orders WHERE order_no = 'K-ORDER-1 '").await, 0);
+    assert_eq!(
+        db.count("payment_anomaly WHERE order_no = 'K-ORDER-1'")
+            .await,
+        1
+    );
+    drop(store);
+    for _ in &rest {
+        migrate(&db, backend, Step::RevertLast).await;
+    }
+    assert_eq!(db.count("orders WHERE order_no = 'K-ORDER-1'").await, 1);
+    assert_eq!(migrate(&db, backend, Step::Up(None)).await, rest);
+    assert_eq!(db.count("orders WHERE order_no = 'K-ORDER-1'").await, 1);
 }
