@@ -414,6 +414,7 @@ mod tests {
                 amount_fen: 100,
                 digest: "d".to_owned(),
                 created_at,
+                occurred_at: Some(created_at),
             }],
             refund_callbacks: Vec::new(),
             status_callbacks: Vec::new(),

@@ -54,6 +54,8 @@ pub struct PayCallback {
     pub amount_fen: i64,
     pub digest: String,
     pub created_at: Timestamp,
+    /// When the provider says it was paid, if the notice said.
+    pub occurred_at: Option<Timestamp>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Queryable, Selectable)]
@@ -67,6 +69,10 @@ pub struct RefundCallback {
     pub status: String,
     pub digest: String,
     pub created_at: Timestamp,
+    /// When the provider says it was refunded, if the notice said.
+    pub occurred_at: Option<Timestamp>,
+    /// The trade's running refund total the provider reported with it (Alipay), if any.
+    pub running_total_fen: Option<i64>,
 }
 
 /// A notification recorded without changing the order (Alipay `TRADE_CLOSED`).

@@ -193,6 +193,22 @@ async fn final_orders_past_the_window_are_archived_with_their_rows_then_removed(
     assert_eq!(record["pay_callbacks"][0]["transaction_id"], "T-AR-PAID");
     assert_eq!(record["refund_callbacks"][0]["out_refund_no"], "AR-PAID-R1");
     assert_eq!(record["refund_callbacks"][0]["refund_fen"], 30);
+    // Every column of theirs, the provider's time and Alipay's running total among them.
+    for (list, columns) in [
+        ("pay_callbacks", &["occurred_at"][..]),
+        (
+            "refund_callbacks",
+            &["occurred_at", "running_total_fen"][..],
+        ),
+    ] {
+        for column in columns {
+            assert!(
+                record[list][0].get(column).is_some(),
+                "{list} carries {column}: {}",
+                record[list][0]
+            );
+        }
+    }
     assert_eq!(record["refund_requests"][0]["status"], "SUCCESS");
     let twice = find(dir.path(), "AR-TWICE", None).expect("read");
     assert_eq!(twice.records.len(), 1);
