@@ -893,17 +893,7 @@ impl Bills {
         }
         let message = Message {
             topic: Topic::PaymentAnomaly,
-            biz_key: format!(
-                "{}:{}:bill:{}:{}{}",
-                item.out_trade_no,
-                channel,
-                date,
-                item.kind.as_str(),
-                item.out_refund_no
-                    .as_deref()
-                    .map(|r| format!(":{r}"))
-                    .unwrap_or_default()
-            ),
+            biz_key: mismatch_key(item, channel, date),
             payload: json!({
                 "order_no": item.out_trade_no,
                 "channel": channel,
@@ -941,17 +931,7 @@ impl Bills {
         }
         let message = Message {
             topic: Topic::PaymentAnomaly,
-            biz_key: format!(
-                "{}:{}:bill:{}:{}{}:settled",
-                item.out_trade_no,
-                by.channel,
-                settled.date,
-                item.kind.as_str(),
-                item.out_refund_no
-                    .as_deref()
-                    .map(|r| format!(":{r}"))
-                    .unwrap_or_default()
-            ),
+            biz_key: format!("{}:settled", mismatch_key(item, by.channel, &settled.date)),
             payload: json!({
                 "order_no": item.out_trade_no,
                 "channel": by.channel,
@@ -980,6 +960,21 @@ impl Bills {
             self.metrics.bill_item(report.channel, item.kind.as_str());
         }
     }
+}
+
+/// The biz_key of an item's `BILL_MISMATCH` event: its order, channel, bill date, type and
+/// refund number (a `BILL_MISMATCH_SETTLED` event adds `:settled`).
+fn mismatch_key(item: &Item, channel: ChannelId, date: &str) -> String {
+    let refund = item
+        .out_refund_no
+        .as_deref()
+        .map(|r| format!(":{r}"))
+        .unwrap_or_default();
+    format!(
+        "{}:{channel}:bill:{date}:{}{refund}",
+        item.out_trade_no,
+        item.kind.as_str()
+    )
 }
 
 /// The day before `now`'s date in `zone`.
