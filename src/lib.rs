@@ -22,6 +22,7 @@ pub mod qa;
 pub mod random;
 pub mod receipts;
 pub mod reconcile;
+pub(crate) mod redis_master;
 pub mod refunds;
 pub mod relay;
 pub mod routes;

@@ -300,7 +300,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     tracing::info!(
         backend = app.store().backend(),
-        redis_gate = if settings.redis.url.is_empty() { "off" } else { "on" },
+        redis_gate = if settings.redis.is_set() { "on" } else { "off" },
         relay_sink,
         jobs = %paynotify::jobs::schedule(
             Duration::from_millis(settings.relay.interval_ms),

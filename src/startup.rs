@@ -238,7 +238,7 @@ impl Application {
             Arc::clone(&options.clock),
             &settings.bills,
         )?);
-        let gate = if settings.redis.url.is_empty() {
+        let gate = if !settings.redis.is_set() {
             None
         } else {
             let gate = Gate::new(

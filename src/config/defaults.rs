@@ -75,6 +75,11 @@ impl Default for RedisSettings {
             result_ttl_secs: 172_800,
             marker_ttl_ms: 5000,
             recent_answers: 100_000,
+            sentinels: Vec::new(),
+            sentinel_master: String::new(),
+            sentinel_password: Secret::default(),
+            wait_replicas: None,
+            wait_timeout_ms: 1000,
         }
     }
 }

@@ -10,12 +10,14 @@ use serde::Deserialize;
 
 mod defaults;
 mod env;
+mod redis_target;
 mod urls;
 mod validate;
 pub mod value;
 
 pub use env::{ENV_PREFIX, env_var_key, unused_env_vars};
 use env::{error_key, name_env_source};
+pub use redis_target::{RedisTarget, Sentinels};
 pub use urls::{DatabaseUrl, RedisNodes, check_amqp};
 pub use value::{ConfigError, Secret, invalid};
 
@@ -164,6 +166,18 @@ pub struct RedisSettings {
     /// Final answers each instance also keeps in memory, so a repeat it answered lately
     /// needs no Redis round trip (between half and all of them are kept); 0: none.
     pub recent_answers: usize,
+    /// Redis Sentinel, instead of `url`: the sentinels' `host:port` (asked in this order).
+    #[serde(deserialize_with = "redis_target::address_list")]
+    pub sentinels: Vec<String>,
+    /// The name the sentinels monitor the master under.
+    pub sentinel_master: String,
+    /// The sentinels' password; empty: none.
+    pub sentinel_password: Secret,
+    /// Replicas that must have a stream write (`WAIT`) before it counts as sent; unset: 1
+    /// through sentinels, 0 otherwise.
+    pub wait_replicas: Option<u32>,
+    /// How long `WAIT` waits for them.
+    pub wait_timeout_ms: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -190,7 +204,8 @@ pub struct RelaySettings {
     pub batch_size: u32,
     pub max_attempts: u32,
     pub redis_stream: String,
-    /// The Redis that holds the stream (`sink = "redis-stream"`); empty: `redis.url`. Give the
+    /// The Redis that holds the stream (`sink = "redis-stream"`); empty: the `[redis]` one
+    /// (`redis.url` or the sentinels). Give the
     /// stream a Redis of its own when the gate's Redis keeps nothing on disk: a flushed or
     /// restarted stream loses events the outbox has already marked sent.
     pub redis_url: Secret,
@@ -291,18 +306,6 @@ pub struct ReconcileSettings {
     /// A PEM file of extra CA certificates trusted beside the system's roots (a TLS-inspecting
     /// proxy, a sandbox); used by the provider clients and the `http` relay sink.
     pub ca_file: Option<PathBuf>,
-}
-
-impl RelaySettings {
-    /// The key and URL of the Redis the stream sink writes to: `relay.redis_url` when set,
-    /// else `redis.url`.
-    pub fn stream_url<'a>(&'a self, redis: &'a RedisSettings) -> (&'static str, &'a Secret) {
-        if self.redis_url.is_empty() {
-            ("redis.url", &redis.url)
-        } else {
-            ("relay.redis_url", &self.redis_url)
-        }
-    }
 }
 
 impl Settings {
@@ -813,31 +816,31 @@ apiv3_key = "0123456789abcdef0123456789SECRET"
 
     #[test]
     fn the_stream_sink_takes_relay_redis_url_before_redis_url() {
+        let stream_url = |s: &Settings| match s.relay.stream_target(&s.redis).expect("target") {
+            (key, RedisTarget::Nodes(RedisNodes::Single(url))) => (key, url),
+            (key, other) => panic!("{key}: {other:?}"),
+        };
         let s = load(
             "[redis]\nurl = \"redis://gate:6379\"\n[relay]\nsink = \"redis-stream\"\nredis_url = \"redis://events:6380\"\n",
             &[],
         )
         .expect("loads");
-        assert_eq!(s.relay.stream_url(&s.redis).0, "relay.redis_url");
         assert_eq!(
-            s.relay.stream_url(&s.redis).1.expose(),
-            "redis://events:6380"
+            stream_url(&s),
+            ("relay.redis_url", "redis://events:6380".to_owned())
         );
         let s = load(
             "[relay]\nsink = \"redis-stream\"\n",
             &[("PAYNOTIFY__RELAY__REDIS_URL", "redis://events:6380")],
         )
         .expect("a stream sink needs no gate");
-        assert_eq!(
-            s.relay.stream_url(&s.redis).1.expose(),
-            "redis://events:6380"
-        );
+        assert_eq!(stream_url(&s).1, "redis://events:6380");
         let s = load(
             "[redis]\nurl = \"redis://gate:6379\"\n[relay]\nsink = \"redis-stream\"\n",
             &[],
         )
         .expect("loads");
-        assert_eq!(s.relay.stream_url(&s.redis).0, "redis.url");
+        assert_eq!(stream_url(&s).0, "redis.url");
         let err = load("[relay]\nsink = \"redis-stream\"\n", &[]).unwrap_err();
         assert!(err.to_string().contains("relay.redis_url"), "{err}");
         let err = load(

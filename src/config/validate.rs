@@ -4,7 +4,7 @@
 use super::value::Validate;
 use super::{
     ConfigError, DatabaseSettings, DatabaseUrl, LogSettings, OrderSettings, ReceiptSettings,
-    ReconcileSettings, RedisNodes, RedisSettings, RelaySettings, RetentionSettings,
+    ReconcileSettings, RedisNodes, RedisSettings, RedisTarget, RelaySettings, RetentionSettings,
     SandboxSettings, ServerSettings, Settings, SinkKind, check_amqp, invalid,
 };
 
@@ -96,9 +96,7 @@ impl Validate for DatabaseSettings {
 
 impl Validate for RedisSettings {
     fn validate(&self) -> Result<(), ConfigError> {
-        if !self.url.is_empty() {
-            RedisNodes::parse(self.url.expose())?;
-        }
+        self.validate_target()?;
         positive(&[
             ("redis.timeout_ms", self.timeout_ms),
             ("redis.result_ttl_secs", self.result_ttl_secs),
@@ -170,19 +168,14 @@ impl Validate for RelaySettings {
 }
 
 impl RelaySettings {
-    /// The stream sink's Redis (`relay.redis_url`, else `redis.url`): set, and one node.
+    /// The stream sink's Redis (`relay.redis_url`, else `redis.url` or `redis.sentinels`):
+    /// set, and not a cluster.
     fn validate_stream_redis(&self, redis: &RedisSettings) -> Result<(), ConfigError> {
         if self.sink != SinkKind::RedisStream {
             return Ok(());
         }
-        let (key, url) = self.stream_url(redis);
-        if url.is_empty() {
-            return Err(invalid(
-                "relay.redis_url",
-                "(or redis.url) must be set when relay.sink = \"redis-stream\"",
-            ));
-        }
-        if matches!(RedisNodes::parse(url.expose()), Ok(RedisNodes::Cluster(_))) {
+        let (key, target) = self.stream_target(redis)?;
+        if matches!(target, RedisTarget::Nodes(RedisNodes::Cluster(_))) {
             return Err(invalid(
                 key,
                 "must name one node when relay.sink = \"redis-stream\" (the stream sink does not use Redis Cluster)",

@@ -1,21 +1,27 @@
-//! The gate's transport: one Redis node or a cluster, a connection made on first use, a
-//! tight timeout on every call and a breaker that stops trying for a while after repeated
-//! failures. It knows how to send [`Call`]s and hand each its replies, not what they mean.
+//! The gate's transport: one Redis node, the master Redis Sentinel names, or a cluster; a
+//! connection made on first use, a tight timeout on every call and a breaker that stops
+//! trying for a while after repeated failures. It knows how to send [`Call`]s and hand each
+//! its replies, not what they mean.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncCommands, Cmd, Pipeline, RedisFuture, Value};
+use redis::{AsyncCommands, Cmd, Pipeline, RedisError, RedisFuture, Value};
 use tokio::sync::OnceCell;
 
 use super::call::Call;
-use crate::config::{ConfigError, RedisNodes, RedisSettings, invalid};
+use crate::config::{ConfigError, RedisNodes, RedisSettings, RedisTarget, invalid};
 use crate::metrics::{GateResult, Metrics};
+use crate::redis_master::Master;
+
+/// The longest a connection to one node may take to open. It is opened in a task of its
+/// own, so a call gives up after `redis.timeout_ms` (and is bypassed) while it goes on.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Failures in a row that open the breaker, and how long it then stays open.
 const BREAKER_THRESHOLD: u32 = 5;
@@ -49,14 +55,16 @@ impl Breaker {
     }
 }
 
-/// Where the gate's keys live: one Redis node, or a Redis Cluster.
+/// Where the gate's keys live: one Redis node or the master sentinels name, or a Redis
+/// Cluster.
 enum Client {
-    Single(redis::Client),
+    Master(Arc<Master>),
     Cluster(Box<ClusterClient>),
 }
 
-/// A connection to either. Both reconnect by themselves; the cluster connection also follows
-/// `MOVED`/`ASK` redirections and refreshes its slot map. Every notice's pipeline touches the
+/// A connection to either. Both reconnect by themselves (through sentinels, a lost master is
+/// asked for again: [`Master`]); the cluster connection also follows `MOVED`/`ASK`
+/// redirections and refreshes its slot map. Every notice's pipeline touches the
 /// keys of one order, which share a hash tag and so a slot.
 #[derive(Clone)]
 pub(super) enum Connection {
@@ -95,26 +103,32 @@ impl redis::aio::ConnectionLike for Connection {
 /// The connection side of the gate: the client, the timeout and the breaker.
 pub(super) struct Link {
     client: Client,
-    connection: OnceCell<Connection>,
+    cluster: OnceCell<ClusterConnection>,
     timeout: Duration,
     pub(super) breaker: Breaker,
     pub(super) metrics: Arc<Metrics>,
 }
 
 impl Link {
-    /// The client for `redis.url` (one node or a cluster); nothing connects until first use.
+    /// The client for `redis.url` (one node or a cluster) or `redis.sentinels`; nothing
+    /// connects until first use.
     pub(super) fn new(
         settings: &RedisSettings,
         metrics: Arc<Metrics>,
     ) -> Result<Self, ConfigError> {
         let timeout = Duration::from_millis(settings.timeout_ms);
-        let client = match RedisNodes::parse(settings.url.expose())? {
-            RedisNodes::Single(url) => Client::Single(
-                redis::Client::open(url).map_err(|e| invalid("redis.url", e.to_string()))?,
-            ),
+        let connect = CONNECT_TIMEOUT.max(timeout);
+        let client = match settings.target()? {
+            None => return Err(invalid("redis.url", "(or redis.sentinels) is not set")),
+            Some(RedisTarget::Nodes(RedisNodes::Single(url))) => {
+                Client::Master(Arc::new(Master::node(&url, "redis.url", connect, timeout)?))
+            }
+            Some(RedisTarget::Sentinels(sentinels)) => {
+                Client::Master(Arc::new(Master::sentinels(&sentinels, connect, timeout)?))
+            }
             // The same bounds as one node: a slow or dead node costs one timeout, then the
             // breaker. The client retries a redirection (MOVED/ASK) within the call.
-            RedisNodes::Cluster(nodes) => Client::Cluster(Box::new(
+            Some(RedisTarget::Nodes(RedisNodes::Cluster(nodes))) => Client::Cluster(Box::new(
                 ClusterClient::builder(nodes)
                     .connection_timeout(timeout)
                     .response_timeout(timeout)
@@ -125,7 +139,7 @@ impl Link {
         };
         Ok(Link {
             client,
-            connection: OnceCell::new(),
+            cluster: OnceCell::new(),
             timeout,
             breaker: Breaker {
                 failures: AtomicU32::new(0),
@@ -136,26 +150,27 @@ impl Link {
         })
     }
 
-    pub(super) async fn connection(&self) -> Result<Connection, String> {
-        let connect = async {
-            match &self.client {
-                Client::Single(client) => {
-                    let config = ConnectionManagerConfig::new()
-                        .set_connection_timeout(Some(self.timeout))
-                        .set_response_timeout(Some(self.timeout))
-                        .set_number_of_retries(1);
-                    client
-                        .get_connection_manager_with_config(config)
-                        .await
-                        .map(Connection::Single)
-                }
-                Client::Cluster(client) => {
-                    client.get_async_connection().await.map(Connection::Cluster)
-                }
-            }
-            .map_err(|e| e.to_string())
-        };
-        self.connection.get_or_try_init(|| connect).await.cloned()
+    /// The connection and its number (0 for a cluster), made now if there is none.
+    async fn connection(&self) -> Result<(Connection, u64), RedisError> {
+        match &self.client {
+            Client::Master(master) => master
+                .connection()
+                .await
+                .map(|held| (Connection::Single(held.connection), held.generation)),
+            Client::Cluster(client) => self
+                .cluster
+                .get_or_try_init(|| client.get_async_connection())
+                .await
+                .map(|c| (Connection::Cluster(c.clone()), 0)),
+        }
+    }
+
+    /// A call on connection `generation` failed (`None`: timed out): through sentinels, the
+    /// master is asked for again on the next call.
+    fn failed(&self, generation: u64, error: Option<&RedisError>) {
+        if let (Client::Master(master), 1..) = (&self.client, generation) {
+            master.failed(generation, error);
+        }
     }
 
     /// Runs one Redis call (carrying `calls` gate calls) under the timeout and the breaker;
@@ -170,9 +185,11 @@ impl Link {
                 .gate_results(GateResult::BypassBreakerOpen, calls);
             return None;
         }
+        let generation = AtomicU64::new(0);
         let result = tokio::time::timeout(self.timeout, async {
-            let conn = self.connection().await?;
-            f(conn).await.map_err(|e| e.to_string())
+            let (conn, number) = self.connection().await?;
+            generation.store(number, Ordering::Relaxed);
+            f(conn).await
         })
         .await;
         match result {
@@ -182,11 +199,13 @@ impl Link {
             }
             Ok(Err(error)) => {
                 tracing::debug!(what, %error, "redis gate bypassed");
+                self.failed(generation.load(Ordering::Relaxed), Some(&error));
                 self.metrics.gate_results(GateResult::BypassError, calls);
                 self.breaker.failure();
                 None
             }
             Err(_) => {
+                self.failed(generation.load(Ordering::Relaxed), None);
                 self.metrics.gate_results(GateResult::BypassTimeout, calls);
                 self.breaker.failure();
                 None

@@ -29,6 +29,10 @@ pub enum SinkError {
     RedisTimeout(Duration),
     #[error("redis: XADD answered {ids} ids for {events} events")]
     RedisShortAnswer { ids: usize, events: usize },
+    /// `WAIT` answered fewer replicas than `redis.wait_replicas`: a failover could lose the
+    /// batch, so it is not marked sent.
+    #[error("redis: WAIT answered {acked} replica(s) of the {wanted} asked for")]
+    RedisNotReplicated { acked: u64, wanted: u32 },
     #[error("http: {0}")]
     Http(#[source] Arc<reqwest::Error>),
     #[error("http: the receiver answered {0}")]

@@ -15,6 +15,7 @@ mod container;
 mod dashboards;
 mod gate;
 mod gate_cluster;
+mod gate_sentinel;
 mod health;
 mod imports;
 mod ledger;

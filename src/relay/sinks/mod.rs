@@ -12,7 +12,7 @@ pub use http::HttpSink;
 pub use log::LogSink;
 pub use redis_stream::RedisStreamSink;
 
-use crate::config::{ConfigError, RedisSettings, RelaySettings, SinkKind, invalid};
+use crate::config::{ConfigError, RedisSettings, RelaySettings, SinkKind};
 use crate::https::ClientSettings;
 use crate::relay::sink::Sink;
 
@@ -27,11 +27,15 @@ pub fn from_settings(
     Ok(match relay.sink {
         SinkKind::Log => Box::new(LogSink),
         SinkKind::RedisStream => {
-            let (key, url) = relay.stream_url(redis);
-            Box::new(
-                RedisStreamSink::new(url.expose(), &relay.redis_stream, timeout)
-                    .map_err(|e| invalid(key, e.to_string()))?,
-            )
+            let (key, target) = relay.stream_target(redis)?;
+            Box::new(RedisStreamSink::on(
+                key,
+                &target,
+                &relay.redis_stream,
+                timeout,
+                redis.wait_replicas_for(&target),
+                Duration::from_millis(redis.wait_timeout_ms),
+            )?)
         }
         SinkKind::Http => Box::new(HttpSink::new(&relay.http_url, &relay.http_secret, tls)?),
         SinkKind::Amqp => Box::new(AmqpSink::new(
