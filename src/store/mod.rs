@@ -507,6 +507,24 @@ mod tests {
         );
     }
 
+    /// A server made read-only under the service (demoted, fenced): PostgreSQL 25006,
+    /// MariaDB 1290 and 1836, a 503 (the provider retries; a writer may answer by then).
+    #[test]
+    fn a_server_made_read_only_is_unavailable_not_an_error() {
+        assert_classified(
+            &[
+                "The MariaDB server is running with the --read-only option so it cannot execute this statement",
+                "Running in read-only mode",
+            ],
+            &["Unknown column 'x' in 'field list'"],
+        );
+        let read_only = StoreError::Query(diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::ReadOnlyTransaction,
+            Box::new("cannot execute INSERT in a read-only transaction".to_owned()),
+        ));
+        assert!(read_only.is_unavailable());
+    }
+
     /// What PostgreSQL says when it ends a connection mid-statement
     /// (scripts/chaos/db-faults.sh: pg_terminate_backend, restarts).
     #[test]
