@@ -266,3 +266,69 @@ async fn postgres_readiness_is_failing_over_then_degraded() {
         (503, "failing_over".into(), serde_json::Value::Null)
     );
 }
+
+/// A COMMIT whose answer was lost: the payment's commit waits for a synchronous standby that
+/// never answers and its session is terminated (57P01) — committed locally, answer cut off.
+/// The provider gets 503 (it retries), never 2xx and never a 500 or a refusal, and it is not
+/// counted as a failed statement; the retry, once the standby requirement is lifted, is a
+/// duplicate: one callback row, the order paid once, one `ORDER_PAID`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_commit_whose_answer_was_lost_is_a_503_and_the_retry_decides() {
+    use crate::support::test_channel::{TestNotification, deliver};
+
+    let own = OwnPostgres::start();
+    let app = spawn_app_with(Backend::Postgres, |s| {
+        own.psql("postgres", "CREATE DATABASE pay");
+        s.database.url = Secret::new(own.url("pay"));
+        s.database.statement_timeout_ms = 15_000;
+    })
+    .await;
+    app.create_order("LC-1", 100).await;
+    own.set_system("synchronous_standby_names", "nobody").await;
+
+    let notification = TestNotification::paid("LC-1", "T-LC-1", 100);
+    // The commit waits; once it does, its session is terminated.
+    let cut_off = async {
+        let waiting = eventually(Duration::from_secs(5), || async {
+            own.count(
+                "postgres",
+                "pg_stat_activity WHERE wait_event = 'SyncRep' AND datname = 'pay'",
+            )
+            .await
+                == 1
+        })
+        .await;
+        assert!(waiting, "the payment's commit never waited for the standby");
+        own.execute(
+            "postgres",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+        )
+        .await;
+    };
+    let ((status, body), ()) = tokio::join!(deliver(&app, &notification), cut_off);
+    assert_eq!(status, 503, "{body}");
+    let count = |outcome| {
+        crate::support::helpers::metric(&app, "paynotify_notifications_total", &["wechat", outcome])
+    };
+    assert_eq!(
+        count("db_error"),
+        0,
+        "a lost answer is not a failed statement"
+    );
+    // Counted `db_unavailable` today (the driver reports a lost connection, not what the
+    // server did with the COMMIT); `undecided` would say it better. Either is a 503.
+    assert_eq!(count("db_unavailable") + count("undecided"), 1);
+    // Committed locally although the answer was lost.
+    assert_eq!(own.count("pay", "pay_callback").await, 1);
+
+    own.set_system("synchronous_standby_names", "").await;
+    let (status, body) = deliver(&app, &notification).await;
+    assert!(status.is_success(), "{status} {body}");
+    assert_eq!(own.count("pay", "pay_callback").await, 1);
+    assert_eq!(app.status_of("LC-1").await, "PAID");
+    assert_eq!(
+        own.count("pay", "local_message WHERE topic = 'ORDER_PAID'")
+            .await,
+        1
+    );
+}
