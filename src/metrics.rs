@@ -167,6 +167,9 @@ pub struct Metrics {
     pub gate_breaker_open: IntGauge,
     /// What `GET /readyz` checks, at every scrape: 1 when the database answered, else 0.
     pub database_up: IntGauge,
+    /// MariaDB/MySQL semi-sync on the primary, at every scrape: 1 on, 0 fell back to
+    /// asynchronous replication, -1 not enabled or not MySQL.
+    pub database_semi_sync_active: IntGauge,
     /// 1 when the relay sink can take events, else 0 (the outbox keeps them meanwhile).
     pub sink_up: IntGauge,
     /// The gate's calls for notices (one before the ledger; one after it, or after a cached
@@ -431,6 +434,10 @@ impl Metrics {
             "paynotify_database_up",
             "1 when the database answered at this scrape (as GET /readyz asks it), else 0",
         );
+        let database_semi_sync_active = gauge(
+            "paynotify_database_semi_sync_active",
+            "MariaDB/MySQL semi-sync replication: 1 on, 0 fell back to async, -1 not enabled",
+        );
         let sink_up = gauge(
             "paynotify_sink_up",
             "1 when the relay sink can take events now, else 0",
@@ -521,6 +528,7 @@ impl Metrics {
             db_pool,
             gate_breaker_open,
             database_up,
+            database_semi_sync_active,
             sink_up,
             gate_calls,
             gate_round_trips,

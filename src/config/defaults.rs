@@ -61,6 +61,7 @@ impl Default for DatabaseSettings {
             auto_migrate: true,
             acquire_timeout_ms: 2000,
             statement_timeout_ms: 5000,
+            sync_wait_alert_ms: 2000,
             group_apply_max: 64,
         }
     }

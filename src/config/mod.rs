@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub mod db_hosts;
 mod defaults;
 mod env;
 mod redis_target;
@@ -150,6 +151,9 @@ pub struct DatabaseSettings {
     pub acquire_timeout_ms: u64,
     /// PostgreSQL `statement_timeout` set on every connection.
     pub statement_timeout_ms: u64,
+    /// `/readyz` says `degraded` (503) while a commit has waited this long for a synchronous
+    /// standby (PostgreSQL `SyncRep`) or a semi-sync acknowledgement (MariaDB/MySQL).
+    pub sync_wait_alert_ms: u64,
     /// Most payments applied together in one transaction (group apply); 0 turns it off.
     pub group_apply_max: u32,
 }

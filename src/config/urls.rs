@@ -118,6 +118,7 @@ fn is_sqlite_memory(path: &str) -> bool {
 /// The database named by `database.url`; the scheme picks the backend.
 #[derive(Clone, PartialEq, Eq)]
 pub enum DatabaseUrl {
+    /// Checked, with a default `connect_timeout` added (`db_hosts::postgres`).
     Postgres(String),
     /// MySQL 8.0+ or MariaDB 10.6+ (InnoDB).
     Mysql(String),
@@ -128,7 +129,7 @@ pub enum DatabaseUrl {
 impl DatabaseUrl {
     pub fn parse(url: &str) -> Result<Self, ConfigError> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Ok(Self::Postgres(url.to_owned()));
+            return Ok(Self::Postgres(super::db_hosts::postgres(url)?));
         }
         if let Some(path) = url.strip_prefix("sqlite://") {
             if path.is_empty() {
@@ -148,6 +149,7 @@ impl DatabaseUrl {
             return Err(invalid("database.url", message));
         }
         if url.starts_with("mysql://") {
+            super::db_hosts::MysqlTargets::parse(url)?;
             return Ok(Self::Mysql(url.to_owned()));
         }
         Err(invalid(

@@ -83,6 +83,7 @@ impl Validate for DatabaseSettings {
         positive(&[
             ("database.acquire_timeout_ms", self.acquire_timeout_ms),
             ("database.statement_timeout_ms", self.statement_timeout_ms),
+            ("database.sync_wait_alert_ms", self.sync_wait_alert_ms),
         ])?;
         if self.group_apply_max > 1000 {
             return Err(invalid(

@@ -1,11 +1,12 @@
-//! `GET /healthz` (the process runs) and `GET /readyz` (the database answers; Redis and the
-//! relay sink are reported).
+//! `GET /healthz` (the process runs) and `GET /readyz` (a database writer answers and can
+//! commit now; Redis and the relay sink are reported).
 
 use actix_web::{HttpResponse, web};
 use serde_json::json;
 
 use super::AppState;
 use super::detach;
+use crate::store::{DatabaseState, DatabaseStatus};
 
 #[utoipa::path(get, path = "/healthz", tag = "operations",
     responses((status = 200, description = "The process runs", body = Object, example = json!({"status": "ok"}))))]
@@ -18,8 +19,15 @@ pub async fn healthz() -> HttpResponse {
 pub struct Readiness {
     /// `ready` or `unready`.
     pub status: String,
-    /// `up` or `down`.
+    /// `up`; `down` (nothing answers); `failing_over` (no writer answers while
+    /// `database.url` lists several hosts, or the server answers but is read-only, in
+    /// recovery or shutting down); `degraded` (a commit has waited longer than
+    /// `database.sync_wait_alert_ms` for a synchronous standby or a semi-sync
+    /// acknowledgement).
     pub database: String,
+    /// The database server in use as `host:port` (never credentials); `null` for SQLite or
+    /// when no writer answers.
+    pub database_host: Option<String>,
     /// `up`, `down` or `disabled`.
     pub redis: String,
     /// `up` or `down`: whether the relay sink (`relay.sink`) can take events now. A sink
@@ -27,21 +35,26 @@ pub struct Readiness {
     pub sink: String,
 }
 
-/// 200 when the database answers, 503 otherwise. Neither Redis nor the relay sink makes the
-/// service unready: correctness does not depend on them.
+/// 200 when a database writer answers and can commit now, 503 otherwise (down, failing
+/// over, or commits waiting for a synchronous standby: a payment cannot be acknowledged
+/// now). Neither Redis nor the relay sink makes the service unready: correctness does not
+/// depend on them.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
-        (status = 200, description = "The database answers", body = Readiness),
-        (status = 503, description = "The database does not answer", body = Readiness)))]
+        (status = 200, description = "A database writer answers", body = Readiness),
+        (status = 503, description = "The database is down, failing over or degraded", body = Readiness)))]
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let store = state.store.clone();
-    let database_up = match detach(&state, async move { store.ping().await }).await {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!(error = %e, "readiness: database down");
-            false
-        }
-    };
+    let database = detach(&state, async move { Ok(store.readiness().await) })
+        .await
+        .unwrap_or_else(|e: crate::store::StoreError| {
+            tracing::warn!(error = %e, "readiness: database check did not finish");
+            DatabaseStatus {
+                state: DatabaseState::Down,
+                host: None,
+            }
+        });
+    let database_up = database.state == DatabaseState::Up;
     let redis = match &state.gate {
         None => "disabled",
         Some(gate) if gate.is_up().await => "up",
@@ -54,7 +67,8 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     };
     let body = json!({
         "status": if database_up { "ready" } else { "unready" },
-        "database": if database_up { "up" } else { "down" },
+        "database": database.state.as_str(),
+        "database_host": database.host,
         "redis": redis,
         "sink": sink,
     });
@@ -85,6 +99,13 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
             tracing::warn!(error = %e, "metrics: outbox gauges not refreshed");
             m.database_up.set(0);
         }
+    }
+    let store = state.store.clone();
+    match detach(&state, async move { store.semi_sync_active().await }).await {
+        Ok(active) => m
+            .database_semi_sync_active
+            .set(active.map_or(-1, i64::from)),
+        Err(e) => tracing::warn!(error = %e, "metrics: semi-sync state not refreshed"),
     }
     m.sink_up.set(i64::from(state.sink.is_up().await));
     m.pool(state.store.pool_status());

@@ -4,7 +4,11 @@
 //! Adding a backend (MySQL/MariaDB) means: a `migrations/<backend>` folder, one `Pools` variant,
 //! one arm in `with_conn!`, and a `Dialect` value for the few statements whose SQL differs.
 
+mod connect;
 mod group;
+mod readiness;
+pub use connect::PgTarget;
+pub use readiness::{DatabaseState, DatabaseStatus};
 pub mod partitions;
 pub use group::GroupCounts;
 pub mod ledger;
@@ -25,19 +29,18 @@ use std::path::Path;
 use std::time::Duration;
 
 use diesel::sqlite::SqliteConnection;
-use diesel::{Connection, ConnectionError, ConnectionResult};
+use diesel::{Connection, ConnectionError};
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::pooled_connection::deadpool::{BuildError, Pool, PoolError};
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod,
 };
 use diesel_async::sync_connection_wrapper::SyncConnectionWrapper;
-use diesel_async::{
-    AsyncConnection, AsyncMysqlConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
-};
+use diesel_async::{AsyncMysqlConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
 use crate::config::{ConfigError, DatabaseSettings, DatabaseUrl};
+use connect::establish_on;
 
 pub const POSTGRES_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/postgres");
 pub const MYSQL_MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations/mysql");
@@ -60,7 +63,7 @@ pub enum StoreError {
     /// A statement failed; [`StoreError::is_unavailable`] tells a lost or busy database from
     /// a statement that is wrong.
     #[error("database statement failed: {0}")]
-    Query(#[from] diesel::result::Error),
+    Query(#[source] diesel::result::Error),
     /// `database.url` does not name a database this build can use.
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -93,6 +96,17 @@ pub enum StoreError {
     Undecided(String),
 }
 
+impl From<diesel::result::Error> for StoreError {
+    /// Every statement's error passes here: one saying the server refuses writes or is
+    /// leaving makes the pool check its connections before handing them out again.
+    fn from(error: diesel::result::Error) -> Self {
+        if connect::refuses_writes_or_leaving(&error) {
+            connect::distrust_pooled();
+        }
+        Self::Query(error)
+    }
+}
+
 impl StoreError {
     /// A deadlock victim (PostgreSQL 40P01, InnoDB 1213): retrying at once succeeds.
     pub fn is_deadlock(&self) -> bool {
@@ -115,12 +129,16 @@ impl StoreError {
             Self::Query(Error::DatabaseError(kind, info)) => {
                 matches!(
                     kind,
-                    DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand
-                ) || {
-                    // PostgreSQL's statement_timeout (57014), SQLite's busy timeout and
-                    // InnoDB's lock waits carry no kind of their own.
-                    let message = info.message();
-                    message.contains("statement timeout")
+                    DatabaseErrorKind::ClosedConnection
+                        | DatabaseErrorKind::UnableToSendCommand
+                        // PostgreSQL 25006, MySQL 1792: the server was made read-only.
+                        | DatabaseErrorKind::ReadOnlyTransaction
+                ) || connect::says_failing_over(info.message())
+                    || {
+                        // PostgreSQL's statement_timeout (57014), SQLite's busy timeout and
+                        // InnoDB's lock waits carry no kind of their own.
+                        let message = info.message();
+                        message.contains("statement timeout")
                         // PostgreSQL: a deadlock victim (40P01); the provider's retry succeeds.
                         || message.contains("deadlock detected")
                         // PostgreSQL ended this connection mid-statement (57P01
@@ -135,7 +153,7 @@ impl StoreError {
                         || message.contains("Lock wait timeout exceeded")
                         || message.contains("Deadlock found")
                         || is_mysql_connection_lost(message)
-                }
+                    }
             }
             _ => false,
         }
@@ -145,7 +163,7 @@ impl StoreError {
 /// The MySQL driver reports a lost connection as a database error of no particular kind:
 /// a socket error (`Input/output error: …`), a connection it knows is gone, or the server
 /// going away (shutting down, or this connection killed).
-fn is_mysql_connection_lost(message: &str) -> bool {
+pub(crate) fn is_mysql_connection_lost(message: &str) -> bool {
     message.starts_with("Input/output error")
         || message.contains("Connection to the server is closed")
         || message.contains("Server shutdown in progress")
@@ -170,34 +188,16 @@ pub struct Store {
     statement_timeout: Duration,
     /// The runtime the store was built on, where the group applier runs.
     runtime: Option<tokio::runtime::Handle>,
+    /// The host:port the newest MySQL connection went to (`/readyz`).
+    mysql_host: connect::ChosenHost,
+    /// `database.sync_wait_alert_ms`.
+    sync_wait_alert: Duration,
     /// `database.group_apply_max`; 0: every payment on its own.
     group_max: usize,
     /// The group applier, started by the first payment (see `group.rs`).
     group: std::sync::Arc<
         std::sync::OnceLock<crate::batch::Batcher<group::Payment, group::GroupResult>>,
     >,
-}
-
-/// Opens every pooled connection on `runtime` (the one the store was built on), whichever
-/// runtime asks the pool for it. A PostgreSQL connection's I/O task, and the blocking pool
-/// an SQLite connection runs its statements on, belong to the runtime that opened it: one
-/// opened on an HTTP worker's runtime would die with that worker at shutdown, and the relay,
-/// which outlives the workers, would get `connection closed` or `task … was cancelled`
-/// releasing its leases.
-async fn establish_on<C>(
-    runtime: Option<tokio::runtime::Handle>,
-    url: String,
-) -> ConnectionResult<C>
-where
-    C: AsyncConnection + Send + 'static,
-{
-    match runtime {
-        Some(runtime) => runtime
-            .spawn(async move { C::establish(&url).await })
-            .await
-            .map_err(|e| ConnectionError::BadConnection(format!("connection task ended: {e}")))?,
-        None => C::establish(&url).await,
-    }
 }
 
 impl std::fmt::Debug for Store {
@@ -262,107 +262,7 @@ pub(crate) async fn acquire<T>(
     }
 }
 
-/// Where a PostgreSQL URL points, for messages: never its password.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PgTarget {
-    pub host: String,
-    pub port: u16,
-    pub database: String,
-    pub user: String,
-}
-
-impl PgTarget {
-    /// Reads `postgres://[user[:password]@][host][:port][/database][?…]`; what is missing
-    /// takes libpq's default (localhost, 5432, the user's name as the database).
-    pub fn of(url: &str) -> Self {
-        let rest = url.split_once("://").map_or(url, |(_, r)| r);
-        let rest = rest.split(['?', '#']).next().unwrap_or("");
-        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (userinfo, hostport) = authority.rsplit_once('@').unwrap_or(("", authority));
-        let user = userinfo.split(':').next().unwrap_or("");
-        let (host, port) = match hostport.strip_prefix('[') {
-            // [IPv6]:port
-            Some(v6) => {
-                let (h, p) = v6.split_once(']').unwrap_or((v6, ""));
-                (h, p.strip_prefix(':').unwrap_or(""))
-            }
-            None => hostport.rsplit_once(':').unwrap_or((hostport, "")),
-        };
-        let decode = |s: &str| {
-            percent_encoding::percent_decode_str(s)
-                .decode_utf8_lossy()
-                .into_owned()
-        };
-        let user = if user.is_empty() {
-            "postgres".to_owned()
-        } else {
-            decode(user)
-        };
-        Self {
-            host: if host.is_empty() {
-                "localhost".to_owned()
-            } else {
-                decode(host)
-            },
-            port: port.parse().unwrap_or(5432),
-            database: if path.is_empty() {
-                user.clone()
-            } else {
-                decode(path)
-            },
-            user,
-        }
-    }
-}
-
-impl std::fmt::Display for PgTarget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "host {}, port {}, database \"{}\", user \"{}\"",
-            self.host, self.port, self.database, self.user
-        )
-    }
-}
-
 impl Store {
-    /// One line for an operator when the database cannot be reached at start-up: where
-    /// (host, port, database and user; never the password) and why. The PostgreSQL driver
-    /// reports only "error connecting to server", so the cause of a failed connection is
-    /// taken from a TCP connection attempt of our own (refused, no route, unknown host);
-    /// when that succeeds the driver's message is the cause (authentication, missing
-    /// database). `None` when `error` is not a connection failure.
-    pub async fn unreachable_message(&self, error: &StoreError) -> Option<String> {
-        let driver = match error {
-            StoreError::Connect(e) => e.to_string(),
-            StoreError::MigrationConnect(e) => e.to_string(),
-            StoreError::Timeout(_) => error.to_string(),
-            _ => return None,
-        };
-        Some(match &self.url {
-            DatabaseUrl::Postgres(url) => {
-                let target = PgTarget::of(url);
-                let probe = tokio::time::timeout(
-                    Duration::from_secs(3),
-                    tokio::net::TcpStream::connect((target.host.as_str(), target.port)),
-                )
-                .await;
-                let cause = match probe {
-                    Ok(Ok(_)) => driver,
-                    Ok(Err(e)) => e.to_string(),
-                    Err(_) => "no answer within 3 s".to_owned(),
-                };
-                format!("cannot connect to PostgreSQL at {target}: {cause} (database.url)")
-            }
-            DatabaseUrl::Mysql(_) => {
-                format!("cannot connect to MySQL: {driver} (database.url)")
-            }
-            DatabaseUrl::Sqlite(path) => {
-                format!("cannot open the SQLite database {path}: {driver} (database.url)")
-            }
-        })
-    }
-
     /// Builds the pool for the backend that `database.url` names. Connections are opened
     /// lazily; call [`Store::ping`] to find out whether the database answers.
     pub fn connect(settings: &DatabaseSettings) -> Result<Self, StoreError> {
@@ -371,12 +271,14 @@ impl Store {
         let size = settings.pool_size as usize;
         let runtime = tokio::runtime::Handle::try_current().ok();
         let store_runtime = runtime.clone();
+        let mysql_host = connect::ChosenHost::default();
         let pools = match &url {
             DatabaseUrl::Postgres(pg_url) => {
                 let mut config = ManagerConfig::<AsyncPgConnection>::default();
                 // A dead connection is noticed by `is_broken`; a ping per checkout would cost
-                // a round trip on every notification.
-                config.recycling_method = RecyclingMethod::Fast;
+                // a round trip on every notification, so connections are only checked for a
+                // while after a server refused writes or left (see `connect.rs`).
+                config.recycling_method = connect::pg_recycling();
                 let pg_runtime = runtime.clone();
                 config.custom_setup = Box::new(move |url| {
                     let (runtime, url) = (pg_runtime.clone(), url.to_owned());
@@ -408,14 +310,17 @@ impl Store {
                 // Unlike PostgreSQL's, a MySQL connection never reports itself broken
                 // (diesel-async has no `is_broken` for it): with `Fast`, connections to a
                 // server that restarted stay pooled and fail every statement until the
-                // service restarts. `Verified` pings each one on checkout and drops the dead.
-                config.recycling_method = RecyclingMethod::Verified;
+                // service restarts. Each one is checked on checkout (one round trip): the
+                // dead and those to a server made read-only are dropped.
+                config.recycling_method = connect::mysql_recycling();
                 let lock_wait_secs = statement_timeout_ms.div_ceil(1000).max(1);
                 let my_runtime = runtime.clone();
+                let chosen = mysql_host.clone();
                 config.custom_setup = Box::new(move |url| {
                     let (runtime, url) = (my_runtime.clone(), url.to_owned());
+                    let chosen = chosen.clone();
                     Box::pin(async move {
-                        let mut conn: AsyncMysqlConnection = establish_on(runtime, url).await?;
+                        let mut conn = connect::establish_mysql(runtime, url, chosen).await?;
                         // UTC for DATETIME(6); READ COMMITTED so a statement after a
                         // duplicate-key error sees the winner's committed row (under
                         // REPEATABLE READ the transaction's snapshot could hide it); a row
@@ -471,6 +376,8 @@ impl Store {
             url,
             acquire_timeout: Duration::from_millis(settings.acquire_timeout_ms),
             statement_timeout: Duration::from_millis(statement_timeout_ms),
+            mysql_host,
+            sync_wait_alert: Duration::from_millis(settings.sync_wait_alert_ms),
             runtime: store_runtime,
             group_max: settings.group_apply_max as usize,
             group: Default::default(),
@@ -483,7 +390,15 @@ impl Store {
 
     /// Applies pending migrations of this backend; returns the versions applied.
     pub async fn migrate(&self) -> Result<Vec<String>, StoreError> {
-        let url = self.url.clone();
+        let url = match &self.url {
+            // The driver takes one host: the writer's.
+            DatabaseUrl::Mysql(url) => DatabaseUrl::Mysql(
+                connect::mysql_writer_url(self.runtime.clone(), url)
+                    .await
+                    .map_err(StoreError::MigrationConnect)?,
+            ),
+            url => url.clone(),
+        };
         let run = move || -> Result<Vec<String>, StoreError> {
             let applied = match url {
                 DatabaseUrl::Postgres(url) => {
@@ -540,27 +455,6 @@ impl Store {
         })
     }
 
-    /// Refuses a server this build cannot run on: the relay claims with
-    /// `FOR UPDATE SKIP LOCKED`, which needs MySQL 8.0+ or MariaDB 10.6+.
-    pub async fn check_server(&self) -> Result<(), StoreError> {
-        #[derive(diesel::QueryableByName)]
-        struct Version {
-            #[diesel(sql_type = diesel::sql_types::Text)]
-            version: String,
-        }
-        if !matches!(self.url, DatabaseUrl::Mysql(_)) {
-            return Ok(());
-        }
-        let found: Version = with_conn!(self, conn => {
-            diesel::sql_query("SELECT VERSION() AS version").get_result(conn).await?
-        });
-        if mysql_version_supported(&found.version) {
-            Ok(())
-        } else {
-            Err(StoreError::UnsupportedServer(found.version))
-        }
-    }
-
     /// `SELECT 1` on a pooled connection: does the database answer?
     pub async fn ping(&self) -> Result<(), StoreError> {
         with_conn!(self, conn => {
@@ -570,24 +464,9 @@ impl Store {
     }
 }
 
-/// Whether `SELECT VERSION()` names MySQL 8.0+ or MariaDB 10.6+.
-fn mysql_version_supported(version: &str) -> bool {
-    let mut parts = version
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|p| p.parse::<u32>().ok());
-    let (Some(major), Some(minor)) = (parts.next(), parts.next()) else {
-        return false;
-    };
-    if version.to_ascii_lowercase().contains("mariadb") {
-        (major, minor) >= (10, 6)
-    } else {
-        major >= 8
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{PgTarget, StoreError, mysql_version_supported};
+    use super::StoreError;
 
     /// A database error of no particular kind, as the drivers report many of them.
     fn db_error(message: &str) -> StoreError {
@@ -628,6 +507,24 @@ mod tests {
         );
     }
 
+    /// A server made read-only under the service (demoted, fenced): PostgreSQL 25006,
+    /// MariaDB 1290 and 1836, a 503 (the provider retries; a writer may answer by then).
+    #[test]
+    fn a_server_made_read_only_is_unavailable_not_an_error() {
+        assert_classified(
+            &[
+                "The MariaDB server is running with the --read-only option so it cannot execute this statement",
+                "Running in read-only mode",
+            ],
+            &["Unknown column 'x' in 'field list'"],
+        );
+        let read_only = StoreError::Query(diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::ReadOnlyTransaction,
+            Box::new("cannot execute INSERT in a read-only transaction".to_owned()),
+        ));
+        assert!(read_only.is_unavailable());
+    }
+
     /// What PostgreSQL says when it ends a connection mid-statement
     /// (scripts/chaos/db-faults.sh: pg_terminate_backend, restarts).
     #[test]
@@ -644,55 +541,5 @@ mod tests {
                 "duplicate key value violates unique constraint \"local_message_topic_biz_key\"",
             ],
         );
-    }
-
-    #[test]
-    fn a_postgres_target_names_host_port_database_and_user_but_never_the_password() {
-        let t = PgTarget::of("postgres://app:pw-SECRET@db.internal:6543/pay?sslmode=disable");
-        assert_eq!(
-            (
-                t.host.as_str(),
-                t.port,
-                t.database.as_str(),
-                t.user.as_str()
-            ),
-            ("db.internal", 6543, "pay", "app")
-        );
-        let shown = t.to_string();
-        assert!(!shown.contains("SECRET"), "{shown}");
-        assert_eq!(
-            shown,
-            "host db.internal, port 6543, database \"pay\", user \"app\""
-        );
-        let t = PgTarget::of("postgresql://[::1]/x");
-        assert_eq!(
-            (t.host.as_str(), t.port, t.database.as_str()),
-            ("::1", 5432, "x")
-        );
-        let t = PgTarget::of("postgres://bob@h");
-        assert_eq!((t.port, t.database.as_str()), (5432, "bob"));
-        let t = PgTarget::of("postgres://p%40ss:x@h:1/d");
-        assert_eq!(t.user, "p@ss");
-    }
-
-    #[test]
-    fn only_servers_with_skip_locked_are_supported() {
-        for ok in [
-            "10.11.19-MariaDB-0+deb12u1",
-            "10.6.0-MariaDB",
-            "11.4.2-MariaDB",
-            "8.0.36",
-            "8.4.0",
-        ] {
-            assert!(mysql_version_supported(ok), "{ok}");
-        }
-        for old in [
-            "10.5.23-MariaDB",
-            "5.7.44-log",
-            "10.3.39-MariaDB",
-            "garbage",
-        ] {
-            assert!(!mysql_version_supported(old), "{old}");
-        }
     }
 }

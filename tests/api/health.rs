@@ -16,10 +16,20 @@ async fn ready_when_the_database_answers(backend: Backend) {
     assert_eq!(liveness(&app).await, 200);
     let (status, body) = readiness(&app).await;
     assert_eq!(status, 200);
+    // The server in use, as the test URL names it (`…@127.0.0.1:5432/db`); none for SQLite.
+    let host = match backend {
+        Backend::Sqlite => serde_json::Value::Null,
+        _ => {
+            let url = app.db.url();
+            let rest = url.split_once('@').map_or(url, |(_, r)| r);
+            rest.split('/').next().unwrap_or_default().into()
+        }
+    };
     assert_eq!(
         body,
         serde_json::json!({
-            "status": "ready", "database": "up", "redis": "disabled", "sink": "up"
+            "status": "ready", "database": "up", "database_host": host,
+            "redis": "disabled", "sink": "up"
         })
     );
 }

@@ -25,6 +25,7 @@ mod openapi;
 mod orders;
 mod partitions;
 mod plans;
+mod pool_failover;
 mod qa;
 mod readme;
 mod receipts;

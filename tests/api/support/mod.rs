@@ -8,6 +8,7 @@ pub mod alipay_bill;
 pub mod browser;
 pub mod helpers;
 pub mod keys;
+pub mod own_db;
 pub mod provider;
 pub mod refunds;
 pub mod test_channel;
