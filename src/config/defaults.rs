@@ -62,6 +62,7 @@ impl Default for DatabaseSettings {
             acquire_timeout_ms: 2000,
             statement_timeout_ms: 5000,
             group_apply_max: 64,
+            failover_recheck_secs: 600,
         }
     }
 }

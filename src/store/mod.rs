@@ -13,6 +13,7 @@ pub mod outbox;
 pub mod relay;
 pub mod schema;
 mod statements;
+pub mod writer;
 
 /// "The order is still waiting", for a by-key statement written with diesel's DSL: an
 /// expression no partial index can serve ([`statements::WAITING`]).
@@ -176,6 +177,8 @@ pub struct Store {
     group: std::sync::Arc<
         std::sync::OnceLock<crate::batch::Batcher<group::Payment, group::GroupResult>>,
     >,
+    /// The writer every new connection reports (`writer.rs`).
+    writer: std::sync::Arc<writer::Writer>,
 }
 
 /// Opens every pooled connection on `runtime` (the one the store was built on), whichever
@@ -371,6 +374,10 @@ impl Store {
         let size = settings.pool_size as usize;
         let runtime = tokio::runtime::Handle::try_current().ok();
         let store_runtime = runtime.clone();
+        let writer = std::sync::Arc::new(writer::Writer::new(
+            Duration::from_secs(settings.failover_recheck_secs),
+            writer::ACKNOWLEDGED_MAX,
+        ));
         let pools = match &url {
             DatabaseUrl::Postgres(pg_url) => {
                 let mut config = ManagerConfig::<AsyncPgConnection>::default();
@@ -378,8 +385,10 @@ impl Store {
                 // a round trip on every notification.
                 config.recycling_method = RecyclingMethod::Fast;
                 let pg_runtime = runtime.clone();
+                let pg_writer = writer.clone();
                 config.custom_setup = Box::new(move |url| {
                     let (runtime, url) = (pg_runtime.clone(), url.to_owned());
+                    let writer = pg_writer.clone();
                     Box::pin(async move {
                         let mut conn: AsyncPgConnection = establish_on(runtime, url).await?;
                         // enable_seqscan = off: on a table the planner believes tiny (new,
@@ -397,6 +406,7 @@ impl Store {
                         ))
                         .await
                         .map_err(ConnectionError::CouldntSetupConfiguration)?;
+                        writer::observe_pg(&writer, &mut conn).await;
                         Ok(conn)
                     })
                 });
@@ -412,8 +422,10 @@ impl Store {
                 config.recycling_method = RecyclingMethod::Verified;
                 let lock_wait_secs = statement_timeout_ms.div_ceil(1000).max(1);
                 let my_runtime = runtime.clone();
+                let my_writer = writer.clone();
                 config.custom_setup = Box::new(move |url| {
                     let (runtime, url) = (my_runtime.clone(), url.to_owned());
+                    let writer = my_writer.clone();
                     Box::pin(async move {
                         let mut conn: AsyncMysqlConnection = establish_on(runtime, url).await?;
                         // UTC for DATETIME(6); READ COMMITTED so a statement after a
@@ -427,6 +439,7 @@ impl Store {
                         ))
                         .await
                         .map_err(ConnectionError::CouldntSetupConfiguration)?;
+                        writer::observe_mysql(&writer, &mut conn).await;
                         Ok(conn)
                     })
                 });
@@ -474,6 +487,7 @@ impl Store {
             runtime: store_runtime,
             group_max: settings.group_apply_max as usize,
             group: Default::default(),
+            writer,
         })
     }
 
