@@ -13,6 +13,7 @@ mod console;
 mod consumer_example;
 mod container;
 mod dashboards;
+mod deadlock;
 mod failover;
 mod gate;
 mod gate_cluster;
