@@ -15,6 +15,7 @@ mod container;
 mod dashboards;
 mod deadlock;
 mod failover;
+mod failover_pg;
 mod gate;
 mod gate_cluster;
 mod health;
