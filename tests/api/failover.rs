@@ -182,6 +182,21 @@ async fn an_order_acknowledged_before_a_failover_and_lost_is_paid_again_through_
 
 async fn outbox_ids_move_on_past_the_old_writers(backend: Backend) {
     let app = spawn_app_with(backend, |_| {}).await;
+    // What identifies the writer: PostgreSQL's cluster and timeline; MariaDB's server id,
+    // host and port (it has no server_uuid); SQLite nothing.
+    let identity = app.store.writer().identity();
+    match backend {
+        Backend::Postgres => {
+            let id = identity.expect("reported");
+            let (cluster, timeline) = id.split_once('/').expect("cluster/timeline");
+            assert!(cluster.parse::<u64>().is_ok() && timeline.len() == 8, "{id}");
+        }
+        Backend::Mysql => {
+            let id = identity.expect("reported");
+            assert!(id.contains('@') && id.ends_with(":3306") || id.len() == 36, "{id}");
+        }
+        Backend::Sqlite => assert_eq!(identity, None),
+    }
     app.create_order("FO-ID-1", 100).await;
     let n = TestNotification::paid("FO-ID-1", "T-1", 100);
     assert_eq!(deliver(&app, &n).await.0, StatusCode::NO_CONTENT);
