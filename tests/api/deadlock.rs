@@ -87,3 +87,45 @@ async fn a_deadlock_victim_is_applied_again_not_answered_503() {
     assert_eq!(deliver(&app, &n).await.0, StatusCode::NO_CONTENT);
     assert_eq!(app.messages("ORDER_PAID").await, 1);
 }
+
+crate::on_every_backend!(overlapping_groups_at_once_answer_every_delivery_2xx);
+
+/// Every order delivered three times at once, in three different orders, through group
+/// apply: groups that overlap in their orders, twins on the ordinary path beside them, never
+/// a 503 (a deadlock among them is applied again), one payment per order.
+async fn overlapping_groups_at_once_answer_every_delivery_2xx(backend: Backend) {
+    let app = std::sync::Arc::new(spawn_app_with(backend, |_| {}).await);
+    let orders: Vec<String> = (0..40).map(|i| format!("DL-G-{i:02}")).collect();
+    for no in &orders {
+        app.create_order(no, 100).await;
+    }
+    let mut notices = Vec::new();
+    for round in 0..3 {
+        let mut these: Vec<&String> = orders.iter().collect();
+        match round {
+            1 => these.reverse(),
+            2 => these.sort_by_key(|no| (no.len(), no.chars().rev().collect::<String>())),
+            _ => {}
+        }
+        notices.extend(
+            these
+                .into_iter()
+                .map(|no| TestNotification::paid(no, &format!("T-{no}"), 100)),
+        );
+    }
+    let statuses = crate::support::helpers::released_together(notices.len(), |i| {
+        let (app, n) = (app.clone(), notices[i].clone());
+        async move { deliver(&app, &n).await.0 }
+    })
+    .await;
+    let refused: Vec<_> = statuses
+        .iter()
+        .filter(|s| **s != StatusCode::NO_CONTENT)
+        .collect();
+    assert!(refused.is_empty(), "not acknowledged: {refused:?}");
+    assert_eq!(app.messages("ORDER_PAID").await, orders.len() as i64);
+    assert_eq!(
+        app.db.count("orders WHERE status = 'PAID'").await,
+        orders.len() as i64
+    );
+}

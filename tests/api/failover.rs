@@ -193,7 +193,7 @@ async fn outbox_ids_move_on_past_the_old_writers(backend: Backend) {
         }
         Backend::Mysql => {
             let id = identity.expect("reported");
-            assert!(id.contains('@') && id.ends_with(":3306") || id.len() == 36, "{id}");
+            assert!((id.contains('@') && id.ends_with(":3306")) || id.len() == 36, "{id}");
         }
         Backend::Sqlite => assert_eq!(identity, None),
     }
