@@ -189,11 +189,17 @@ async fn outbox_ids_move_on_past_the_old_writers(backend: Backend) {
         Backend::Postgres => {
             let id = identity.expect("reported");
             let (cluster, timeline) = id.split_once('/').expect("cluster/timeline");
-            assert!(cluster.parse::<u64>().is_ok() && timeline.len() == 8, "{id}");
+            assert!(
+                cluster.parse::<u64>().is_ok() && timeline.len() == 8,
+                "{id}"
+            );
         }
         Backend::Mysql => {
             let id = identity.expect("reported");
-            assert!((id.contains('@') && id.ends_with(":3306")) || id.len() == 36, "{id}");
+            assert!(
+                (id.contains('@') && id.ends_with(":3306")) || id.len() == 36,
+                "{id}"
+            );
         }
         Backend::Sqlite => assert_eq!(identity, None),
     }
