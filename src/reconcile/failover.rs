@@ -88,6 +88,13 @@ pub async fn after(
         ),
     }
     let orders = store.writer().acknowledged_since_window_before(failover.at);
+    if !reconciler.asks_providers() && !orders.is_empty() {
+        tracing::error!(
+            orders = orders.len(),
+            "no merchant or app has API credentials: orders acknowledged before the failover \
+             and missing on the new writer cannot be asked about; each is logged below"
+        );
+    }
     tracing::warn!(
         orders = orders.len(),
         "rechecking the orders acknowledged before the failover"
@@ -150,6 +157,10 @@ async fn ask(reconciler: &Reconciler, order_no: &str) -> Result<Recheck, StoreEr
     };
     if matches!(order.status, OrderStatus::Paid | OrderStatus::Refunded) {
         return Ok(Recheck::Present);
+    }
+    if !reconciler.asks_providers() {
+        // Nobody to ask: the order is named in the log for an operator.
+        return Ok(Recheck::NotRecovered);
     }
     let Some(target) = store.reconcile_target(order_no).await? else {
         return Ok(Recheck::UnknownOrder);
