@@ -189,6 +189,11 @@ pub struct Metrics {
     pub refunds_final: IntCounterVec,
     /// What became of expired orders, by [`ExpiryResult`].
     pub expiry: IntCounterVec,
+    /// Changes of the database's writer noticed; orders rechecked after them, by result
+    /// (`reconcile/failover.rs`); acknowledged orders forgotten before any failover came.
+    pub database_failovers: IntCounter,
+    pub failover_rechecks: IntCounterVec,
+    pub failover_recheck_forgotten: IntCounter,
     /// Payment groups applied together (group apply), and the payments they carried.
     pub ledger_groups: IntCounter,
     pub ledger_group_payments: IntCounter,
@@ -480,6 +485,11 @@ impl Metrics {
             "Expired unpaid orders by what became of them",
             &["result"],
         );
+        let failover_rechecks = counter(
+            "paynotify_failover_rechecks_total",
+            "Orders acknowledged shortly before a database failover, checked against the new writer and the provider, by result",
+            &["result"],
+        );
         let plain_counter = |name: &str, help: &str| {
             register(
                 &registry,
@@ -499,8 +509,19 @@ impl Metrics {
             "paynotify_ledger_group_failures_total",
             "Groups that failed as a whole (a deadlock, a statement error); their payments were applied one by one",
         );
+        let database_failovers = plain_counter(
+            "paynotify_database_failovers_total",
+            "Changes of the database's writer (system identifier, timeline, server uuid) noticed",
+        );
+        let failover_recheck_forgotten = plain_counter(
+            "paynotify_failover_recheck_forgotten_total",
+            "Acknowledged orders forgotten before database.failover_recheck_secs passed (too many remembered)",
+        );
         Self {
             registry,
+            database_failovers,
+            failover_rechecks,
+            failover_recheck_forgotten,
             ledger_groups,
             ledger_group_payments,
             ledger_group_failures,

@@ -245,7 +245,8 @@ impl Application {
                 &settings.redis,
                 &settings.redis.key_prefix,
                 Arc::clone(&metrics),
-            )?;
+            )?
+            .with_writer(Arc::clone(store.writer()));
             Some(Arc::new(gate))
         };
         let refunds = Arc::new(Refunds::new(
@@ -263,6 +264,8 @@ impl Application {
             &settings.reconcile,
             Arc::clone(&options.clock),
         ));
+        // A change of database writer from now on: ids moved on, acknowledged orders rechecked.
+        crate::reconcile::failover::follow(&reconciler, Arc::clone(&metrics));
         if settings.server.api_token.is_empty() {
             tracing::warn!(
                 listen = %settings.server.listen,

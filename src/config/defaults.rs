@@ -63,6 +63,7 @@ impl Default for DatabaseSettings {
             statement_timeout_ms: 5000,
             sync_wait_alert_ms: 2000,
             group_apply_max: 64,
+            failover_recheck_secs: 600,
         }
     }
 }

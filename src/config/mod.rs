@@ -156,6 +156,9 @@ pub struct DatabaseSettings {
     pub sync_wait_alert_ms: u64,
     /// Most payments applied together in one transaction (group apply); 0 turns it off.
     pub group_apply_max: u32,
+    /// After a failover, orders acknowledged this long before it and not `PAID`/`REFUNDED`
+    /// on the new writer are reconciled at once; 0: not remembered.
+    pub failover_recheck_secs: u64,
 }
 
 #[derive(Debug, Deserialize)]

@@ -13,6 +13,10 @@
 //! the provider has its answer, [`LINGER`] later, in one pipeline with those of the notices
 //! answered meanwhile (on a cluster, whose pipelines stay within one slot, one pipeline per
 //! notice, all at once).
+//!
+//! Every cached answer carries the database writer's tag (`store/writer.rs`), `{tag:x}:{digest}`:
+//! after a failover the tag changes and an answer cached before it counts as absent, so a
+//! repeat goes to the ledger of the new writer, which may not have the payment.
 
 mod call;
 mod link;
@@ -27,6 +31,7 @@ use crate::batch::{Batcher, GroupStats};
 use crate::config::{ConfigError, RedisSettings};
 use crate::metrics::{GateResult, Metrics};
 use crate::notice::{Notice, NoticeKind, Outcome};
+use crate::store::writer::Writer;
 
 use call::Call;
 use link::Link;
@@ -53,9 +58,10 @@ pub enum Decision {
     Proceed(Option<Marker>),
 }
 
-/// A marker this request took: its key.
+/// A marker this request took: its key, and the writer's tag when it was taken (the answer
+/// is cached under that tag, so one applied before a failover is never trusted after it).
 #[derive(Debug)]
-pub struct Marker(String);
+pub struct Marker(String, u64);
 
 pub struct Gate {
     link: Arc<Link>,
@@ -67,6 +73,8 @@ pub struct Gate {
     prefix: String,
     marker_ttl_ms: u64,
     result_ttl_secs: u64,
+    /// The database's writer, whose tag every cached answer carries; `None`: tag 0.
+    writer: Option<Arc<Writer>>,
 }
 
 impl std::fmt::Debug for Gate {
@@ -110,7 +118,25 @@ impl Gate {
             prefix: prefix.to_owned(),
             marker_ttl_ms: settings.marker_ttl_ms,
             result_ttl_secs: settings.result_ttl_secs,
+            writer: None,
         })
+    }
+
+    /// Caches answers under `writer`'s tag, and trusts only those of its current tag.
+    #[must_use]
+    pub fn with_writer(mut self, writer: Arc<Writer>) -> Self {
+        self.writer = Some(writer);
+        self
+    }
+
+    /// The database writer's tag now.
+    fn tag(&self) -> u64 {
+        self.writer.as_ref().map_or(0, |w| w.tag())
+    }
+
+    /// A cached value: the answer under the writer's tag.
+    fn stamped(tag: u64, answer: &str) -> String {
+        format!("{tag:x}:{answer}")
     }
 
     /// The queue of after-ledger calls, its sender started on the runtime of the first notice;
@@ -163,7 +189,8 @@ impl Gate {
             return Decision::Proceed(None);
         };
         let digest = n.digest();
-        if self.recent.answered(&digest) {
+        let tag = self.tag();
+        if self.recent.answered(&digest, tag) {
             // This instance gave this content its final answer lately: no round trip, and
             // no Redis needed at all.
             self.link.metrics.gate_result(GateResult::HitLocal);
@@ -196,12 +223,13 @@ impl Gate {
         let Some((cached, taken)) = reply else {
             return Decision::Proceed(None);
         };
-        let taken = taken.map(|_| Marker(marker.clone()));
+        let taken = taken.map(|_| Marker(marker.clone(), tag));
+        let expected = Self::stamped(tag, digest.as_str());
         match cached {
-            Some(seen) if seen == digest.as_str() => {
+            Some(seen) if seen == expected => {
                 self.link.metrics.gate_result(GateResult::Hit);
-                self.recent.remember(&digest);
-                if let Some(Marker(marker)) = taken {
+                self.recent.remember(&digest, tag);
+                if let Some(Marker(marker, _)) = taken {
                     self.post(Call::Leave {
                         key,
                         answer: None,
@@ -212,13 +240,14 @@ impl Gate {
                 }
                 Decision::Answered
             }
-            // Different content under this key: the ledger decides (a conflict).
+            // Different content under this key (a conflict), or an answer cached under
+            // another writer (before a failover): the ledger decides.
             Some(_) => Decision::Proceed(taken),
             None if taken.is_some() => Decision::Proceed(taken),
             None => {
-                let decision = self.wait_for_twin(&key, &marker, digest.as_str()).await;
+                let decision = self.wait_for_twin(&key, &marker, &expected).await;
                 if let Decision::Answered = decision {
-                    self.recent.remember(&digest);
+                    self.recent.remember(&digest, tag);
                 }
                 decision
             }
@@ -227,7 +256,8 @@ impl Gate {
 
     /// Another request is applying this key now: wait briefly for its answer. When the
     /// holder finishes without caching one (a conflict, an unknown order, an error), the
-    /// marker is gone and the ledger answers this request too.
+    /// marker is gone and the ledger answers this request too. `digest` is as cached: under
+    /// the writer's tag.
     async fn wait_for_twin(&self, key: &str, marker: &str, digest: &str) -> Decision {
         let deadline = Instant::now() + TWIN_WAIT;
         while Instant::now() < deadline {
@@ -276,15 +306,18 @@ impl Gate {
             outcome,
             Some(Outcome::Applied | Outcome::Duplicate | Outcome::Anomaly(_))
         );
+        // The tag before the ledger ran: an answer given by the writer before a failover
+        // is cached as that writer's.
+        let tag = marker.as_ref().map_or_else(|| self.tag(), |m| m.1);
         let answer = settled.then(|| {
             let digest = n.digest();
-            self.recent.remember(&digest);
-            digest.as_str().to_owned()
+            self.recent.remember(&digest, tag);
+            Self::stamped(tag, digest.as_str())
         });
         let leave = Call::Leave {
             key,
             answer,
-            marker: marker.map(|Marker(key)| key),
+            marker: marker.map(|Marker(key, _)| key),
             ttl_secs: self.result_ttl_secs,
         };
         self.post(leave).await;
@@ -314,14 +347,19 @@ impl Gate {
         self.link.clone().round_trip(vec![leave]).await;
     }
 
-    /// A stored `POST /orders` answer for an `Idempotency-Key`, if Redis has it.
+    /// A stored `POST /orders` answer for an `Idempotency-Key`, if Redis has it under the
+    /// current writer's tag (an order created before a failover may be gone).
     pub async fn idempotent_answer(&self, key: &str) -> Option<String> {
         let key = format!("{}idem:{key}", self.prefix);
-        self.link.cached(&key).await.flatten()
+        let stored = self.link.cached(&key).await.flatten()?;
+        let (tag, answer) = stored.split_once(':')?;
+        (tag == format!("{:x}", self.tag())).then(|| answer.to_owned())
     }
 
     pub async fn remember_answer(&self, key: &str, answer: &str) {
         let key = format!("{}idem:{key}", self.prefix);
+        let answer = Self::stamped(self.tag(), answer);
+        let answer = answer.as_str();
         let ttl = self.result_ttl_secs;
         self.link
             .call("SET EX", 1, |mut c| async move {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+pub mod failover;
 pub mod store;
 
 use crate::channel::api::{CloseAnswer, Failure, ProviderApi, TradeAnswer};

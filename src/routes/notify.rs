@@ -10,7 +10,7 @@ use crate::certificates::Learned;
 use crate::channel::{Answer, Channel, Inbound, Rejection, Reply, admit_signed};
 use crate::gate::Decision;
 use crate::metrics::{Counted, Refusal};
-use crate::notice::{Notice, Outcome};
+use crate::notice::{Notice, NoticeKind, Outcome};
 use crate::receipts::{Arrival, Provenance};
 use crate::store::StoreError;
 use crate::time::Timestamp;
@@ -77,13 +77,24 @@ enum Settled {
     Applied(Result<Outcome, StoreError>),
 }
 
+/// Remembers a payment or refund answered 2xx, for the recheck after a failover
+/// (`reconcile/failover.rs`).
+fn acknowledged(state: &AppState, notice: &Notice) {
+    if matches!(notice.kind, NoticeKind::Paid | NoticeKind::Refunded(_)) {
+        state.store.writer().acknowledged(&notice.out_trade_no);
+    }
+}
+
 /// Gate, ledger, gate: everything a verified notice needs, as one task that runs to its end.
 async fn settle(state: std::sync::Arc<AppState>, notice: Notice, now: Timestamp) -> Settled {
     let marker = match &state.gate {
         None => None,
         Some(gate) => match gate.enter(&notice).await {
             Decision::Proceed(marker) => marker,
-            Decision::Answered => return Settled::Cached,
+            Decision::Answered => {
+                acknowledged(&state, &notice);
+                return Settled::Cached;
+            }
             Decision::Busy => return Settled::Busy,
         },
     };
@@ -91,6 +102,9 @@ async fn settle(state: std::sync::Arc<AppState>, notice: Notice, now: Timestamp)
     if let Some(gate) = &state.gate {
         gate.leave(&notice, marker, result.as_ref().ok().copied())
             .await;
+    }
+    if let Ok(Outcome::Applied | Outcome::Duplicate) = result {
+        acknowledged(&state, &notice);
     }
     Settled::Applied(result)
 }

@@ -321,10 +321,37 @@ pub enum CloseResult {
     NotFound,
 }
 
+/// Times a deadlock victim is applied again before its error is answered (503).
+pub const DEADLOCK_RETRIES: u32 = 3;
+
 impl Store {
     /// Applies one verified notice. Signature checks happen before this; the amount,
     /// currency and merchant checks happen here, against the order.
+    ///
+    /// A deadlock victim (its transaction undone whole) is tried again here, up to
+    /// [`DEADLOCK_RETRIES`] times, instead of answering 503: two paths that take an order's
+    /// row and its callback key in opposite orders (a group or the one-statement path, and
+    /// the full transaction or another writer) can meet under load.
     pub async fn apply(&self, notice: &Notice, now: Timestamp) -> Result<Outcome, StoreError> {
+        let mut retried = 0;
+        loop {
+            match self.apply_once(notice, now).await {
+                Err(e) if e.is_deadlock() && retried < DEADLOCK_RETRIES => {
+                    retried += 1;
+                    tracing::info!(
+                        order_no = %notice.out_trade_no,
+                        retried,
+                        "deadlock victim; applied again"
+                    );
+                    tokio::time::sleep(std::time::Duration::from_millis(5 * u64::from(retried)))
+                        .await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn apply_once(&self, notice: &Notice, now: Timestamp) -> Result<Outcome, StoreError> {
         match &notice.kind {
             NoticeKind::Paid => self.apply_payment(notice, &notice.digest(), now).await,
             NoticeKind::Refunded(refund) => {

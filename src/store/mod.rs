@@ -17,6 +17,7 @@ pub mod outbox;
 pub mod relay;
 pub mod schema;
 mod statements;
+pub mod writer;
 
 /// "The order is still waiting", for a by-key statement written with diesel's DSL: an
 /// expression no partial index can serve ([`statements::WAITING`]).
@@ -198,6 +199,8 @@ pub struct Store {
     group: std::sync::Arc<
         std::sync::OnceLock<crate::batch::Batcher<group::Payment, group::GroupResult>>,
     >,
+    /// The writer every new connection reports (`writer.rs`).
+    writer: std::sync::Arc<writer::Writer>,
 }
 
 impl std::fmt::Debug for Store {
@@ -272,6 +275,10 @@ impl Store {
         let runtime = tokio::runtime::Handle::try_current().ok();
         let store_runtime = runtime.clone();
         let mysql_host = connect::ChosenHost::default();
+        let writer = std::sync::Arc::new(writer::Writer::new(
+            Duration::from_secs(settings.failover_recheck_secs),
+            writer::ACKNOWLEDGED_MAX,
+        ));
         let pools = match &url {
             DatabaseUrl::Postgres(pg_url) => {
                 let mut config = ManagerConfig::<AsyncPgConnection>::default();
@@ -280,8 +287,10 @@ impl Store {
                 // while after a server refused writes or left (see `connect.rs`).
                 config.recycling_method = connect::pg_recycling();
                 let pg_runtime = runtime.clone();
+                let pg_writer = writer.clone();
                 config.custom_setup = Box::new(move |url| {
                     let (runtime, url) = (pg_runtime.clone(), url.to_owned());
+                    let writer = pg_writer.clone();
                     Box::pin(async move {
                         let mut conn: AsyncPgConnection = establish_on(runtime, url).await?;
                         // enable_seqscan = off: on a table the planner believes tiny (new,
@@ -299,6 +308,7 @@ impl Store {
                         ))
                         .await
                         .map_err(ConnectionError::CouldntSetupConfiguration)?;
+                        writer::observe_pg(&writer, &mut conn).await;
                         Ok(conn)
                     })
                 });
@@ -316,9 +326,11 @@ impl Store {
                 let lock_wait_secs = statement_timeout_ms.div_ceil(1000).max(1);
                 let my_runtime = runtime.clone();
                 let chosen = mysql_host.clone();
+                let my_writer = writer.clone();
                 config.custom_setup = Box::new(move |url| {
                     let (runtime, url) = (my_runtime.clone(), url.to_owned());
                     let chosen = chosen.clone();
+                    let writer = my_writer.clone();
                     Box::pin(async move {
                         let mut conn = connect::establish_mysql(runtime, url, chosen).await?;
                         // UTC for DATETIME(6); READ COMMITTED so a statement after a
@@ -332,6 +344,7 @@ impl Store {
                         ))
                         .await
                         .map_err(ConnectionError::CouldntSetupConfiguration)?;
+                        writer::observe_mysql(&writer, &mut conn).await;
                         Ok(conn)
                     })
                 });
@@ -381,6 +394,7 @@ impl Store {
             runtime: store_runtime,
             group_max: settings.group_apply_max as usize,
             group: Default::default(),
+            writer,
         })
     }
 
