@@ -36,7 +36,14 @@ failures=()
 for name in "${names[@]}"; do
   script=./${name%@*}.sh
   db=postgres
-  [ "$name" = "${name%@*}" ] || db=${name#*@}
+  case_=""
+  # NAME@postgres / NAME@mariadb: the database; any other NAME@CASE: the scenario's case.
+  if [ "$name" != "${name%@*}" ]; then
+    case ${name#*@} in
+    postgres | mariadb) db=${name#*@} ;;
+    *) case_=${name#*@} ;;
+    esac
+  fi
   if [ ! -f "$script" ]; then
     echo "run-all: no scenario $name" >&2
     failed=$((failed + 1))
@@ -50,7 +57,7 @@ for name in "${names[@]}"; do
   # cores, before a minute of fuzzing): it gets an hour.
   limit=${CHAOS_SCENARIO_TIMEOUT:-1200}
   [ "$name" = fuzz ] && limit=${CHAOS_FUZZ_TIMEOUT:-3600}
-  if CHAOS_DB=$db timeout -k 10 "$limit" bash "$script"; then
+  if CHAOS_DB=$db CHAOS_CASE=$case_ timeout -k 10 "$limit" bash "$script"; then
     passed=$((passed + 1))
     echo "=== $name: passed in $((SECONDS - started)) s" >&2
   else
