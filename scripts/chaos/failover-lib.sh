@@ -5,9 +5,10 @@
 # A storm: ORDERS orders (half WeChat Pay FW-1…, half Alipay FA-1…, one amount), each order's
 # notification delivered ROUNDS times (round after round, RATE sends per second, each
 # delivery retried on every non-2xx like a provider). Every attempt is a line of $T/storm.log.
-#   CHAOS_ORDERS (default 1000, fast mode 200), CHAOS_ROUNDS (5, fast 3), CHAOS_RATE (200/s,
-#   fast 50/s), CHAOS_FAULT_AFTER (the fault this many seconds into the storm; default halfway
-#   through the first round)
+#   CHAOS_STORM_ORDERS (default 1000, fast mode 200), CHAOS_STORM_ROUNDS (5, fast 3),
+#   CHAOS_STORM_RATE (sends per second: 200, fast 50), CHAOS_FAULT_AFTER (the fault this many
+#   seconds into the storm; default halfway through the first round), CHAOS_FIGURES (a file
+#   each scenario appends its figures to, one JSON line each)
 
 STORM_AMOUNT=1234
 STORM_PID=""
@@ -15,13 +16,13 @@ FAULT_AT=""
 
 storm_sizes() {
   if [ "${CHAOS_FAST:-0}" = 1 ]; then
-    ORDERS=${CHAOS_ORDERS:-200}
-    ROUNDS=${CHAOS_ROUNDS:-3}
-    RATE=${CHAOS_RATE:-50}
+    ORDERS=${CHAOS_STORM_ORDERS:-200}
+    ROUNDS=${CHAOS_STORM_ROUNDS:-3}
+    RATE=${CHAOS_STORM_RATE:-50}
   else
-    ORDERS=${CHAOS_ORDERS:-1000}
-    ROUNDS=${CHAOS_ROUNDS:-5}
-    RATE=${CHAOS_RATE:-200}
+    ORDERS=${CHAOS_STORM_ORDERS:-1000}
+    ROUNDS=${CHAOS_STORM_ROUNDS:-5}
+    RATE=${CHAOS_STORM_RATE:-200}
   fi
   [ "$ORDERS" -ge 2 ] || ORDERS=2
   # Halfway through the first round: first deliveries in flight at the fault, and every
