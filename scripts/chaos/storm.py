@@ -12,10 +12,12 @@
     storm.py report --log LOG --fault-at EPOCH --db DUMP --delivered KEYS [--json OUT]
         the figures and the checks: acked (orders answered 2xx), lost (acked, not PAID on the
         surviving writer), lost at the fault (acked before it, no callback row from before it),
-        doubled (more than one ORDER_PAID or any DUPLICATE_PAYMENT), 5xx, the time from the
-        fault to the first 2xx after it, undelivered events. DUMP: one line per order,
-        order_no status callback_epoch order_paid_events anomalies (tab-separated, from SQL on
-        the surviving writer); KEYS: the ORDER_PAID biz_keys the sink delivered, one a line.
+        healed (lost at the fault, PAID in the end), doubled (more than one ORDER_PAID, or any
+        PAYMENT_ANOMALY), 5xx, recovery (from the fault to the first payment acknowledged by a
+        request sent after the first failure it caused), undelivered events (PAID, never
+        delivered) and events for unpaid orders. DUMP: one line per order, order_no status
+        callback_epoch order_paid_events anomalies (tab-separated, from SQL on the surviving
+        writer); KEYS: the ORDER_PAID biz_keys the sink delivered, one a line.
         Exit status 1 when a check failed.
 
 Bounded in count and time; standard library only; 127.0.0.1 only.
@@ -295,6 +297,10 @@ def report(args):
         "last_5xx_after_fault_s": None if last_5xx is None else round(last_5xx - args.fault_at, 2),
         "paid": sum(1 for r in db.values() if r["status"] == "PAID"),
         "undelivered": len(undelivered) if args.delivered else None,
+        # Events the sink published for payments the surviving writer does not have.
+        "events_for_unpaid": sum(1 for o in delivered if o in db and db[o]["status"] != "PAID")
+        if args.delivered
+        else None,
     }
     problems = []
     if lost and not args.lost_is_measured:
