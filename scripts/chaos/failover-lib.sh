@@ -114,3 +114,21 @@ stream_keys() {
 
 # readyz_body URL: the /readyz answer's body (empty when none).
 readyz_body() { curl -s --max-time 3 "$1/readyz"; }
+
+# provider_start: provider_query.py (the providers' query APIs, answering "paid" signed with the
+# sandbox keys) on a free port, and the sandbox configuration's API credentials pointed at it,
+# so a reconcile or a recheck can heal a lost payment. Call after sandbox_init, before
+# pn_migrate.
+provider_start() {
+  PROVIDER_PORT=$(free_port)
+  python3 "$CHAOS_DIR/provider_query.py" "$PROVIDER_PORT" "$T/sbx" "$STORM_AMOUNT" FW- FA- 2>>"$T/provider.log" &
+  track $!
+  wait_until 10 port_open "$PROVIDER_PORT" || die "provider_query.py did not start: $(tail -n 3 "$T/provider.log")"
+  sed -i -e 's#^\# \(private_key_file\|merchant_serial\|app_private_key_file\) =#\1 =#' \
+    -e "s|^# api_base = .*|api_base = \"http://127.0.0.1:$PROVIDER_PORT\"|" \
+    -e "s|^# gateway = .*|gateway = \"http://127.0.0.1:$PROVIDER_PORT/gateway.do\"|" "$T/sbx/paynotify.toml"
+  : >"$T/queries"
+}
+
+# acked_orders FILE: the orders the storm got a 2xx for, one a line.
+acked_orders() { awk '$5 ~ /^2/ {print $2}' "$T/storm.log" | sort -u >"$1"; }
