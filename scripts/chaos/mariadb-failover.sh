@@ -131,7 +131,7 @@ MY_PORT=${MNODE_PORT[m2]}
 outbox_drained_m2() { [ "$(mnode_sql m2 -D paynotify -e "SELECT count(*) FROM local_message WHERE status <> 1")" = 0 ]; }
 wait_until 60 outbox_drained_m2 || fail "outbox not drained on m2"
 
-mnode_sql m2 -D paynotify -e "SELECT o.order_no, o.status,
+mnode_sql m2 -D paynotify -e "SET time_zone = '+00:00'; SELECT o.order_no, o.status,
     coalesce(CAST(UNIX_TIMESTAMP(c.created_at) AS CHAR), ''),
     (SELECT count(*) FROM local_message m WHERE m.topic = 'ORDER_PAID' AND m.biz_key = o.order_no),
     (SELECT count(*) FROM local_message m WHERE m.topic = 'PAYMENT_ANOMALY'
