@@ -128,8 +128,9 @@ suite() {
 }
 
 # The fast part of the fault suite (docs/reliability.md): two instances on one database,
-# database faults on PostgreSQL and on MariaDB, an SQLite storm, on database servers, Redis and
-# service processes of its own (never the services above).
+# database faults on PostgreSQL and on MariaDB, an SQLite storm, and failovers (PostgreSQL
+# primary + standby, MariaDB semi-sync, Redis Sentinel) under a provider-like storm, on
+# database servers, Redis and service processes of its own (never the services above).
 faults() {
   cargo build --locked --bin paynotify
   local target_dir="${CARGO_TARGET_DIR:-target}"

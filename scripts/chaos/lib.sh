@@ -48,6 +48,7 @@ die() {
 chaos_begin() {
   SCENARIO=$1
   [ "${CHAOS_DB:-postgres}" = postgres ] || SCENARIO=$1@$CHAOS_DB
+  [ -z "${CHAOS_CASE:-}" ] || SCENARIO=$SCENARIO@$CHAOS_CASE
   [ -x "$PAYNOTIFY_BIN" ] || {
     echo "$SCENARIO: no paynotify binary at $PAYNOTIFY_BIN (cargo build, or set PAYNOTIFY_BIN)" >&2
     exit 2
