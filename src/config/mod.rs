@@ -376,7 +376,8 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    fn load(contents: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+    /// Settings from `contents` as a file and `env` as the environment.
+    pub(super) fn load(contents: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
         let mut f = tempfile::NamedTempFile::new().expect("temp file");
         f.write_all(contents.as_bytes()).expect("write temp file");
         let env = env

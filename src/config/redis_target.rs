@@ -183,20 +183,8 @@ impl RelaySettings {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
-
-    use super::super::Settings;
+    use super::super::tests::load;
     use super::*;
-
-    fn load(contents: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
-        let mut f = tempfile::NamedTempFile::new().expect("temp file");
-        f.write_all(contents.as_bytes()).expect("write temp file");
-        let env = env
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        Settings::load_from(f.path(), env)
-    }
 
     fn key_of(err: &ConfigError) -> &str {
         match err {

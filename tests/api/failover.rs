@@ -23,27 +23,6 @@ fn prefix() -> String {
     )
 }
 
-/// Deletes every key of one test.
-async fn flush(prefix: &str) {
-    let mut c = redis::Client::open(REDIS)
-        .expect("client")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("Redis must run on 127.0.0.1:6379");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query_async(&mut c)
-        .await
-        .expect("keys");
-    for key in keys {
-        let _: () = redis::cmd("DEL")
-            .arg(&key)
-            .query_async(&mut c)
-            .await
-            .expect("del");
-    }
-}
-
 /// What an asynchronous standby promoted without the last commit of `order_no` holds: the
 /// order waiting, no callback row, no event.
 pub(crate) async fn lose_payment(app: &TestApp, order_no: &str) {
@@ -131,7 +110,7 @@ async fn a_repeat_cached_before_a_failover_is_decided_by_the_new_writer(backend:
         1,
         "created again on the new writer"
     );
-    flush(&prefix).await;
+    crate::gate::flush(&prefix).await;
 }
 
 async fn an_order_acknowledged_before_a_failover_and_lost_is_paid_again_through_the_query(

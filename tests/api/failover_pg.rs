@@ -4,7 +4,6 @@
 //! the last commits would: the service notices the new writer on its first connection to it
 //! and pays the order again through the provider query.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -12,156 +11,23 @@ use paynotify::config::{DatabaseSettings, Secret};
 use paynotify::metrics::Metrics;
 use paynotify::store::Store;
 
-use crate::support::helpers::{Backend, eventually, free_port, spawn_app_with};
-
-/// The newest PostgreSQL server binaries installed.
-fn pg_bin() -> Option<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
-        .filter(|bin| bin.join("initdb").exists())
-        .collect();
-    found.sort();
-    found.pop()
-}
-
-/// Runs `program` as the `postgres` user when this is root (initdb refuses root).
-fn as_postgres(program: &Path) -> Command {
-    if nix_is_root() {
-        let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(program);
-        c
-    } else {
-        Command::new(program)
-    }
-}
-
-fn nix_is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
-}
-
-/// A PostgreSQL cluster of this test's own, stopped (immediately) and removed on drop.
-struct PrivatePg {
-    bin: PathBuf,
-    dir: PathBuf,
-    port: u16,
-}
-
-impl PrivatePg {
-    fn start(bin: &Path, name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "paynotify-failover-{}-{name}-{}",
-            std::process::id(),
-            paynotify::random::token(b"abcdefghijklmnopqrstuvwxyz", 8).expect("random")
-        ));
-        std::fs::create_dir_all(&dir).expect("dir");
-        if nix_is_root() {
-            let chown = Command::new("chown")
-                .arg("postgres")
-                .arg(&dir)
-                .status()
-                .expect("chown");
-            assert!(chown.success());
-        }
-        let pg = Self {
-            bin: bin.to_owned(),
-            dir,
-            port: free_port(),
-        };
-        let data = pg.dir.join("data");
-        let init = as_postgres(&bin.join("initdb"))
-            .args([
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--no-sync",
-                "-D",
-            ])
-            .arg(&data)
-            .output()
-            .expect("initdb");
-        assert!(init.status.success(), "initdb: {init:?}");
-        let start = as_postgres(&bin.join("pg_ctl"))
-            .arg("-D")
-            .arg(&data)
-            .arg("-l")
-            .arg(pg.dir.join("log"))
-            .args(["-w", "-t", "60", "-o"])
-            .arg(format!(
-                "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off",
-                pg.port,
-                pg.dir.display()
-            ))
-            .arg("start")
-            .output()
-            .expect("pg_ctl start");
-        assert!(start.status.success(), "pg_ctl start: {start:?}");
-        pg.psql("postgres", "CREATE DATABASE paynotify");
-        pg
-    }
-
-    fn psql(&self, db: &str, sql: &str) -> String {
-        let out = Command::new("psql")
-            .args([
-                "-X",
-                "-q",
-                "-At",
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-v",
-                "ON_ERROR_STOP=1",
-            ])
-            .arg("-p")
-            .arg(self.port.to_string())
-            .args(["-d", db, "-c", sql])
-            .output()
-            .expect("psql");
-        assert!(out.status.success(), "psql {sql}: {out:?}");
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/paynotify", self.port)
-    }
-
-    fn stop(&self) {
-        let _ = as_postgres(&self.bin.join("pg_ctl"))
-            .arg("-D")
-            .arg(self.dir.join("data"))
-            .args(["-m", "immediate", "-w", "stop"])
-            .output();
-    }
-}
-
-impl Drop for PrivatePg {
-    fn drop(&mut self) {
-        self.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use crate::support::helpers::{Backend, eventually, spawn_app_with};
+use crate::support::own_db::OwnPostgres;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_payment_the_new_postgres_writer_lacks_is_paid_again_after_the_failover() {
-    let Some(bin) = pg_bin() else {
-        panic!("no PostgreSQL server binaries under /usr/lib/postgresql");
-    };
-    let (old, new) = (PrivatePg::start(&bin, "old"), PrivatePg::start(&bin, "new"));
+    let (old, new) = (OwnPostgres::start(), OwnPostgres::start());
+    for server in [&old, &new] {
+        server.psql("postgres", "CREATE DATABASE paynotify");
+    }
     // Two clusters: two system identifiers.
     let identifier = "SELECT system_identifier FROM pg_control_system()";
     assert_ne!(
-        old.psql("postgres", identifier),
-        new.psql("postgres", identifier)
+        old.query("postgres", identifier),
+        new.query("postgres", identifier)
     );
     let migrate_new = Store::connect(&DatabaseSettings {
-        url: Secret::new(new.url()),
+        url: Secret::new(new.url("paynotify")),
         ..DatabaseSettings::default()
     })
     .expect("store");
@@ -185,7 +51,7 @@ async fn a_payment_the_new_postgres_writer_lacks_is_paid_again_after_the_failove
     crate::reconcile::create(&app, "FO-PG", 19900, "wechat").await;
     // The standby got the order, and not the payment that follows.
     for table in ["orders", "order_account"] {
-        let rows = old.psql("paynotify", &format!("COPY {table} TO STDOUT"));
+        let rows = old.query("paynotify", &format!("COPY {table} TO STDOUT"));
         let copy = Command::new("sh")
             .arg("-c")
             .arg(format!(
@@ -212,11 +78,11 @@ async fn a_payment_the_new_postgres_writer_lacks_is_paid_again_after_the_failove
         204
     );
     assert_eq!(
-        new.psql("paynotify", "SELECT status FROM orders"),
+        new.query("paynotify", "SELECT status FROM orders"),
         "WAIT_PAY"
     );
 
-    old.stop();
+    old.crash();
     // The service's next connections reach the new writer; it notices, and asks the provider
     // about the order it acknowledged.
     let store = app.store.clone();
@@ -231,7 +97,7 @@ async fn a_payment_the_new_postgres_writer_lacks_is_paid_again_after_the_failove
     })
     .await;
     assert!(paid, "paid again on the new writer");
-    assert_eq!(new.psql("paynotify", "SELECT status FROM orders"), "PAID");
+    assert_eq!(new.query("paynotify", "SELECT status FROM orders"), "PAID");
     let writer = app.store.writer();
     assert_eq!(writer.failovers(), 1);
     assert_ne!(writer.identity().as_deref(), Some(first.as_str()));

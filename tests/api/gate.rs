@@ -85,7 +85,7 @@ async fn redis() -> redis::aio::MultiplexedConnection {
 }
 
 /// Deletes every key of one test: what FLUSHALL does to it, without touching other tests.
-async fn flush(prefix: &str) {
+pub(crate) async fn flush(prefix: &str) {
     let mut c = redis().await;
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}*"))

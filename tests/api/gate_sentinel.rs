@@ -14,7 +14,6 @@ use paynotify::config::{RedisSettings, Secret, SinkKind};
 use paynotify::relay::Relay;
 use paynotify::relay::sink::Sink;
 use paynotify::relay::sinks::RedisStreamSink;
-use paynotify::time::Clock;
 
 use crate::support::helpers::{
     Backend, TestApp, eventually, metric, readiness, redis_answers, spawn_app_with, stream_entries,
@@ -355,25 +354,6 @@ async fn through_sentinels_the_gate_caches_on_the_master_and_follows_a_failover(
     assert_eq!(app.db.count("pay_callback").await, 2);
 }
 
-/// `n` pending messages due now, written straight into the outbox.
-async fn pending(app: &TestApp, tag: &str, n: usize) {
-    let now = app
-        .clock
-        .now()
-        .as_datetime()
-        .format("%Y-%m-%dT%H:%M:%S%.6fZ")
-        .to_string();
-    let rows: Vec<String> = (0..n)
-        .map(|i| format!("('TEST', '{tag}{i}', '{{\"n\":{i}}}', 0, 0, '{now}', '{now}')"))
-        .collect();
-    app.db
-        .execute(&format!(
-            "INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at) VALUES {}",
-            rows.join(", ")
-        ))
-        .await;
-}
-
 /// The stream sink on `[redis]` as the service builds it (the sentinels, `WAIT` for one
 /// replica by default).
 fn stream_sink(redis: &RedisSettings, stream: &str) -> Arc<dyn Sink> {
@@ -425,7 +405,7 @@ async fn a_stream_batch_no_replica_confirmed_is_not_marked_sent_until_one_does()
     let app = spawn_app_with(Backend::Sqlite, |_| {}).await;
     let stream = "pn-sentinel:events";
     let relay = relay(&app, stream_sink(&own.settings(), stream));
-    pending(&app, "w", 3).await;
+    crate::relay::pending_tagged(&app, "w", 3).await;
 
     let replica = own.data[1];
     own.signal(replica, "-STOP");
@@ -464,11 +444,11 @@ async fn the_stream_sink_follows_the_new_master_after_a_failover() {
     let app = spawn_app_with(Backend::Sqlite, |_| {}).await;
     let stream = "pn-sentinel:events";
     let relay = relay(&app, stream_sink(&own.settings(), stream));
-    pending(&app, "a", 2).await;
+    crate::relay::pending_tagged(&app, "a", 2).await;
     assert_eq!(relay.tick().await.expect("tick").published, 2);
 
     let second = own.fail_over(true).await;
-    pending(&app, "b", 2).await;
+    crate::relay::pending_tagged(&app, "b", 2).await;
     let mut published = 0;
     for _ in 0..20 {
         published += relay.tick().await.expect("tick").published;

@@ -97,9 +97,14 @@ fn sql_time(t: Timestamp) -> String {
 
 /// `n` pending messages due now, written straight into the outbox.
 async fn pending(app: &TestApp, n: usize) {
+    pending_tagged(app, "k", n).await;
+}
+
+/// `n` pending messages due now, their `biz_key`s `{tag}0`, `{tag}1`, …
+pub(crate) async fn pending_tagged(app: &TestApp, tag: &str, n: usize) {
     let now = sql_time(app.clock.now());
     let rows: Vec<String> = (0..n)
-        .map(|i| format!("('TEST', 'k{i}', '{{\"n\":{i}}}', 0, 0, '{now}', '{now}')"))
+        .map(|i| format!("('TEST', '{tag}{i}', '{{\"n\":{i}}}', 0, 0, '{now}', '{now}')"))
         .collect();
     app.db
         .execute(&format!(

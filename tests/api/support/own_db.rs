@@ -117,21 +117,32 @@ impl OwnPostgres {
 
     /// `sql` through `psql`, for a caller that cannot wait (a settings closure).
     pub fn psql(&self, db: &str, sql: &str) {
-        run(
-            Command::new("psql")
-                .args([
-                    "-X",
-                    "-q",
-                    "-h",
-                    "127.0.0.1",
-                    "-U",
-                    "postgres",
-                    "-v",
-                    "ON_ERROR_STOP=1",
-                ])
-                .args(["-p", &self.port.to_string(), "-d", db, "-c", sql]),
-            sql,
+        self.query(db, sql);
+    }
+
+    /// What `sql` returns, through `psql -At`: one row a line, fields separated by `|`.
+    pub fn query(&self, db: &str, sql: &str) -> String {
+        let out = Command::new("psql")
+            .args([
+                "-X",
+                "-q",
+                "-At",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-v",
+                "ON_ERROR_STOP=1",
+            ])
+            .args(["-p", &self.port.to_string(), "-d", db, "-c", sql])
+            .output()
+            .unwrap_or_else(|e| panic!("psql {sql}: {e}"));
+        assert!(
+            out.status.success(),
+            "psql {sql}: {}",
+            String::from_utf8_lossy(&out.stderr)
         );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
     pub async fn execute(&self, db: &str, sql: &str) {
@@ -191,6 +202,11 @@ impl OwnPostgres {
     /// Stops the server (fast shutdown: sessions are ended).
     pub fn stop(&self) {
         self.ctl(&["-m", "fast", "stop"]);
+    }
+
+    /// Stops the server as a crash would (immediate shutdown: no checkpoint, sessions cut).
+    pub fn crash(&self) {
+        self.ctl(&["-m", "immediate", "stop"]);
     }
 }
 
