@@ -2,7 +2,9 @@
 //! lets every query be written once and compiled for each backend.
 //!
 //! Adding a backend (MySQL/MariaDB) means: a `migrations/<backend>` folder, one `Pools` variant,
-//! one arm in `with_conn!`, and a `Dialect` value for the few statements whose SQL differs.
+//! one arm in `with_conn!`, and a `Dialect` value for the few statements whose SQL differs;
+//! for failovers, its connect and checkout rules (`connect.rs`), its `/readyz` probe
+//! (`readiness.rs`) and the statement naming its writer (`writer.rs`).
 
 mod connect;
 mod group;
