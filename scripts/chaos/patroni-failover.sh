@@ -250,7 +250,9 @@ storm_wait || fail "the storm did not end with every delivery answered 2xx"
 node_is_primary "$NEW" || fail "$NEW's PostgreSQL is not a primary"
 node_sync "$NEW" || fail "$NEW has no synchronous standby at the end"
 log "members: $(members)"
-wait_drained 60
+drain_from=$SECONDS
+wait_drained 90
+log "outbox drained $((SECONDS - drain_from)) s after the storm's end"
 
 node_psql "$NEW" -d paynotify -At -F $'\t' -c "SELECT o.order_no, o.status,
     coalesce(extract(epoch FROM c.created_at)::text, ''),
