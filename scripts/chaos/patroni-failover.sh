@@ -218,12 +218,15 @@ kill)
   pgpid=$(node_pid n1)
   [ -n "$pgpid" ] || die "no postmaster.pid on n1"
   mark_fault "kill -9 of the leader n1's Patroni, then of its PostgreSQL (a crashed host)"
-  kill -KILL "${PATRONI_PID[n1]}" 2>/dev/null
   kids=$(pgrep -P "$pgpid")
-  # shellcheck disable=SC2086
-  kill -KILL "$pgpid" $kids 2>/dev/null
-  wait_until 10 patroni_gone n1 || fail "n1's Patroni did not die"
-  wait "${PATRONI_PID[n1]}" 2>/dev/null
+  # stderr: bash's "Killed" notice for the background job, not news here.
+  {
+    kill -KILL "${PATRONI_PID[n1]}"
+    # shellcheck disable=SC2086
+    kill -KILL "$pgpid" $kids
+    wait_until 10 patroni_gone n1 && wait "${PATRONI_PID[n1]}"
+  } 2>/dev/null
+  patroni_gone n1 || fail "n1's Patroni did not die"
   wait_until 10 pid_gone "$pgpid" || fail "n1's PostgreSQL did not die"
   wait_until $((TTL * 4 + 20)) node_is_leader n2 || fail "Patroni did not promote n2 within $((TTL * 4 + 20)) s"
   PROMOTED=$(awk -v a="$FAULT_AT" -v b="$(now)" 'BEGIN {printf "%.1f", b - a}')
