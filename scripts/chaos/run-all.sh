@@ -9,6 +9,8 @@
 #   scripts/chaos/run-all.sh NAME...    only these scenarios (file names without .sh; NAME@mariadb
 #                                       runs a scenario that calls db_start on MariaDB; any other
 #                                       NAME@CASE sets CHAOS_CASE, e.g. pg-failover@kill)
+# patroni-failover also starts an etcd and two Patroni nodes of its own (Debian's patroni and
+# etcd-server, installed by the scenario when missing).
 # Each scenario starts its own PostgreSQL, MariaDB, Redis and paynotify processes on free ports under a
 # temporary directory and stops them at the end; the shared services are never touched.
 # PAYNOTIFY_BIN names the binary (default: target/debug/paynotify; build it first).
@@ -19,10 +21,11 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 
-# The failover scenarios (pg-failover@CASE, mariadb-failover@CASE, redis-failover@CASE) run
+# The failover scenarios (pg-failover@CASE, patroni-failover@CASE, mariadb-failover@CASE,
+# redis-failover@CASE) run
 # with a smaller storm in fast mode (CHAOS_FAST=1: 200 orders x 3 deliveries at 50/s).
 FAILOVER=(pg-failover@kill pg-failover@switchover pg-failover@sync-stall pg-failover@async-lag
-  mariadb-failover redis-failover)
+  patroni-failover@kill patroni-failover@switchover mariadb-failover redis-failover)
 ALL=(two-instances two-instances@mariadb db-faults mariadb-faults redis-faults redis-faults@mariadb
   process-death process-death@mariadb relay-lease sqlite-storm hostile-input "${FAILOVER[@]}"
   mariadb-failover@restart fuzz soak)
