@@ -37,6 +37,17 @@ pub struct Relay {
     /// Unix seconds (wall clock) of the last batch or tick that completed without a database
     /// error; starts at creation so a new relay is not "stalled".
     last_success: AtomicI64,
+    /// What a tick that the database failed under left behind: batches published and not
+    /// marked (the statement failed, or its answer was lost in a failover), each with its
+    /// `written_since`, and whether leases of this relay may still be held. Settled first by
+    /// the next tick ([`Relay::settle_unfinished`]).
+    unfinished: std::sync::Mutex<Unfinished>,
+}
+
+#[derive(Default)]
+struct Unfinished {
+    unmarked: Vec<(Vec<i64>, crate::time::Timestamp)>,
+    leases_held: bool,
 }
 
 /// What one tick did.
@@ -92,6 +103,7 @@ impl Relay {
             running: tokio::sync::Mutex::new(()),
             stopping: AtomicBool::new(false),
             last_success: AtomicI64::new(started),
+            unfinished: Default::default(),
         }
     }
 
@@ -123,6 +135,66 @@ impl Relay {
             });
         };
         let mut report = TickReport::default();
+        let result = self.tick_locked(&mut report).await;
+        if result.is_err() {
+            self.unfinished().leases_held = true;
+        }
+        result.map(|()| report)
+    }
+
+    fn unfinished(&self) -> std::sync::MutexGuard<'_, Unfinished> {
+        self.unfinished
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Before anything else after a tick the database failed under: the rows that tick
+    /// published and could not mark are marked sent now (they went out: held for the rest of
+    /// their lease they would wait [`LEASE_SECS`] and go out again), then every lease this
+    /// relay still holds (a batch claimed ahead) is given back, so those rows are due at once.
+    /// A row another instance took meanwhile is not ours to mark: it goes out again there
+    /// (at least once).
+    async fn settle_unfinished(&self, report: &mut TickReport) -> Result<(), StoreError> {
+        let (unmarked, leases_held) = {
+            let mut unfinished = self.unfinished();
+            (
+                std::mem::take(&mut unfinished.unmarked),
+                unfinished.leases_held,
+            )
+        };
+        if !leases_held && unmarked.is_empty() {
+            return Ok(());
+        }
+        let mut left = unmarked.into_iter();
+        while let Some((ids, written_since)) = left.next() {
+            match self
+                .store
+                .mark_sent(&self.owner, &ids, written_since, self.clock.now())
+                .await
+            {
+                Ok(marked) => {
+                    tracing::info!(
+                        marked,
+                        published = ids.len(),
+                        "relay: rows published before the database failed marked sent"
+                    );
+                    report.published += marked;
+                }
+                Err(e) => {
+                    let mut unfinished = self.unfinished();
+                    unfinished.unmarked.push((ids, written_since));
+                    unfinished.unmarked.extend(left);
+                    return Err(e);
+                }
+            }
+        }
+        self.store.release_leases(&self.owner).await?;
+        self.unfinished().leases_held = false;
+        Ok(())
+    }
+
+    async fn tick_locked(&self, report: &mut TickReport) -> Result<(), StoreError> {
+        self.settle_unfinished(report).await?;
         let mut claimed = if self.stopping.load(Ordering::Acquire) {
             Vec::new()
         } else {
@@ -131,7 +203,7 @@ impl Relay {
         while !claimed.is_empty() {
             let full_batch = claimed.len() as i64 == self.batch_size;
             let ahead = full_batch && !self.stopping.load(Ordering::Acquire);
-            let (delivered, next) = tokio::join!(self.deliver(claimed, &mut report), async {
+            let (delivered, next) = tokio::join!(self.deliver(claimed, report), async {
                 if ahead {
                     self.claim().await
                 } else {
@@ -159,7 +231,7 @@ impl Relay {
         }
         self.refresh_gauges().await?;
         self.record_success();
-        Ok(report)
+        Ok(())
     }
 
     /// Claims the next due batch under a lease.
@@ -187,27 +259,41 @@ impl Relay {
         let events: Vec<Event> = claimed.into_iter().map(event).collect();
         let results = self.sink.publish(&events).await;
         let mut delivered = Vec::with_capacity(events.len());
+        let mut failures = Vec::new();
         for (e, result) in events.iter().zip(results) {
             match result {
                 Ok(()) => delivered.push(e.id),
-                Err(error) => {
-                    tracing::warn!(id = e.id, topic = %e.topic, biz_key = %e.biz_key, sink = self.sink.name(), %error, "relay: delivery failed; will retry");
-                    self.store
-                        .mark_failed(
-                            &self.owner,
-                            e.id,
-                            &error.to_string(),
-                            self.max_attempts,
-                            self.clock.now(),
-                        )
-                        .await?;
-                    report.failed += 1;
-                }
+                Err(error) => failures.push((e, error)),
             }
         }
-        self.store
+        for (e, error) in failures {
+            tracing::warn!(id = e.id, topic = %e.topic, biz_key = %e.biz_key, sink = self.sink.name(), %error, "relay: delivery failed; will retry");
+            let failed = self
+                .store
+                .mark_failed(
+                    &self.owner,
+                    e.id,
+                    &error.to_string(),
+                    self.max_attempts,
+                    self.clock.now(),
+                )
+                .await;
+            if let Err(e) = failed {
+                self.unfinished().unmarked.push((delivered, written_since));
+                return Err(e);
+            }
+            report.failed += 1;
+        }
+        if let Err(e) = self
+            .store
             .mark_sent(&self.owner, &delivered, written_since, self.clock.now())
-            .await?;
+            .await
+        {
+            // Published, and perhaps marked (an answer lost in a failover): the next tick
+            // marks them, which is the same whichever happened.
+            self.unfinished().unmarked.push((delivered, written_since));
+            return Err(e);
+        }
         report.published += delivered.len();
         self.metrics.relay_published.inc_by(delivered.len() as u64);
         self.metrics

@@ -160,6 +160,7 @@ crate::on_every_backend!(
     the_job_never_overlaps_itself,
     a_late_mark_by_a_relay_whose_lease_expired_changes_nothing,
     shutdown_gives_back_the_leases_it_holds,
+    rows_published_but_not_marked_are_marked_by_the_next_tick_not_published_again,
     the_next_batch_is_claimed_during_a_publish_and_published_after_it,
     a_batch_claimed_ahead_is_given_back_when_a_delivery_fails,
     a_batch_claimed_ahead_is_given_back_at_shutdown,
@@ -424,6 +425,63 @@ async fn shutdown_gives_back_the_leases_it_holds(backend: Backend) {
         blocked.sink.ids().len(),
         2,
         "published once already: at least once"
+    );
+}
+
+/// Makes marking a message sent fail (the statement is refused), as a database that went away
+/// between a batch's publish and its mark does.
+async fn refuse_marking_sent(db: &crate::support::helpers::TestDb) {
+    use crate::support::helpers::TestDb;
+    db.execute(match db {
+        TestDb::Postgres { .. } => {
+            "CREATE OR REPLACE FUNCTION refuse_sent() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'refused'; END $$; \
+             CREATE TRIGGER refuse_sent AFTER UPDATE ON local_message FOR EACH ROW \
+             WHEN (NEW.status = 1) EXECUTE FUNCTION refuse_sent();"
+        }
+        TestDb::Mysql { .. } => {
+            "CREATE TRIGGER refuse_sent BEFORE UPDATE ON local_message FOR EACH ROW \
+             BEGIN IF NEW.status = 1 THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused'; \
+             END IF; END"
+        }
+        TestDb::Sqlite { .. } => {
+            "CREATE TRIGGER refuse_sent BEFORE UPDATE ON local_message WHEN NEW.status = 1 \
+             BEGIN SELECT RAISE(ABORT, 'refused'); END;"
+        }
+    })
+    .await;
+}
+
+/// The database fails under a tick after its batch went out and before it was marked (a
+/// failover): the next tick marks those rows sent at once, without publishing them again and
+/// without leaving them leased for the rest of [`paynotify::relay::LEASE_SECS`].
+async fn rows_published_but_not_marked_are_marked_by_the_next_tick_not_published_again(
+    backend: Backend,
+) {
+    use crate::support::helpers::TestDb;
+    let app = spawn_app(backend).await;
+    pending(&app, 2).await;
+    let blocked = blocked_tick(&app, 2).await;
+    refuse_marking_sent(&app.db).await;
+    blocked.gate.notify_one();
+    let first = blocked.tick.await.expect("the tick ran");
+    assert!(first.is_err(), "the mark was refused: {first:?}");
+    assert_eq!(app.db.count("local_message WHERE status = 0").await, 2);
+    app.db
+        .execute(match &*app.db {
+            TestDb::Postgres { .. } => "DROP TRIGGER refuse_sent ON local_message",
+            _ => "DROP TRIGGER refuse_sent",
+        })
+        .await;
+    // A publish in the next tick would find the sink open (and be counted below).
+    blocked.gate.notify_one();
+    let next = blocked.relay.tick().await.expect("the next tick");
+    assert_eq!(next.published, 2, "marked by the next tick");
+    assert_eq!(app.db.count("local_message WHERE status = 1").await, 2);
+    assert_eq!(
+        blocked.sink.ids().len(),
+        2,
+        "published once: the next tick only marked them"
     );
 }
 
