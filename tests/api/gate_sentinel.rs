@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use paynotify::config::{RedisSettings, Secret, SinkKind};
-use paynotify::relay::Relay;
 use paynotify::relay::sink::Sink;
 use paynotify::relay::sinks::RedisStreamSink;
 
@@ -376,17 +375,6 @@ fn stream_sink(redis: &RedisSettings, stream: &str) -> Arc<dyn Sink> {
     )
 }
 
-fn relay(app: &TestApp, sink: Arc<dyn Sink>) -> Relay {
-    Relay::new(
-        app.store.clone(),
-        sink,
-        app.clock.clone(),
-        app.metrics.clone(),
-        100,
-        16,
-    )
-}
-
 fn biz_keys(entries: &[(String, Vec<(String, String)>)]) -> Vec<String> {
     entries
         .iter()
@@ -404,7 +392,7 @@ async fn a_stream_batch_no_replica_confirmed_is_not_marked_sent_until_one_does()
     let own = OwnSentinels::start().await;
     let app = spawn_app_with(Backend::Sqlite, |_| {}).await;
     let stream = "pn-sentinel:events";
-    let relay = relay(&app, stream_sink(&own.settings(), stream));
+    let relay = crate::relay::relay(&app, stream_sink(&own.settings(), stream), 16);
     crate::relay::pending_tagged(&app, "w", 3).await;
 
     let replica = own.data[1];
@@ -443,7 +431,7 @@ async fn the_stream_sink_follows_the_new_master_after_a_failover() {
     let own = OwnSentinels::start().await;
     let app = spawn_app_with(Backend::Sqlite, |_| {}).await;
     let stream = "pn-sentinel:events";
-    let relay = relay(&app, stream_sink(&own.settings(), stream));
+    let relay = crate::relay::relay(&app, stream_sink(&own.settings(), stream), 16);
     crate::relay::pending_tagged(&app, "a", 2).await;
     assert_eq!(relay.tick().await.expect("tick").published, 2);
 

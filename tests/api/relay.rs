@@ -71,7 +71,7 @@ impl Sink for TestSink {
     }
 }
 
-fn relay(app: &TestApp, sink: Arc<dyn Sink>, max_attempts: u32) -> Relay {
+pub(crate) fn relay(app: &TestApp, sink: Arc<dyn Sink>, max_attempts: u32) -> Relay {
     Relay::new(
         app.store.clone(),
         sink,
