@@ -20,7 +20,7 @@ use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
 use actix_web::error::PayloadError;
 use actix_web::http::{ConnectionType, StatusCode};
 use actix_web::web::Bytes;
-use actix_web::{HttpMessage, HttpResponseBuilder};
+use actix_web::{HttpMessage, HttpResponse};
 use futures_core::Stream;
 
 const MESSAGE: &str = "request body not received within the deadline";
@@ -77,9 +77,13 @@ pub fn arm(req: &mut ServiceRequest, deadline: Duration) -> Arc<AtomicBool> {
 
 /// The handler's answer, or — when the body deadline cut the read short — a `408` that
 /// closes the connection (the rest of the body is never read). A notify handler answers the
-/// cut-off read with its provider's own 408, which is kept; any other route gets the API's
-/// `{"error": …}`.
-pub fn answer<B>(response: ServiceResponse<B>, expired: &AtomicBool) -> ServiceResponse<BoxBody>
+/// cut-off read with its provider's own 408, which is kept; any other route gets what
+/// `timed_out` renders of the message (the API's `{"error": …}`).
+pub fn answer<B>(
+    response: ServiceResponse<B>,
+    expired: &AtomicBool,
+    timed_out: impl FnOnce(&str) -> HttpResponse,
+) -> ServiceResponse<BoxBody>
 where
     B: actix_web::body::MessageBody + 'static,
 {
@@ -95,9 +99,7 @@ where
         response.map_into_boxed_body()
     } else {
         let (request, _) = response.into_parts();
-        let timed_out = HttpResponseBuilder::new(StatusCode::REQUEST_TIMEOUT)
-            .json(crate::routes::error_body(MESSAGE));
-        ServiceResponse::new(request, timed_out.map_into_boxed_body())
+        ServiceResponse::new(request, timed_out(MESSAGE).map_into_boxed_body())
     };
     response
         .response_mut()

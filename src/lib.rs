@@ -1,6 +1,7 @@
 //! paynotify: verifies payment notifications and turns each into exactly one order state
 //! change plus one outbox message.
 
+pub mod app;
 pub mod archive;
 pub(crate) mod batch;
 pub mod bills;
@@ -11,11 +12,13 @@ pub mod config;
 pub mod console;
 pub mod gate;
 pub mod https;
+pub mod intake;
 pub mod jobs;
 pub mod metrics;
 pub mod money;
 pub mod notice;
 pub mod order;
+pub mod origin;
 pub mod outbox;
 pub mod providers;
 pub mod qa;

@@ -418,7 +418,7 @@ async fn reconcile_bills(
     let settings = load_settings(config.as_deref())?;
     let channel = channel.and_then(paynotify::notice::ChannelId::parse);
     let clock: Arc<dyn paynotify::time::Clock> = Arc::new(paynotify::time::SystemClock);
-    let bills = paynotify::startup::bills_only(&settings, clock).await?;
+    let bills = paynotify::app::App::build(&settings, clock).await?.bills;
     let reports = bills.reconcile(date, channel).await?;
     if reports.is_empty() {
         eprintln!("paynotify: no bill to compare: no merchant or app has API credentials");

@@ -10,8 +10,11 @@
 //! Every instance stores what it downloads, and reads the table before it downloads, so a
 //! certificate one instance fetched is used by all.
 
+mod refresh;
 pub mod settings;
 pub mod store;
+
+pub use refresh::NotRefreshed;
 
 use std::collections::HashMap;
 use std::sync::Arc;

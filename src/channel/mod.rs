@@ -9,7 +9,6 @@
 //! has the checklist for adding one.
 
 use actix_web::http::header::HeaderMap;
-use actix_web::web;
 
 use crate::notice::{ChannelId, Notice};
 use crate::time::Timestamp;
@@ -426,12 +425,69 @@ pub trait Provider: Send + Sync + 'static {
     fn order_field(&self) -> &'static str;
 }
 
-/// Registers a provider's notify routes (with its channel as their app data) on each worker.
-pub type Mount = Box<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
+/// A notify endpoint as the HTTP room sees it: [`Channel`] without its `Verified` type, so
+/// every provider's routes are served by one handler (`routes::notify`). Every `Channel` is
+/// one.
+pub trait Endpoint: Send + Sync + 'static {
+    fn id(&self) -> ChannelId;
 
-/// A provider built from its settings: its routes and its operations side.
+    /// [`admit_signed`] with this channel.
+    fn admit_signed(&self, request: &Inbound<'_>) -> (Result<Notice, Rejection>, bool);
+
+    /// [`Channel::render`].
+    fn render(&self, reply: Reply<'_>) -> Answer;
+
+    /// [`Channel::standing`].
+    fn standing(&self, request: &Inbound<'_>) -> Standing;
+
+    /// [`Channel::signature_headers`].
+    fn signature_headers(&self) -> Option<&'static str>;
+}
+
+impl<C: Channel> Endpoint for C {
+    fn id(&self) -> ChannelId {
+        Channel::id(self)
+    }
+
+    fn admit_signed(&self, request: &Inbound<'_>) -> (Result<Notice, Rejection>, bool) {
+        admit_signed(self, request)
+    }
+
+    fn render(&self, reply: Reply<'_>) -> Answer {
+        Channel::render(self, reply)
+    }
+
+    fn standing(&self, request: &Inbound<'_>) -> Standing {
+        Channel::standing(self, request)
+    }
+
+    fn signature_headers(&self) -> Option<&'static str> {
+        Channel::signature_headers(self)
+    }
+}
+
+/// A notify route a provider takes, as data: its path and the channel that verifies what
+/// arrives there. The HTTP room mounts it (`routes::configure`); the provider's OpenAPI text
+/// for it is its `NotifyApi`. A provider with one route per kind of notification (WeChat's
+/// payments and refunds) checks the event type against the path it is told (`Inbound::route`).
+#[derive(Clone)]
+pub struct NotifyRoute {
+    pub path: &'static str,
+    pub channel: std::sync::Arc<dyn Endpoint>,
+}
+
+impl std::fmt::Debug for NotifyRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NotifyRoute")
+            .field("path", &self.path)
+            .field("channel", &self.channel.id())
+            .finish()
+    }
+}
+
+/// A provider built from its settings: its notify routes and its operations side.
 pub struct Mounted {
-    pub mount: Mount,
+    pub routes: Vec<NotifyRoute>,
     pub provider: std::sync::Arc<dyn Provider>,
     /// The provider's API client, when some merchant/app has API credentials.
     pub api: Option<std::sync::Arc<dyn api::ProviderApi>>,

@@ -22,11 +22,10 @@ use serde::Deserialize;
 
 use super::error::ConsoleError;
 use super::html::{secured, sign_in_page};
+use crate::app::App;
 use crate::config::Secret;
 use crate::notice::Digest;
-use crate::routes::{
-    ApiError, AppState, PROXY_HEADERS, refused_from_another_site, refused_without_token,
-};
+use crate::origin::{PROXY_HEADERS, refused_from_another_site, refused_without_token};
 
 /// The session cookie's name; its path is the console's.
 const COOKIE: &str = "paynotify_console";
@@ -123,7 +122,7 @@ impl Viewer {
     /// the CSRF token its page was rendered with.
     pub fn check_form(&self, req: &HttpRequest, presented: &str) -> Result<(), ConsoleError> {
         if let Some(why) = refused_from_another_site(req) {
-            return Err(ConsoleError::Api(ApiError::Forbidden(why)));
+            return Err(ConsoleError::Forbidden(why));
         }
         if matches!(self.access, Access::Bearer) {
             return Ok(());
@@ -136,9 +135,9 @@ impl Viewer {
                 path = req.path(),
                 "console form refused: wrong or missing CSRF token"
             );
-            Err(ConsoleError::Api(ApiError::Forbidden(
+            Err(ConsoleError::Forbidden(
                 "the form's CSRF token is wrong or missing: reload the page",
-            )))
+            ))
         }
     }
 }
@@ -160,14 +159,14 @@ fn keys(req: &HttpRequest) -> Result<&Keys, ConsoleError> {
         .ok_or(ConsoleError::Internal("console keys not configured"))
 }
 
-fn state(req: &HttpRequest) -> Result<&AppState, ConsoleError> {
-    req.app_data::<web::Data<AppState>>()
+fn state(req: &HttpRequest) -> Result<&App, ConsoleError> {
+    req.app_data::<web::Data<App>>()
         .map(|s| s.get_ref())
         .ok_or(ConsoleError::Internal("application state not configured"))
 }
 
 /// Whether `presented` is the API token (compared as digests: timing independent of it).
-fn is_token(state: &AppState, presented: &str) -> bool {
+fn is_token(state: &App, presented: &str) -> bool {
     let expected = state.api_token.expose();
     !expected.is_empty() && Digest::of(presented.as_bytes()) == Digest::of(expected.as_bytes())
 }
@@ -183,7 +182,7 @@ fn admit(req: &HttpRequest) -> Result<Viewer, ConsoleError> {
     let (state, keys) = (state(req)?, keys(req)?);
     let access = if state.api_token.is_empty() {
         if let Some(why) = refused_without_token(req) {
-            return Err(ConsoleError::Api(ApiError::Forbidden(why)));
+            return Err(ConsoleError::Forbidden(why));
         }
         Access::Open
     } else if let Some(bearer) = req
@@ -242,7 +241,7 @@ async fn login(req: HttpRequest, form: web::Form<LoginForm>) -> Result<HttpRespo
         return Ok(see_other(CONSOLE));
     }
     if let Some(why) = refused_from_another_site(&req) {
-        return Err(ConsoleError::Api(ApiError::Forbidden(why)));
+        return Err(ConsoleError::Forbidden(why));
     }
     if !is_token(state, &form.token) {
         let peer = req.peer_addr().map(|a| a.ip().to_string());

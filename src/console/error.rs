@@ -1,15 +1,17 @@
-//! Why a console request was not answered with its page, as a page: the internal API's
-//! errors (`ApiError`: its statuses and messages), plus signing in.
+//! Why a console request was not answered with its page, as a page: the causes the internal
+//! API answers too (with its statuses and messages), plus signing in.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use maud::html;
 
 use super::html::{bare, sign_in_page};
-use crate::routes::ApiError;
+use crate::certificates::NotRefreshed;
+use crate::reconcile::ReconcileOrderError;
 use crate::store::StoreError;
 
-/// Why a console request was not answered with its page.
+/// Why a console request was not answered with its page. The statuses and messages are the
+/// internal API's for the same cause.
 #[derive(Debug, thiserror::Error)]
 pub enum ConsoleError {
     /// No token, cookie or session: the sign-in page.
@@ -18,23 +20,42 @@ pub enum ConsoleError {
     /// The application was built without something the console needs.
     #[error("{0}")]
     Internal(&'static str),
-    /// As the JSON endpoints answer it, drawn as a page.
-    #[error(transparent)]
-    Api(ApiError),
-}
-
-impl From<ApiError> for ConsoleError {
-    fn from(e: ApiError) -> Self {
-        match e {
-            ApiError::Unauthorized => Self::SignIn,
-            other => Self::Api(other),
-        }
-    }
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Forbidden(&'static str),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    /// A provider could not be asked; the operator may try again.
+    #[error("{0}")]
+    Unavailable(String),
+    /// 503 when the database is out of reach, 500 when a statement failed; the cause is
+    /// logged, never shown.
+    #[error("{}", if .0.is_unavailable() { "database unavailable" } else { "internal error" })]
+    Database(StoreError),
 }
 
 impl From<StoreError> for ConsoleError {
     fn from(e: StoreError) -> Self {
-        Self::Api(ApiError::Database(e))
+        Self::Database(e)
+    }
+}
+
+impl From<ReconcileOrderError> for ConsoleError {
+    fn from(e: ReconcileOrderError) -> Self {
+        match e {
+            ReconcileOrderError::NoCredentials => Self::Conflict(e.to_string()),
+            ReconcileOrderError::NoSuchOrder => Self::NotFound(e.to_string()),
+            ReconcileOrderError::Store(e) => Self::Database(e),
+        }
+    }
+}
+
+impl From<NotRefreshed> for ConsoleError {
+    fn from(e: NotRefreshed) -> Self {
+        Self::Unavailable(e.to_string())
     }
 }
 
@@ -43,12 +64,18 @@ impl ResponseError for ConsoleError {
         match self {
             Self::SignIn => StatusCode::UNAUTHORIZED,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::Api(e) => e.status_code(),
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Forbidden(_) => StatusCode::FORBIDDEN,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Database(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
     fn error_response(&self) -> HttpResponse {
-        if let Self::Api(ApiError::Database(cause)) = self {
+        if let Self::Database(cause) = self {
             // The cause is for operators, not for the page.
             tracing::error!(error = %cause, "console request failed on the database");
         }

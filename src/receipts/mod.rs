@@ -36,6 +36,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use tokio::sync::mpsc;
 
 pub mod explain;
+pub mod reapply;
 pub mod store;
 
 use crate::channel::{Standing, sha256_hex};
@@ -461,6 +462,14 @@ async fn write_one_by_one(batch: &[NewReceipt], store: &Store, metrics: &Metrics
 /// A receipt's headers column.
 pub fn headers_payload(headers: &HeaderMap, signature_headers: Option<&str>) -> Payload {
     Payload(headers_json(headers, signature_headers))
+}
+
+/// The body as text when it is UTF-8 without control characters (tabs and line ends aside).
+pub fn printable(body: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?;
+    text.chars()
+        .all(|c| !c.is_control() || matches!(c, '\n' | '\r' | '\t'))
+        .then(|| text.to_owned())
 }
 
 #[cfg(test)]

@@ -12,7 +12,10 @@ use std::sync::Arc;
 use serde::Serialize;
 
 pub mod failover;
+mod order;
 pub mod store;
+
+pub use order::{ReconcileOrderError, Reconciled};
 
 use crate::channel::api::{CloseAnswer, Failure, ProviderApi, TradeAnswer};
 use crate::config::ReconcileSettings;

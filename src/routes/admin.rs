@@ -6,15 +6,14 @@ use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::AppState;
-use super::notify::settle_notice;
-use super::{ApiError, Authorized, ErrorBody, detach};
+use super::{ApiError, Authorized, ErrorBody};
+use crate::app::App;
 use crate::channel::platform::KnownKey;
-use crate::channel::{Inbound, Reply};
-use crate::metrics::Refusal;
 use crate::outbox::status;
+use crate::receipts::reapply::Reapplied;
 use crate::receipts::store::{ReceiptFilter, StoredReceipt};
-use crate::receipts::{decode_body, header_map};
+use crate::receipts::{decode_body, printable};
+use crate::reconcile::{ReconcileOrderError, Reconciled};
 use crate::store::outbox::StoredMessage;
 use crate::time::Timestamp;
 
@@ -36,7 +35,7 @@ pub struct MessagesQuery {
     security(("bearer" = [])))]
 pub async fn messages(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     query: web::Query<MessagesQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let wanted = match query.status.as_deref() {
@@ -55,7 +54,9 @@ pub async fn messages(
         return Err(ApiError::BadRequest("limit: between 1 and 1000".to_owned()));
     }
     let store = state.store.clone();
-    let messages = detach(&state, async move { store.messages(wanted, limit).await }).await?;
+    let messages = state
+        .detach(async move { store.messages(wanted, limit).await })
+        .await?;
     Ok(HttpResponse::Ok().json(messages))
 }
 
@@ -69,17 +70,23 @@ pub async fn messages(
     security(("bearer" = [])))]
 pub async fn redrive(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let id = id.into_inner();
     let (store, now) = (state.store.clone(), state.clock.now());
-    if detach(&state, async move { store.redrive(id, now).await }).await? {
+    if state
+        .detach(async move { store.redrive(id, now).await })
+        .await?
+    {
         tracing::info!(id, "dead message redriven");
         return Ok(HttpResponse::Ok().json(json!({ "id": id, "status": status::PENDING })));
     }
     let store = state.store.clone();
-    match detach(&state, async move { store.message_status(id).await }).await? {
+    match state
+        .detach(async move { store.message_status(id).await })
+        .await?
+    {
         None => Err(ApiError::NotFound("no such message".to_owned())),
         Some(_) => Err(ApiError::Conflict(
             "only a dead message can be redriven".to_owned(),
@@ -102,11 +109,13 @@ pub struct CallbacksQuery {
     security(("bearer" = [])))]
 pub async fn callbacks(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     query: web::Query<CallbacksQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (store, order_no) = (state.store.clone(), query.order_no.clone());
-    let callbacks = detach(&state, async move { store.callbacks_of(&order_no).await }).await?;
+    let callbacks = state
+        .detach(async move { store.callbacks_of(&order_no).await })
+        .await?;
     Ok(HttpResponse::Ok().json(json!({
         "order_no": query.order_no,
         "payments": callbacks.payments,
@@ -169,21 +178,15 @@ impl ReceiptsQuery {
     security(("bearer" = [])))]
 pub async fn receipts(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     query: web::Query<ReceiptsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let filter = query.filter(50, false)?;
     let store = state.store.clone();
-    let rows = detach(&state, async move { store.receipts(&filter).await }).await?;
+    let rows = state
+        .detach(async move { store.receipts(&filter).await })
+        .await?;
     Ok(HttpResponse::Ok().json(rows))
-}
-
-/// The body as text when it is UTF-8 without control characters (tabs and line ends aside).
-pub(crate) fn printable(body: &[u8]) -> Option<String> {
-    let text = std::str::from_utf8(body).ok()?;
-    text.chars()
-        .all(|c| !c.is_control() || matches!(c, '\n' | '\r' | '\t'))
-        .then(|| text.to_owned())
 }
 
 #[utoipa::path(get, path = "/admin/receipts/{id}", tag = "operations",
@@ -195,7 +198,7 @@ pub(crate) fn printable(body: &[u8]) -> Option<String> {
     security(("bearer" = [])))]
 pub async fn receipt(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let receipt = load_receipt(&state, id.into_inner()).await?;
@@ -206,86 +209,20 @@ pub async fn receipt(
     Ok(HttpResponse::Ok().json(value))
 }
 
-async fn load_receipt(state: &web::Data<AppState>, id: i64) -> Result<StoredReceipt, ApiError> {
+async fn load_receipt(state: &web::Data<App>, id: i64) -> Result<StoredReceipt, ApiError> {
     let store = state.store.clone();
-    detach(state, async move { store.receipt(id).await })
+    state
+        .detach(async move { store.receipt(id).await })
         .await?
         .ok_or_else(|| ApiError::NotFound("no such receipt".to_owned()))
 }
 
-/// What one re-apply did.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct Reapplied {
-    pub id: i64,
-    /// A ledger outcome (`applied`, `duplicate`, `anomaly`, `unknown_order`, …) or why it
-    /// is still refused (`bad_signature`, `undecryptable`, …).
-    pub outcome: String,
-    pub detail: Option<String>,
-    pub out_trade_no: Option<String>,
-}
-
-/// Verifies a stored request again with the keys configured now, at the time it arrived
-/// (the receipt proves when: no timestamp window), and applies it through the gate and
-/// the ledger like a delivery.
-pub(crate) async fn reapply_receipt(
-    state: &web::Data<AppState>,
-    receipt: &StoredReceipt,
-) -> Result<Reapplied, ApiError> {
-    let refused = |outcome: &str, detail: String| Reapplied {
-        id: receipt.id,
-        outcome: outcome.to_owned(),
-        detail: Some(detail),
-        out_trade_no: None,
-    };
-    let provider = state
-        .providers
-        .iter()
-        .find(|p| p.channel().as_str() == receipt.channel);
-    let result = match (provider, decode_body(&receipt.body_b64)) {
-        (None, _) => refused(
-            "no_channel",
-            format!("channel {} is not configured", receipt.channel),
-        ),
-        (_, None) => refused("bad_request", "the stored body is not base64".to_owned()),
-        (Some(provider), Some(body)) => {
-            let headers = header_map(&receipt.headers.0);
-            let inbound = Inbound {
-                headers: &headers,
-                body: &body,
-                now: receipt.received_at,
-                route: receipt.route.as_deref(),
-            };
-            match provider.admit(&inbound) {
-                Err(rejection) => refused(Refusal::from(&rejection).label(), rejection.to_string()),
-                Ok(notice) => {
-                    let now = state.clock.now();
-                    let (counted, reply) =
-                        settle_notice(state, &notice, now, std::time::Instant::now()).await;
-                    Reapplied {
-                        id: receipt.id,
-                        outcome: counted.label().to_owned(),
-                        detail: match reply {
-                            Reply::Success => None,
-                            Reply::Failure { message, .. } => Some(message.to_owned()),
-                        },
-                        out_trade_no: Some(notice.out_trade_no),
-                    }
-                }
-            }
-        }
-    };
-    let (store, id, outcome, now) = (
-        state.store.clone(),
-        receipt.id,
-        result.outcome.clone(),
-        state.clock.now(),
-    );
-    detach(state, async move {
-        store.mark_reapplied(id, &outcome, now).await
-    })
-    .await?;
-    tracing::info!(id, outcome = %result.outcome, "receipt re-applied");
-    Ok(result)
+/// [`App::reapplier`]'s re-apply of one receipt, run to its end even if the caller hangs up.
+async fn reapply_receipt(state: &App, receipt: StoredReceipt) -> Result<Reapplied, ApiError> {
+    let reapplier = std::sync::Arc::clone(&state.reapplier);
+    Ok(state
+        .detach(async move { reapplier.reapply(&receipt).await })
+        .await?)
 }
 
 #[utoipa::path(post, path = "/admin/receipts/{id}/reapply", tag = "operations",
@@ -297,11 +234,11 @@ pub(crate) async fn reapply_receipt(
     security(("bearer" = [])))]
 pub async fn reapply(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ApiError> {
     let receipt = load_receipt(&state, id.into_inner()).await?;
-    Ok(HttpResponse::Ok().json(reapply_receipt(&state, &receipt).await?))
+    Ok(HttpResponse::Ok().json(reapply_receipt(&state, receipt).await?))
 }
 
 #[utoipa::path(post, path = "/admin/receipts/reapply", tag = "operations", params(ReceiptsQuery),
@@ -312,35 +249,20 @@ pub async fn reapply(
     security(("bearer" = [])))]
 pub async fn reapply_many(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     query: web::Query<ReceiptsQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let filter = query.filter(100, true)?;
-    let store = state.store.clone();
-    let rows = detach(&state, async move { store.receipts(&filter).await }).await?;
-    let mut results = Vec::with_capacity(rows.len());
-    let mut outcomes = std::collections::BTreeMap::<String, u64>::new();
-    for receipt in &rows {
-        let result = reapply_receipt(&state, receipt).await?;
-        *outcomes.entry(result.outcome.clone()).or_default() += 1;
-        results.push(result);
-    }
+    let reapplier = std::sync::Arc::clone(&state.reapplier);
+    let done = state
+        .detach(async move { reapplier.reapply_many(&filter).await })
+        .await?;
+    let (results, outcomes) = (done.results, done.outcomes);
     Ok(HttpResponse::Ok().json(json!({
         "count": results.len(),
         "outcomes": outcomes,
         "results": results,
     })))
-}
-
-/// What `POST /admin/orders/{order_no}/reconcile` found.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct Reconciled {
-    pub order_no: String,
-    /// The order's status after any paid answer was applied.
-    #[schema(value_type = String)]
-    pub status: crate::order::OrderStatus,
-    /// Every merchant/app asked, in order, with its answer.
-    pub providers: Vec<crate::reconcile::Said>,
 }
 
 #[utoipa::path(post, path = "/admin/orders/{order_no}/reconcile", tag = "operations",
@@ -354,42 +276,23 @@ pub struct Reconciled {
     security(("bearer" = [])))]
 pub async fn reconcile(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     order_no: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(reconcile_order(&state, order_no.into_inner()).await?))
 }
 
-/// Asks the providers about `order_no` now and applies a paid answer (`POST
-/// /admin/orders/{order_no}/reconcile`, and the console's reconcile page).
-pub(crate) async fn reconcile_order(
-    state: &web::Data<AppState>,
-    order_no: String,
-) -> Result<Reconciled, ApiError> {
-    if !state.reconciler.asks_providers() {
-        return Err(ApiError::Conflict(
-            "no merchant or app has API credentials (wechat.merchants[].private_key_file, alipay.apps[].app_private_key_file)".to_owned(),
-        ));
-    }
+/// [`crate::reconcile::Reconciler::reconcile_order`] as the internal API answers it.
+async fn reconcile_order(state: &App, order_no: String) -> Result<Reconciled, ApiError> {
     let reconciler = std::sync::Arc::clone(&state.reconciler);
-    let found = detach(state, async move {
-        let store = reconciler.store();
-        let Some(order) = store.reconcile_target(&order_no).await? else {
-            return Ok(None);
-        };
-        let providers = reconciler.query_order(&order).await?;
-        let status = store
-            .order(&order_no)
-            .await?
-            .map_or(order.status, |o| o.status);
-        Ok(Some(Reconciled {
-            order_no,
-            status,
-            providers,
-        }))
-    })
-    .await?;
-    found.ok_or_else(|| ApiError::NotFound("no such order".to_owned()))
+    state
+        .detach(async move { Ok(reconciler.reconcile_order(order_no).await) })
+        .await?
+        .map_err(|e| match e {
+            ReconcileOrderError::NoCredentials => ApiError::Conflict(e.to_string()),
+            ReconcileOrderError::NoSuchOrder => ApiError::NotFound(e.to_string()),
+            ReconcileOrderError::Store(e) => ApiError::Database(e),
+        })
 }
 
 #[utoipa::path(get, path = "/admin/certificates", tag = "operations",
@@ -398,7 +301,7 @@ pub(crate) async fn reconcile_order(
         (status = 200, description = "The keys", body = Vec<KnownKey>),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody)),
     security(("bearer" = [])))]
-pub async fn certificates(_: Authorized, state: web::Data<AppState>) -> HttpResponse {
+pub async fn certificates(_: Authorized, state: web::Data<App>) -> HttpResponse {
     HttpResponse::Ok().json(state.certificates.keys())
 }
 
@@ -411,37 +314,18 @@ pub async fn certificates(_: Authorized, state: web::Data<AppState>) -> HttpResp
     security(("bearer" = [])))]
 pub async fn refresh_certificates(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
 ) -> Result<HttpResponse, ApiError> {
     refresh_all_certificates(&state).await?;
     Ok(HttpResponse::Ok().json(state.certificates.keys()))
 }
 
-/// Downloads every downloading merchant's platform certificates now; `Unavailable` naming
-/// each that failed (the keys known keep working).
-pub(crate) async fn refresh_all_certificates(state: &web::Data<AppState>) -> Result<(), ApiError> {
-    // Run to its end even if the caller hangs up: a download that is stored half way is
-    // harmless, but one request's work should not be cut short by another's.
+/// Downloads every downloading merchant's platform certificates now, to its end even if the
+/// caller hangs up; `Unavailable` naming each that failed (the keys known keep working).
+async fn refresh_all_certificates(state: &App) -> Result<(), ApiError> {
     let certificates = std::sync::Arc::clone(&state.certificates);
-    let results = state
-        .runtime
-        .spawn(async move { certificates.refresh_all().await })
-        .await
-        .map_err(|e| ApiError::Database(crate::store::StoreError::Task(e)))?;
-    let failed: Vec<String> = results
-        .iter()
-        .filter_map(|(channel, account, result)| {
-            result
-                .as_ref()
-                .err()
-                .map(|f| format!("{channel} {account}: {} ({})", f.label(), f.detail()))
-        })
-        .collect();
-    if !failed.is_empty() {
-        return Err(ApiError::Unavailable(format!(
-            "not refreshed: {}",
-            failed.join("; ")
-        )));
-    }
-    Ok(())
+    state
+        .detach(async move { Ok(certificates.refresh_now().await) })
+        .await?
+        .map_err(|e| ApiError::Unavailable(e.to_string()))
 }

@@ -4,7 +4,8 @@ use actix_web::{HttpResponse, web};
 use chrono::NaiveDate;
 use serde::Deserialize;
 
-use super::{ApiError, AppState, Authorized, ErrorBody, detach};
+use super::{ApiError, Authorized, ErrorBody};
+use crate::app::App;
 use crate::bills::RunError;
 use crate::bills::report::Report;
 use crate::notice::ChannelId;
@@ -48,7 +49,7 @@ impl BillQuery {
     security(("bearer" = [])))]
 pub async fn reconcile(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     query: web::Query<BillQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (date, channel) = query.parsed()?;
@@ -75,16 +76,14 @@ pub async fn reconcile(
     security(("bearer" = [])))]
 pub async fn reports(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     query: web::Query<BillQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let (date, channel) = query.parsed()?;
     let day = date.format("%Y-%m-%d").to_string();
     let store = state.store.clone();
-    let reports = detach(
-        &state,
-        async move { store.bill_reports(&day, channel).await },
-    )
-    .await?;
+    let reports = state
+        .detach(async move { store.bill_reports(&day, channel).await })
+        .await?;
     Ok(HttpResponse::Ok().json(reports))
 }

@@ -4,8 +4,7 @@
 use actix_web::{HttpResponse, web};
 use serde_json::json;
 
-use super::AppState;
-use super::detach;
+use crate::app::App;
 use crate::store::{DatabaseState, DatabaseStatus};
 
 #[utoipa::path(get, path = "/healthz", tag = "operations",
@@ -43,9 +42,10 @@ pub struct Readiness {
     responses(
         (status = 200, description = "A database writer answers", body = Readiness),
         (status = 503, description = "The database is down, failing over or degraded", body = Readiness)))]
-pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+pub async fn readyz(state: web::Data<App>) -> HttpResponse {
     let store = state.store.clone();
-    let database = detach(&state, async move { Ok(store.readiness().await) })
+    let database = state
+        .detach(async move { Ok(store.readiness().await) })
         .await
         .unwrap_or_else(|e: crate::store::StoreError| {
             tracing::warn!(error = %e, "readiness: database check did not finish");
@@ -55,7 +55,7 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
             }
         });
     let database_up = database.state == DatabaseState::Up;
-    let redis = match &state.gate {
+    let redis = match state.intake.gate() {
         None => "disabled",
         Some(gate) if gate.is_up().await => "up",
         Some(_) => "down",
@@ -82,11 +82,14 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
 /// `GET /metrics`: Prometheus text. Outbox and pool gauges are read at scrape time.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
-pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+pub async fn metrics(state: web::Data<App>) -> HttpResponse {
     let m = &state.metrics;
     let store = state.store.clone();
     // The outbox's statement is the scrape's database check, as `/readyz`'s ping is its own.
-    match detach(&state, async move { store.outbox_stats().await }).await {
+    match state
+        .detach(async move { store.outbox_stats().await })
+        .await
+    {
         Ok(stats) => {
             m.outbox(
                 stats.pending,
@@ -101,7 +104,10 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         }
     }
     let store = state.store.clone();
-    match detach(&state, async move { store.semi_sync_active().await }).await {
+    match state
+        .detach(async move { store.semi_sync_active().await })
+        .await
+    {
         Ok(active) => m
             .database_semi_sync_active
             .set(active.map_or(-1, i64::from)),
@@ -111,7 +117,7 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     m.pool(state.store.pool_status());
     let groups = state.store.group_stats();
     m.groups(groups.groups, groups.payments, groups.failed);
-    let open = state.gate.as_ref().is_some_and(|g| g.breaker_open());
+    let open = state.intake.gate().is_some_and(|g| g.breaker_open());
     m.gate_breaker_open.set(i64::from(open));
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")

@@ -46,7 +46,7 @@ impl Modify for BearerToken {
         health::metrics,
         document,
     ),
-    components(schemas(ErrorBody, health::Readiness, admin::Reconciled, crate::reconcile::Said, crate::channel::platform::KnownKey, crate::channel::platform::KeyOrigin, crate::bills::report::Report, crate::refunds::RefundView, crate::order::RefundStatus, refunds::RefundRequest)),
+    components(schemas(ErrorBody, health::Readiness, crate::reconcile::Reconciled, crate::reconcile::Said, crate::channel::platform::KnownKey, crate::channel::platform::KeyOrigin, crate::bills::report::Report, crate::refunds::RefundView, crate::order::RefundStatus, refunds::RefundRequest)),
     modifiers(&BearerToken)
 )]
 pub struct ApiDoc;

@@ -6,8 +6,8 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 
-use super::AppState;
-use super::{ApiError, Authorized, ErrorBody, detach, error_body};
+use super::{ApiError, Authorized, ErrorBody, error_body};
+use crate::app::App;
 use crate::channel::Provider;
 use crate::notice::{ChannelId, Digest};
 use crate::order::NewOrder;
@@ -185,12 +185,12 @@ fn stored(response: StoredResponse) -> HttpResponse {
     security(("bearer" = [])))]
 pub async fn create(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     request: HttpRequest,
     body: web::Json<CreateOrderRequest>,
 ) -> Result<HttpResponse, ApiError> {
     body.validate()?;
-    let accounts = body.accounts(&state.providers)?;
+    let accounts = body.accounts(state.providers())?;
     let key = idempotency_key(&request)?;
     // Same key + same parsed request = a replay, whatever the JSON whitespace or key order.
     let request_digest = Digest::of(serde_json::to_string(&*body).unwrap_or_default().as_bytes());
@@ -205,7 +205,7 @@ pub async fn create(
         expire_at: now.plus_seconds(i64::try_from(expire_after).unwrap_or(i64::MAX / 2)),
         accounts,
     };
-    if let (Some(gate), Some(key)) = (&state.gate, key)
+    if let (Some(gate), Some(key)) = (state.intake.gate(), key)
         && let Some(cached) = gate.idempotent_answer(key).await
         && let Ok(cached) = serde_json::from_str::<CachedAnswer>(&cached)
         && cached.request == request_digest.as_str()
@@ -218,17 +218,18 @@ pub async fn create(
     let store = state.store.clone();
     let owned_key = key.map(str::to_owned);
     let digest = request_digest.clone();
-    let created = detach(&state, async move {
-        let idem = owned_key.as_deref().map(|key| IdempotencyKey {
-            key,
-            request: &digest,
-        });
-        store.create_order(&new, idem, render_create).await
-    })
-    .await?;
+    let created = state
+        .detach(async move {
+            let idem = owned_key.as_deref().map(|key| IdempotencyKey {
+                key,
+                request: &digest,
+            });
+            store.create_order(&new, idem, render_create).await
+        })
+        .await?;
     match created {
         CreateResult::Fresh(response) | CreateResult::Replayed(response) => {
-            if let (Some(gate), Some(key)) = (&state.gate, key) {
+            if let (Some(gate), Some(key)) = (state.intake.gate(), key) {
                 let cached = CachedAnswer {
                     request: request_digest.as_str().to_owned(),
                     status: response.status,
@@ -255,11 +256,14 @@ pub async fn create(
     security(("bearer" = [])))]
 pub async fn get(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     order_no: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let store = state.store.clone();
-    match detach(&state, async move { store.order(&order_no).await }).await? {
+    match state
+        .detach(async move { store.order(&order_no).await })
+        .await?
+    {
         Some(order) => Ok(HttpResponse::Ok().json(order)),
         None => Err(ApiError::NotFound("no such order".to_owned())),
     }
@@ -277,25 +281,26 @@ pub async fn get(
     security(("bearer" = [])))]
 pub async fn close(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     order_no: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let (reconciler, now) = (std::sync::Arc::clone(&state.reconciler), state.clock.now());
     let order_no = order_no.into_inner();
-    let closing = detach(&state, async move {
-        let store = reconciler.store();
-        match store.reconcile_target(&order_no).await? {
-            Some(order) if order.status == crate::order::OrderStatus::WaitPay => {
-                reconciler
-                    .close(&order, "api", false, &mut Vec::new())
-                    .await
+    let closing = state
+        .detach(async move {
+            let store = reconciler.store();
+            match store.reconcile_target(&order_no).await? {
+                Some(order) if order.status == crate::order::OrderStatus::WaitPay => {
+                    reconciler
+                        .close(&order, "api", false, &mut Vec::new())
+                        .await
+                }
+                _ => Ok(Closing::Done(
+                    store.close_order(&order_no, "api", now).await?,
+                )),
             }
-            _ => Ok(Closing::Done(
-                store.close_order(&order_no, "api", now).await?,
-            )),
-        }
-    })
-    .await?;
+        })
+        .await?;
     match closing {
         Closing::Done(CloseResult::Closed(order) | CloseResult::AlreadyClosed(order)) => {
             Ok(HttpResponse::Ok().json(order))

@@ -3,7 +3,8 @@
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 
-use super::{ApiError, AppState, Authorized, ErrorBody};
+use super::{ApiError, Authorized, ErrorBody};
+use crate::app::App;
 use crate::refunds::{Ask, RefundView, StartError, Started};
 
 /// At most 80 characters (WeChat's `reason`; Alipay's `refund_reason` allows 256).
@@ -66,7 +67,7 @@ impl RefundRequest {
     security(("bearer" = [])))]
 pub async fn start(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     order_no: web::Path<String>,
     body: web::Json<RefundRequest>,
 ) -> Result<HttpResponse, ApiError> {
@@ -102,11 +103,13 @@ pub async fn start(
     security(("bearer" = [])))]
 pub async fn list(
     _: Authorized,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     order_no: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let refunds = std::sync::Arc::clone(&state.refunds);
-    let listed = super::detach(&state, async move { refunds.list(&order_no).await }).await?;
+    let listed = state
+        .detach(async move { refunds.list(&order_no).await })
+        .await?;
     match listed {
         Some(views) => Ok(HttpResponse::Ok().json(views)),
         None => Err(ApiError::NotFound("no such order".to_owned())),

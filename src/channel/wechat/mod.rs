@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use actix_web::web;
 use ring::aead::{AES_256_GCM, LessSafeKey, UnboundKey};
 
 use utoipa::OpenApi;
@@ -330,8 +329,9 @@ pub struct WechatFail {
     pub message: String,
 }
 
-crate::routes::notify::notify_handler!(
-    #[utoipa::path(post, path = "/notify/wechat/pay", tag = "notify",
+// The OpenAPI text of `PAY_ROUTE` (served by the HTTP room's one notify handler); a line
+// comment, since utoipa would publish a doc comment as the summary.
+#[utoipa::path(post, path = "/notify/wechat/pay", tag = "notify",
     description = "WeChat Pay API v3 payment result (TRANSACTION.SUCCESS). Authenticated by the Wechatpay-* signature headers over the raw body.",
     request_body(content = Object, content_type = "application/json"),
     responses(
@@ -343,12 +343,11 @@ crate::routes::notify::notify_handler!(
         (status = 413, description = "Body larger than server.max_body_bytes", body = WechatFail),
         (status = 500, description = "Signature valid, resource does not decrypt (our apiv3_key is wrong)", body = WechatFail),
         (status = 503, description = "Database unavailable or the same notification in flight", body = WechatFail)))]
-    wechat_pay,
-    WechatPay
-);
+#[allow(dead_code)]
+fn wechat_pay() {}
 
-crate::routes::notify::notify_handler!(
-    #[utoipa::path(post, path = "/notify/wechat/refund", tag = "notify",
+// The OpenAPI text of `REFUND_ROUTE`.
+#[utoipa::path(post, path = "/notify/wechat/refund", tag = "notify",
     description = "WeChat Pay API v3 refund result (REFUND.SUCCESS, REFUND.ABNORMAL, REFUND.CLOSED); answers as /notify/wechat/pay.",
     request_body(content = Object, content_type = "application/json"),
     responses(
@@ -360,9 +359,8 @@ crate::routes::notify::notify_handler!(
         (status = 413, description = "Body too large", body = WechatFail),
         (status = 500, description = "Resource does not decrypt", body = WechatFail),
         (status = 503, description = "Database unavailable or the same notification in flight", body = WechatFail)))]
-    wechat_refund,
-    WechatPay
-);
+#[allow(dead_code)]
+fn wechat_refund() {}
 
 /// The OpenAPI description of the notify routes.
 #[derive(OpenApi)]
@@ -387,21 +385,16 @@ pub fn mount(
         .clone()
         .map(|api| api as Arc<dyn super::bill::BillSource>);
     let api = client.map(|api| api as Arc<dyn ProviderApi>);
-    let channel = web::Data::from(built);
-    let mount: super::Mount = Box::new(move |cfg: &mut web::ServiceConfig| {
-        cfg.service(
-            web::resource(PAY_ROUTE)
-                .app_data(channel.clone())
-                .route(web::post().to(wechat_pay)),
-        )
-        .service(
-            web::resource(REFUND_ROUTE)
-                .app_data(channel.clone())
-                .route(web::post().to(wechat_refund)),
-        );
-    });
+    let channel: Arc<dyn super::Endpoint> = built;
+    let routes = [PAY_ROUTE, REFUND_ROUTE]
+        .into_iter()
+        .map(|path| super::NotifyRoute {
+            path,
+            channel: Arc::clone(&channel),
+        })
+        .collect();
     Ok(Mounted {
-        mount,
+        routes,
         provider,
         api,
         keys: Some(keys),

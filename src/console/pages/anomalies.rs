@@ -5,11 +5,11 @@ use actix_web::{HttpResponse, web};
 use maud::html;
 
 use super::{LIST_LIMIT, NAV};
+use crate::app::App;
 use crate::console::auth::Viewer;
 use crate::console::error::ConsoleError;
 use crate::console::html::at;
 use crate::console::layout::page;
-use crate::routes::{AppState, detach};
 
 pub const PATH: &str = "/admin/console/anomalies";
 pub const TITLE: &str = "Anomalies";
@@ -18,13 +18,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route(PATH, web::get().to(list));
 }
 
-async fn list(viewer: Viewer, state: web::Data<AppState>) -> Result<HttpResponse, ConsoleError> {
+async fn list(viewer: Viewer, state: web::Data<App>) -> Result<HttpResponse, ConsoleError> {
     let store = state.store.clone();
-    let rows = detach(
-        &state,
-        async move { store.recent_anomalies(LIST_LIMIT).await },
-    )
-    .await?;
+    let rows = state
+        .detach(async move { store.recent_anomalies(LIST_LIMIT).await })
+        .await?;
     let body = html! {
         @if rows.is_empty() {
             p.empty { "No anomaly recorded." }

@@ -5,12 +5,11 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use maud::html;
 
 use super::NAV;
+use crate::app::App;
 use crate::console::auth::{CsrfForm, Viewer, see_other};
 use crate::console::error::ConsoleError;
 use crate::console::html::at_opt;
 use crate::console::layout::{page, post_button};
-use crate::routes::AppState;
-use crate::routes::admin::refresh_all_certificates;
 
 pub const PATH: &str = "/admin/console/certificates";
 pub const TITLE: &str = "Certificates";
@@ -24,7 +23,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     );
 }
 
-async fn list(viewer: Viewer, state: web::Data<AppState>) -> HttpResponse {
+async fn list(viewer: Viewer, state: web::Data<App>) -> HttpResponse {
     let now = state.clock.now().unix_seconds();
     let keys = state.certificates.keys();
     let body = html! {
@@ -59,10 +58,13 @@ async fn list(viewer: Viewer, state: web::Data<AppState>) -> HttpResponse {
 async fn refresh(
     req: HttpRequest,
     viewer: Viewer,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, ConsoleError> {
     viewer.check_form(&req, &form.csrf)?;
-    refresh_all_certificates(&state).await?;
+    let certificates = std::sync::Arc::clone(&state.certificates);
+    state
+        .detach(async move { Ok(certificates.refresh_now().await) })
+        .await??;
     Ok(see_other(PATH))
 }

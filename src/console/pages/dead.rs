@@ -6,13 +6,12 @@ use maud::html;
 use serde::Deserialize;
 
 use super::{LIST_LIMIT, NAV};
+use crate::app::App;
 use crate::console::auth::{CsrfForm, Viewer, see_other};
 use crate::console::error::ConsoleError;
 use crate::console::html::at;
 use crate::console::layout::{page, post_button};
 use crate::outbox::status;
-use crate::routes::ApiError;
-use crate::routes::{AppState, detach};
 
 pub const PATH: &str = "/admin/console/dead";
 pub const TITLE: &str = "Dead letters";
@@ -29,14 +28,13 @@ struct Shown {
 
 async fn list(
     viewer: Viewer,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     shown: web::Query<Shown>,
 ) -> Result<HttpResponse, ConsoleError> {
     let store = state.store.clone();
-    let rows = detach(&state, async move {
-        store.messages(Some(status::DEAD), LIST_LIMIT).await
-    })
-    .await?;
+    let rows = state
+        .detach(async move { store.messages(Some(status::DEAD), LIST_LIMIT).await })
+        .await?;
     let body = html! {
         @if let Some(id) = shown.redriven {
             p.notice role="status" { "Message " (id) " is pending again; the relay sends it next." }
@@ -68,17 +66,20 @@ async fn list(
 async fn redrive(
     req: HttpRequest,
     viewer: Viewer,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     id: web::Path<i64>,
     form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, ConsoleError> {
     viewer.check_form(&req, &form.csrf)?;
     let (id, store, now) = (id.into_inner(), state.store.clone(), state.clock.now());
-    if detach(&state, async move { store.redrive(id, now).await }).await? {
+    if state
+        .detach(async move { store.redrive(id, now).await })
+        .await?
+    {
         tracing::info!(id, "dead message redriven from the console");
         return Ok(see_other(&format!("{PATH}?redriven={id}")));
     }
-    Err(ConsoleError::Api(ApiError::NotFound(format!(
+    Err(ConsoleError::NotFound(format!(
         "message {id} is not a dead letter (redriven already, or no such message)"
-    ))))
+    )))
 }

@@ -5,13 +5,12 @@ use maud::html;
 use serde::Deserialize;
 
 use super::{LIST_LIMIT, NAV, given};
+use crate::app::App;
 use crate::console::auth::Viewer;
 use crate::console::error::ConsoleError;
 use crate::console::html::{at, at_opt, yuan};
 use crate::console::layout::page;
 use crate::order::OrderStatus;
-use crate::routes::ApiError;
-use crate::routes::{AppState, detach};
 
 pub const PATH: &str = "/admin/console/orders";
 pub const TITLE: &str = "Orders";
@@ -28,30 +27,31 @@ struct Filters {
 
 async fn list(
     viewer: Viewer,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     query: web::Query<Filters>,
 ) -> Result<HttpResponse, ConsoleError> {
     let status = match given(&query.status) {
         None => None,
         Some(s) => Some(OrderStatus::parse(&s).ok_or_else(|| {
-            ConsoleError::Api(ApiError::BadRequest(format!(
+            ConsoleError::BadRequest(format!(
                 "status: WAIT_PAY, PAID, REFUNDED or CLOSED, not {s:?}"
-            )))
+            ))
         })?),
     };
     let (store, order_no) = (state.store.clone(), given(&query.order_no));
-    let rows = detach(&state, async move {
-        match order_no {
-            Some(no) => Ok(store
-                .order(&no)
-                .await?
-                .into_iter()
-                .filter(|o| status.is_none_or(|s| o.status == s))
-                .collect()),
-            None => store.recent_orders(status, LIST_LIMIT).await,
-        }
-    })
-    .await?;
+    let rows = state
+        .detach(async move {
+            match order_no {
+                Some(no) => Ok(store
+                    .order(&no)
+                    .await?
+                    .into_iter()
+                    .filter(|o| status.is_none_or(|s| o.status == s))
+                    .collect()),
+                None => store.recent_orders(status, LIST_LIMIT).await,
+            }
+        })
+        .await?;
     let body = html! {
         form.filters method="get" action=(PATH) {
             div {

@@ -5,15 +5,14 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use maud::html;
 
 use super::NAV;
+use crate::app::App;
 use crate::console::auth::{CsrfForm, Viewer, see_other};
 use crate::console::error::ConsoleError;
 use crate::console::html::{at, at_opt};
 use crate::console::layout::{page, post_button};
 use crate::receipts::explain::{Request, check_order, explain};
+use crate::receipts::printable;
 use crate::receipts::store::StoredReceipt;
-use crate::routes::ApiError;
-use crate::routes::admin::{printable, reapply_receipt};
-use crate::routes::{AppState, detach};
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/admin/console/receipts/{id}", web::get().to(show))
@@ -23,31 +22,33 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         );
 }
 
-async fn load(state: &web::Data<AppState>, id: i64) -> Result<StoredReceipt, ConsoleError> {
+async fn load(state: &web::Data<App>, id: i64) -> Result<StoredReceipt, ConsoleError> {
     let store = state.store.clone();
-    detach(state, async move { store.receipt(id).await })
+    state
+        .detach(async move { store.receipt(id).await })
         .await?
         .ok_or_else(|| {
-            ConsoleError::Api(ApiError::NotFound(format!(
+            ConsoleError::NotFound(format!(
                 "no receipt {id} (never stored, or purged after receipts.keep_days)"
-            )))
+            ))
         })
 }
 
 async fn show(
     viewer: Viewer,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     id: web::Path<i64>,
 ) -> Result<HttpResponse, ConsoleError> {
     let receipt = load(&state, id.into_inner()).await?;
-    let report = match Request::from_receipt(&receipt).and_then(|r| explain(&state.providers, r)) {
+    let report = match Request::from_receipt(&receipt).and_then(|r| explain(state.providers(), r)) {
         Ok(mut report) => {
             let store = state.store.clone();
-            let (checked, report) = detach(&state, async move {
-                let checked = check_order(&mut report, &store).await;
-                Ok((checked, report))
-            })
-            .await?;
+            let (checked, report) = state
+                .detach(async move {
+                    let checked = check_order(&mut report, &store).await;
+                    Ok((checked, report))
+                })
+                .await?;
             checked?;
             Ok(report)
         }
@@ -125,15 +126,15 @@ async fn show(
 async fn reapply(
     req: HttpRequest,
     viewer: Viewer,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     id: web::Path<i64>,
     form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, ConsoleError> {
     viewer.check_form(&req, &form.csrf)?;
     let receipt = load(&state, id.into_inner()).await?;
-    reapply_receipt(&state, &receipt).await?;
-    Ok(see_other(&format!(
-        "/admin/console/receipts/{}",
-        receipt.id
-    )))
+    let (reapplier, id) = (std::sync::Arc::clone(&state.reapplier), receipt.id);
+    state
+        .detach(async move { reapplier.reapply(&receipt).await })
+        .await?;
+    Ok(see_other(&format!("/admin/console/receipts/{id}")))
 }

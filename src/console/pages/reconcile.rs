@@ -6,12 +6,11 @@ use maud::html;
 use serde::Deserialize;
 
 use super::{NAV, given};
+use crate::app::App;
 use crate::console::auth::Viewer;
 use crate::console::error::ConsoleError;
 use crate::console::layout::{csrf_field, page};
-use crate::routes::ApiError;
-use crate::routes::admin::{Reconciled, reconcile_order};
-use crate::routes::{AppState, detach};
+use crate::reconcile::Reconciled;
 
 pub const PATH: &str = "/admin/console/reconcile";
 pub const TITLE: &str = "Reconciliation";
@@ -28,7 +27,7 @@ struct Day {
 
 async fn show(
     viewer: Viewer,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     day: web::Query<Day>,
 ) -> Result<HttpResponse, ConsoleError> {
     render(&viewer, &state, given(&day.date), None).await
@@ -44,36 +43,38 @@ struct Ask {
 async fn ask(
     req: HttpRequest,
     viewer: Viewer,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     form: web::Form<Ask>,
 ) -> Result<HttpResponse, ConsoleError> {
     viewer.check_form(&req, &form.csrf)?;
     let order_no = form.order_no.trim().to_owned();
     if order_no.is_empty() {
-        return Err(ConsoleError::Api(ApiError::BadRequest(
-            "order_no: required".to_owned(),
-        )));
+        return Err(ConsoleError::BadRequest("order_no: required".to_owned()));
     }
-    let said = reconcile_order(&state, order_no).await?;
+    let reconciler = std::sync::Arc::clone(&state.reconciler);
+    let said = state
+        .detach(async move { Ok(reconciler.reconcile_order(order_no).await) })
+        .await??;
     render(&viewer, &state, None, Some(said)).await
 }
 
 async fn render(
     viewer: &Viewer,
-    state: &web::Data<AppState>,
+    state: &web::Data<App>,
     date: Option<String>,
     said: Option<Reconciled>,
 ) -> Result<HttpResponse, ConsoleError> {
     let date = match date {
-        Some(d) => chrono::NaiveDate::parse_from_str(&d, "%Y-%m-%d").map_err(|_| {
-            ConsoleError::Api(ApiError::BadRequest(format!("date: YYYY-MM-DD, not {d:?}")))
-        })?,
+        Some(d) => chrono::NaiveDate::parse_from_str(&d, "%Y-%m-%d")
+            .map_err(|_| ConsoleError::BadRequest(format!("date: YYYY-MM-DD, not {d:?}")))?,
         None => state.bills.yesterday(state.clock.now()),
     }
     .format("%Y-%m-%d")
     .to_string();
     let (store, day) = (state.store.clone(), date.clone());
-    let reports = detach(state, async move { store.bill_reports(&day, None).await }).await?;
+    let reports = state
+        .detach(async move { store.bill_reports(&day, None).await })
+        .await?;
     let body = html! {
         @if let Some(r) = &said {
             h2 { "What the providers said about " code { (r.order_no) } }

@@ -7,14 +7,13 @@ use maud::html;
 use serde::{Deserialize, Serialize};
 
 use super::{LIST_LIMIT, NAV, given};
+use crate::app::App;
 use crate::console::auth::Viewer;
 use crate::console::error::ConsoleError;
 use crate::console::html::at;
 use crate::console::layout::{csrf_field, page};
 use crate::receipts::explain::{Request, explain};
 use crate::receipts::store::{ReceiptFilter, StoredReceipt};
-use crate::routes::admin::reapply_receipt;
-use crate::routes::{AppState, detach};
 
 pub const PATH: &str = "/admin/console/refused";
 pub const TITLE: &str = "Refused deliveries";
@@ -53,8 +52,8 @@ impl Filters {
 }
 
 /// The first check `explain` finds failing, in words.
-fn first_failure(state: &AppState, receipt: &StoredReceipt) -> String {
-    match Request::from_receipt(receipt).and_then(|r| explain(&state.providers, r)) {
+fn first_failure(state: &App, receipt: &StoredReceipt) -> String {
+    match Request::from_receipt(receipt).and_then(|r| explain(state.providers(), r)) {
         Ok(report) => report.first_failure().map_or_else(
             || "every check passes now".to_owned(),
             |c| format!("{}: {}", c.name, c.detail),
@@ -65,12 +64,14 @@ fn first_failure(state: &AppState, receipt: &StoredReceipt) -> String {
 
 async fn list(
     viewer: Viewer,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     query: web::Query<Filters>,
 ) -> Result<HttpResponse, ConsoleError> {
     let filter = query.filter(LIST_LIMIT, false, false);
     let store = state.store.clone();
-    let rows = detach(&state, async move { store.receipts(&filter).await }).await?;
+    let rows = state
+        .detach(async move { store.receipts(&filter).await })
+        .await?;
     let body = html! {
         form.filters method="get" action=(PATH) {
             div { label for="channel" { "Channel" } input #channel name="channel" value=[query.channel.as_deref()]; }
@@ -125,17 +126,16 @@ struct ReapplyForm {
 async fn reapply_all(
     req: HttpRequest,
     viewer: Viewer,
-    state: web::Data<AppState>,
+    state: web::Data<App>,
     form: web::Form<ReapplyForm>,
 ) -> Result<HttpResponse, ConsoleError> {
     viewer.check_form(&req, &form.csrf)?;
     let filter = form.filters.filter(REAPPLY_LIMIT, true, true);
-    let store = state.store.clone();
-    let rows = detach(&state, async move { store.receipts(&filter).await }).await?;
-    let mut results = Vec::with_capacity(rows.len());
-    for receipt in &rows {
-        results.push(reapply_receipt(&state, receipt).await?);
-    }
+    let reapplier = std::sync::Arc::clone(&state.reapplier);
+    let results = state
+        .detach(async move { reapplier.reapply_many(&filter).await })
+        .await?
+        .results;
     tracing::info!(
         count = results.len(),
         "refused receipts re-applied from the console"

@@ -18,8 +18,6 @@ use paynotify::startup::{Application, Options};
 use paynotify::store::{SqliteAsync, Store};
 use paynotify::time::ManualClock;
 
-use crate::support::test_channel::TestChannel;
-
 /// Where the PostgreSQL tests create their databases; trust auth on this machine.
 fn pg_admin_url() -> String {
     std::env::var("PAYNOTIFY_TEST_PG_URL")
@@ -645,13 +643,9 @@ async fn spawn_on(
             .single()
             .expect("time"),
     ));
-    let channel = Arc::new(TestChannel);
-    let routes_channel = Arc::clone(&channel);
     let options = Options {
         clock: clock.clone(),
-        extra_routes: Some(Arc::new(move |cfg| {
-            crate::support::test_channel::mount(cfg, Arc::clone(&routes_channel))
-        })),
+        extra_notify_routes: vec![crate::support::test_channel::route()],
     };
     let app = Application::build(&settings, options)
         .await

@@ -4,10 +4,8 @@
 use std::sync::Arc;
 
 use actix_web::http::StatusCode;
-use actix_web::web;
-use paynotify::channel::{Answer, Channel, Inbound, Rejection, Reply, Standing};
+use paynotify::channel::{Answer, Channel, Inbound, NotifyRoute, Rejection, Reply, Standing};
 use paynotify::notice::{ChannelId, Digest, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
-use paynotify::routes::notify::notify;
 use serde::{Deserialize, Serialize};
 
 const SECRET: &str = "test-channel-secret";
@@ -141,9 +139,12 @@ impl Channel for TestChannel {
     }
 }
 
-pub fn mount(cfg: &mut web::ServiceConfig, channel: Arc<TestChannel>) {
-    cfg.app_data(web::Data::from(channel))
-        .route(PATH, web::post().to(notify::<TestChannel>));
+/// The stand-in's notify route, mounted beside the real providers'.
+pub fn route() -> NotifyRoute {
+    NotifyRoute {
+        path: PATH,
+        channel: Arc::new(TestChannel),
+    }
 }
 
 /// Sends a signed notification; returns the status and body.
