@@ -1,5 +1,5 @@
 //! Who sent a request, as far as its headers tell: relayed by a proxy, naming another host,
-//! sent by a browser from a page of another site. The internal API (`routes::Authorized`)
+//! sent by a browser from a page of another site. The internal API (its bearer token check)
 //! and the console (`console::auth`) refuse on the same rules.
 
 use actix_web::HttpRequest;

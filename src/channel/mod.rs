@@ -426,7 +426,7 @@ pub trait Provider: Send + Sync + 'static {
 }
 
 /// A notify endpoint as the HTTP room sees it: [`Channel`] without its `Verified` type, so
-/// every provider's routes are served by one handler (`routes::notify`). Every `Channel` is
+/// every provider's routes are served by the HTTP room's one notify handler. Every `Channel` is
 /// one.
 pub trait Endpoint: Send + Sync + 'static {
     fn id(&self) -> ChannelId;
@@ -467,7 +467,7 @@ impl<C: Channel> Endpoint for C {
 }
 
 /// A notify route a provider takes, as data: its path and the channel that verifies what
-/// arrives there. The HTTP room mounts it (`routes::configure`); the provider's OpenAPI text
+/// arrives there. The HTTP room mounts it beside the others; the provider's OpenAPI text
 /// for it is its `NotifyApi`. A provider with one route per kind of notification (WeChat's
 /// payments and refunds) checks the event type against the path it is told (`Inbound::route`).
 #[derive(Clone)]

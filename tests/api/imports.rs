@@ -252,3 +252,22 @@ fn the_check_finds_loops_of_any_length() {
         "d ↔ d::e through super::super::d: {found:?}"
     );
 }
+
+/// The HTTP room is a leaf: only its own files and start-up (which mounts it) import
+/// `routes`; use cases live in their feature rooms, and the console calls those.
+#[test]
+fn nothing_outside_the_http_room_and_start_up_imports_routes() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files = modules(&src);
+    let routes = vec!["routes".to_string()];
+    assert!(files.contains_key(&routes), "found the HTTP room");
+    let importers: Vec<String> = edges(&files)
+        .into_iter()
+        .filter(|(module, to)| {
+            let inside = module.first().is_some_and(|m| m == "routes" || m == "startup");
+            !inside && to.iter().any(|t| t.first() == Some(&routes[0]))
+        })
+        .map(|(module, _)| files[&module].display().to_string())
+        .collect();
+    assert!(importers.is_empty(), "import `routes`: {importers:#?}");
+}
