@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// `base * 2^(failures-1)`, at most `max`.
+/// `base * 2^(failures-1)`, at most `max` (the factor stops doubling at 2^16).
 pub(crate) fn backoff(base: Duration, max: Duration, failures: u32) -> Duration {
     let factor = 1u32 << failures.saturating_sub(1).min(16);
     base.saturating_mul(factor).min(max)

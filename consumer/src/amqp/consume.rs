@@ -21,6 +21,7 @@ use tokio::task::JoinSet;
 use super::QueueError;
 use super::settings::{Names, QueueSettings, check, delivery_limit, parked_arguments};
 use super::wire::{delivery_count, parked_properties, parse, truncate};
+use crate::backoff::backoff;
 use crate::{Failure, Handler};
 
 /// Message ids whose failed attempts are remembered at once; past this the memory is
@@ -379,11 +380,11 @@ impl<H> Shared<H> {
     }
 
     fn retry_delay(&self, attempts: u32) -> Duration {
-        let doublings = attempts.saturating_sub(1).min(16);
-        self.settings
-            .retry_delay
-            .saturating_mul(1 << doublings)
-            .min(self.settings.retry_delay_max)
+        backoff(
+            self.settings.retry_delay,
+            self.settings.retry_delay_max,
+            attempts,
+        )
     }
 }
 
