@@ -66,6 +66,10 @@
 //! subscription, lets the handlers in hand finish and acknowledge, closes the channel and
 //! the connection (which returns deliveries prefetched but not started to the queue) and
 //! returns `Ok`.
+//!
+//! [`Event`]: crate::Event
+//! [`Failure::Transient`]: crate::Failure::Transient
+//! [`Failure::Permanent`]: crate::Failure::Permanent
 
 mod consume;
 mod settings;

@@ -55,6 +55,8 @@
 //! - **Shutdown.** When the `shutdown` future completes, the batch in hand is finished and
 //!   acknowledged, then `run` returns `Ok`. A read interrupted by shutdown may leave entries
 //!   delivered to this consumer but never handled: they are pending, not lost.
+//!
+//! [`Handler`]: crate::Handler
 
 mod consume;
 mod settings;
