@@ -16,6 +16,8 @@
 //! Every adapter hands a [`Handler`] one [`Event`]; the id to deduplicate on is
 //! [`Event::message_id`], `{topic}:{biz_key}`, the same on every sink.
 
+#[cfg(any(feature = "redis", feature = "amqp"))]
+mod backoff;
 mod event;
 pub mod inbox;
 

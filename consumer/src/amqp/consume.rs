@@ -1,71 +1,6 @@
-//! RabbitMQ: a durable queue bound to paynotify's exchange (`relay.sink = "amqp"`).
-//!
-//! [`QueueConsumer::run`] connects, declares paynotify's exchange exactly as the service's
-//! sink does (a durable topic exchange, no arguments, so both declarations agree), this
-//! consumer's durable queue and its parked queue, binds the queue with each of
-//! [`QueueSettings::bindings`], sets `basic.qos` to [`QueueSettings::prefetch`] and consumes
-//! with manual acknowledgements:
-//!
-//! - each body is parsed into an [`Event`]; one that is not JSON, not an event, or whose
-//!   `message_id` property is not the body's `{topic}:{biz_key}` is a poison message: logged
-//!   once with its reason, parked, acknowledged, and no handler runs;
-//! - the handler's `Ok` (returned only after its transaction committed) is `basic.ack`;
-//! - [`Failure::Transient`] waits a growing delay ([`QueueSettings::retry_delay`] doubling
-//!   up to [`QueueSettings::retry_delay_max`], 30 s by default), then `basic.nack` with
-//!   requeue, so the message comes again; it is parked only once it failed on
-//!   [`QueueSettings::max_attempts`] deliveries **and** at least
-//!   [`QueueSettings::park_after`] (5 minutes by default) passed since its first failure,
-//!   so that a database outage shorter than that parks nothing. [`Failure::Permanent`] and
-//!   a poison message park at once.
-//!
-//! **Parking** publishes the original body and properties, its headers plus
-//! `x-parked-reason`, `x-parked-attempts` and `x-parked-from` (this queue), persistent, to
-//! [`QueueSettings::parked_queue`] through the default exchange, on a channel in confirm mode;
-//! the parked queue is declared with the queue's `x-queue-type` only (plus
-//! [`QueueSettings::parked_queue_arguments`]), never its TTL, length limit, dead-letter
-//! exchange or delivery limit, so a parked message stays until someone takes it;
-//! the original is acknowledged only after the broker confirmed the parked copy. A crash in
-//! between parks it twice; a park that failed leaves the original unacknowledged (requeued),
-//! so it is never lost.
-//!
-//! **Attempts.** RabbitMQ's classic queues do not count redeliveries (they only set
-//! `redelivered`), so the consumer counts the failed deliveries of each message id, and when
-//! this process first saw it fail, in memory: a restart of the process resets both, and a
-//! message then gets up to `max_attempts` more deliveries and `park_after` more time (so
-//! does every message once more than 100 000 ids failed at once: the memory is cleared
-//! rather than grow without bound). Quorum queues (`x-queue-type = quorum` in [`QueueSettings::queue_arguments`]) carry
-//! an `x-delivery-count` header; when it is present, the larger of the two counts is used.
-//! Such a queue drops (or dead-letters) a message returned more than `x-delivery-limit`
-//! times (RabbitMQ 4 sets 20 when none is given), so a message that reaches the limit is
-//! parked then, whatever `park_after` says; the limit is read from `queue_arguments`, 20 for
-//! a quorum queue without one. A queue's `x-message-ttl` also runs through requeues: one
-//! shorter than `park_after` plus `retry_delay_max` can expire a failing message before it
-//! is parked, which [`QueueConsumer::new`] warns about.
-//!
-//! **Concurrency.** Handlers run concurrently, each delivery in a task of its own, up to
-//! `prefetch` at once (the broker sends no more unacknowledged deliveries than that): a
-//! handler that waits on its database does not hold up the others, one that runs past
-//! [`QueueSettings::handler_timeout`] (60 s by default) is cancelled and its delivery is a
-//! transient failure (so a hung handler frees its slot), and acknowledging on one
-//! channel from several tasks is safe with lapin. Events of different orders are
-//! independent, and RabbitMQ does not keep the order of a requeued message anyway; a
-//! handler whose work must be serial takes a lock (the example's SQLite connection is one).
-//! Two deliveries of one message at once (a message published twice) are settled by the
-//! inbox: one applies, the other is a duplicate.
-//!
-//! **Connection loss** (a closed connection, a broker restart, a channel the broker closed):
-//! the session ends, the handlers in hand finish (their acknowledgements fail: the broker
-//! redelivers what was unacknowledged, and the inbox makes those deliveries duplicates), and
-//! the consumer connects again after a capped exponential backoff
-//! ([`QueueSettings::reconnect_delay`] doubling up to
-//! [`QueueSettings::reconnect_delay_max`]). [`QueueConsumer::run`] returns an error only after
-//! [`QueueSettings::reconnect_attempts`] consecutive attempts failed to get as far as
-//! consuming.
-//!
-//! **Shutdown**: when the `shutdown` future completes, the consumer cancels its
-//! subscription, lets the handlers in hand finish and acknowledge, closes the channel and
-//! the connection (which returns deliveries prefetched but not started to the queue) and
-//! returns `Ok`.
+//! The consume loop: connecting, declaring and subscribing (and again after a lost
+//! connection), then each delivery in a task of its own: handled, then acknowledged,
+//! requeued or parked. The guarantees are the [module documentation](super)'s.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -79,124 +14,24 @@ use lapin::options::{
     BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
     QueueBindOptions, QueueDeclareOptions,
 };
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{FieldTable, LongString, ShortString};
 use lapin::{Channel, Confirmation, Connection, ConnectionProperties, ExchangeKind};
 use tokio::task::JoinSet;
 
-use crate::{Event, Failure, Handler};
+use super::QueueError;
+use super::settings::{Names, QueueSettings, check, delivery_limit, parked_arguments};
+use super::wire::{delivery_count, parked_properties, parse, truncate};
+use crate::backoff::backoff;
+use crate::{Failure, Handler};
 
-/// AMQP `delivery_mode` 2: written to disk (in a durable queue).
-const PERSISTENT: u8 = 2;
 /// Message ids whose failed attempts are remembered at once; past this the memory is
 /// cleared (the counts start again) rather than grow without bound.
 const ATTEMPTS_REMEMBERED: usize = 100_000;
-/// The longest `x-parked-reason`, in characters.
-const REASON_MAX: usize = 1000;
 /// How often a session checks that its connection and channel are still open.
 const LIVENESS: Duration = Duration::from_secs(1);
 
-/// Where and how to read.
-#[derive(Debug, Clone)]
-pub struct QueueSettings {
-    /// This consumer's durable queue (declared when missing).
-    pub queue: String,
-    /// paynotify's `relay.amqp_exchange` (a durable topic exchange; default
-    /// `paynotify.events`), declared when missing.
-    pub exchange: String,
-    /// Routing keys the queue is bound with: topics (`ORDER_PAID`) or `#` for all.
-    pub bindings: Vec<String>,
-    /// `basic.qos` prefetch: unacknowledged messages in hand at once, and so the most
-    /// handlers running at once (at least 1).
-    pub prefetch: u16,
-    /// Deliveries of one message before it is parked on `parked_queue` and acknowledged
-    /// (at least 1).
-    pub max_attempts: u32,
-    /// Where poison messages go (`{queue}.parked` by default).
-    pub parked_queue: String,
-    /// `queue.declare` arguments of the queue (e.g. `x-queue-type = quorum`,
-    /// `x-message-ttl`, `x-max-length`, a dead-letter exchange); a queue that exists must
-    /// have been declared with the same ones. Only `x-queue-type` is carried over to the
-    /// parked queue: a TTL, a length limit or a delivery limit there would drop parked
-    /// messages silently.
-    pub queue_arguments: FieldTable,
-    /// `queue.declare` arguments of the parked queue, over the `x-queue-type` taken from
-    /// `queue_arguments` (empty by default); a parked queue that exists must have been
-    /// declared with the same ones.
-    pub parked_queue_arguments: FieldTable,
-    /// The wait before a transiently failed delivery is requeued (100 ms by default); doubles
-    /// with each failed attempt of the message, up to `retry_delay_max` (30 s by default).
-    /// A park that failed is retried after the same growing wait.
-    pub retry_delay: Duration,
-    pub retry_delay_max: Duration,
-    /// A transiently failing message is parked only once it failed on `max_attempts`
-    /// deliveries and at least this long passed since its first failure seen by this process
-    /// (5 minutes by default; a restart starts it again). Zero parks after `max_attempts`
-    /// alone.
-    pub park_after: Duration,
-    /// The wait before reconnecting; doubles with each consecutive failure, up to
-    /// `reconnect_delay_max`.
-    pub reconnect_delay: Duration,
-    pub reconnect_delay_max: Duration,
-    /// Consecutive connection attempts that fail (to connect, declare or consume) before
-    /// [`QueueConsumer::run`] gives up with an error (at least 1).
-    pub reconnect_attempts: u32,
-    /// Bound on connecting and declaring, on one park's publish and confirm, and on closing.
-    pub timeout: Duration,
-    /// The longest one handler may run (60 s by default): past it the handler is cancelled
-    /// (dropped at its next `.await`: a transaction it had open is not committed) and the
-    /// delivery counts as a [`Failure::Transient`], requeued after its retry delay or parked,
-    /// so a handler that hangs (a lock never granted, a peer that never answers) does not
-    /// hold its prefetch slot for ever. `None`: no limit.
-    pub handler_timeout: Option<Duration>,
-}
-
-impl QueueSettings {
-    pub fn new(queue: &str) -> Self {
-        Self {
-            queue: queue.to_owned(),
-            exchange: "paynotify.events".to_owned(),
-            bindings: vec!["#".to_owned()],
-            prefetch: 32,
-            max_attempts: 5,
-            parked_queue: format!("{queue}.parked"),
-            queue_arguments: FieldTable::default(),
-            parked_queue_arguments: FieldTable::default(),
-            retry_delay: Duration::from_millis(100),
-            retry_delay_max: Duration::from_secs(30),
-            park_after: Duration::from_secs(300),
-            reconnect_delay: Duration::from_millis(200),
-            reconnect_delay_max: Duration::from_secs(10),
-            reconnect_attempts: 10,
-            timeout: Duration::from_secs(10),
-            handler_timeout: Some(Duration::from_secs(60)),
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum QueueError {
-    #[error("amqp: {0}")]
-    Amqp(#[from] lapin::Error),
-    /// A setting that cannot work (a malformed URL, a name longer than AMQP allows).
-    #[error("amqp: invalid setting {what}: {reason}")]
-    Invalid { what: &'static str, reason: String },
-    #[error("amqp: {what}: no answer within {} ms", .after.as_millis())]
-    Timeout { what: &'static str, after: Duration },
-    /// The connection or channel closed, or the broker cancelled the subscription.
-    #[error("amqp: {0}")]
-    Lost(String),
-    /// Every one of `attempts` consecutive attempts to connect and consume failed.
-    #[error(
-        "amqp: gave up after {attempts} consecutive failed connection attempts; the last: {last}"
-    )]
-    GaveUp {
-        attempts: u32,
-        last: Box<QueueError>,
-    },
-}
-
 /// Consumes the queue with manual acknowledgements: `basic.ack` only after the handler
-/// finished (committed). See the [module documentation](self).
+/// finished (committed). See the [module documentation](super).
 pub struct QueueConsumer {
     url: String,
     settings: QueueSettings,
@@ -213,20 +48,6 @@ impl std::fmt::Debug for QueueConsumer {
             .field("queue", &self.settings.queue)
             .field("exchange", &self.settings.exchange)
             .finish_non_exhaustive()
-    }
-}
-
-fn short(what: &'static str, value: &str) -> Result<ShortString, QueueError> {
-    ShortString::try_new(value).map_err(|_| QueueError::Invalid {
-        what,
-        reason: "longer than 255 bytes".to_owned(),
-    })
-}
-
-fn invalid(what: &'static str, reason: &str) -> QueueError {
-    QueueError::Invalid {
-        what,
-        reason: reason.to_owned(),
     }
 }
 
@@ -266,72 +87,17 @@ struct Shared<H> {
 impl QueueConsumer {
     /// Checks the URL and the settings; connects in [`QueueConsumer::run`].
     pub fn new(amqp_url: &str, settings: QueueSettings) -> Result<Self, QueueError> {
-        amqp_url
-            .parse::<lapin::uri::AMQPUri>()
-            .map_err(|reason| QueueError::Invalid {
-                what: "amqp_url",
-                reason,
-            })?;
-        if settings.queue.is_empty() {
-            return Err(invalid("queue", "must not be empty"));
-        }
-        if settings.parked_queue.is_empty() || settings.parked_queue == settings.queue {
-            return Err(invalid(
-                "parked_queue",
-                "must be a queue name other than the queue's",
-            ));
-        }
-        if settings.prefetch == 0 {
-            return Err(invalid(
-                "prefetch",
-                "must be at least 1 (0 is unlimited in AMQP)",
-            ));
-        }
-        if settings.max_attempts == 0 {
-            return Err(invalid("max_attempts", "must be at least 1"));
-        }
-        if settings.reconnect_attempts == 0 {
-            return Err(invalid("reconnect_attempts", "must be at least 1"));
-        }
-        if settings.handler_timeout.is_some_and(|t| t.is_zero()) {
-            return Err(invalid(
-                "handler_timeout",
-                "must be above zero (None: no limit)",
-            ));
-        }
-        if settings.bindings.is_empty() {
-            return Err(invalid(
-                "bindings",
-                "must hold at least one routing key (`#` for all)",
-            ));
-        }
-        let bindings = settings
-            .bindings
-            .iter()
-            .map(|b| short("bindings", b))
-            .collect::<Result<_, _>>()?;
-        let ttl = settings
-            .queue_arguments
-            .inner()
-            .get("x-message-ttl")
-            .and_then(integer)
-            .and_then(|ms| u64::try_from(ms).ok())
-            .map(Duration::from_millis);
-        if let Some(ttl) = ttl
-            && ttl < settings.park_after.saturating_add(settings.retry_delay_max)
-        {
-            tracing::warn!(
-                queue = %settings.queue,
-                ttl_ms = ttl.as_millis() as u64,
-                park_after_ms = settings.park_after.as_millis() as u64,
-                "amqp: the queue's x-message-ttl is shorter than park_after plus retry_delay_max: a message failing that long expires before it is parked"
-            );
-        }
+        let Names {
+            queue,
+            exchange,
+            parked_queue,
+            bindings,
+        } = check(amqp_url, &settings)?;
         Ok(Self {
             url: amqp_url.to_owned(),
-            queue: short("queue", &settings.queue)?,
-            exchange: short("exchange", &settings.exchange)?,
-            parked_queue: short("parked_queue", &settings.parked_queue)?,
+            queue,
+            exchange,
+            parked_queue,
             bindings,
             settings,
         })
@@ -384,19 +150,6 @@ impl QueueConsumer {
         }
     }
 
-    /// The parked queue's `queue.declare` arguments: the queue's type, then
-    /// [`QueueSettings::parked_queue_arguments`].
-    fn parked_arguments(&self) -> FieldTable {
-        let mut arguments = FieldTable::default();
-        if let Some(kind) = self.settings.queue_arguments.inner().get("x-queue-type") {
-            arguments.insert(ShortString::from("x-queue-type"), kind.clone());
-        }
-        for (key, value) in self.settings.parked_queue_arguments.inner() {
-            arguments.insert(key.clone(), value.clone());
-        }
-        arguments
-    }
-
     /// Declares the parked queue on a channel of its own. One that exists with other
     /// arguments (declared by an earlier version with the work queue's TTL or length limit,
     /// say) is refused by the broker (406, which closes the channel); it is then used as it
@@ -407,7 +160,7 @@ impl QueueConsumer {
             let arguments = if passive {
                 FieldTable::default()
             } else {
-                self.parked_arguments()
+                parked_arguments(&self.settings)
             };
             async move {
                 let declared = channel
@@ -594,67 +347,6 @@ fn log_join(joined: Result<(), tokio::task::JoinError>) {
     }
 }
 
-/// The body as an [`Event`], or why it is a poison message.
-fn parse(delivery: &Delivery) -> Result<Event, String> {
-    let value: serde_json::Value =
-        serde_json::from_slice(&delivery.data).map_err(|e| format!("the body is not JSON: {e}"))?;
-    let event: Event =
-        serde_json::from_value(value).map_err(|e| format!("the body is not an event: {e}"))?;
-    if let Some(id) = delivery.properties.message_id() {
-        let expected = event.message_id();
-        if id.as_str() != expected {
-            return Err(format!(
-                "the message_id property {:?} is not the body's {{topic}}:{{biz_key}} {:?}",
-                truncate(id.as_str(), 100),
-                truncate(&expected, 100)
-            ));
-        }
-    }
-    Ok(event)
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    s.chars().take(max).collect()
-}
-
-/// A quorum queue's `x-delivery-count`: how many times the message was delivered before.
-fn delivery_count(delivery: &Delivery) -> Option<u32> {
-    let headers = delivery.properties.headers().as_ref()?;
-    u32::try_from(integer(headers.inner().get("x-delivery-count")?)?.max(0)).ok()
-}
-
-/// An AMQP integer of any width.
-fn integer(value: &AMQPValue) -> Option<i64> {
-    Some(match value {
-        AMQPValue::ShortShortInt(n) => (*n).into(),
-        AMQPValue::ShortShortUInt(n) => (*n).into(),
-        AMQPValue::ShortInt(n) => (*n).into(),
-        AMQPValue::ShortUInt(n) => (*n).into(),
-        AMQPValue::LongInt(n) => (*n).into(),
-        AMQPValue::LongUInt(n) => (*n).into(),
-        AMQPValue::LongLongInt(n) => *n,
-        _ => return None,
-    })
-}
-
-/// RabbitMQ 4's `x-delivery-limit` of a quorum queue declared without one.
-const QUORUM_DELIVERY_LIMIT: u32 = 20;
-
-/// The returns after which the queue drops a message: its `x-delivery-limit`, or
-/// [`QUORUM_DELIVERY_LIMIT`] for a quorum queue without one; `None` when it never does.
-fn delivery_limit(arguments: &FieldTable) -> Option<u32> {
-    let arguments = arguments.inner();
-    if let Some(limit) = arguments.get("x-delivery-limit").and_then(integer) {
-        // Negative is "unlimited" on RabbitMQ 4.
-        return u32::try_from(limit).ok();
-    }
-    let quorum = matches!(
-        arguments.get("x-queue-type"),
-        Some(AMQPValue::LongString(kind)) if kind.as_bytes() == b"quorum"
-    );
-    quorum.then_some(QUORUM_DELIVERY_LIMIT)
-}
-
 impl<H> Shared<H> {
     fn attempts(&self) -> std::sync::MutexGuard<'_, HashMap<String, Attempts>> {
         // The map holds counts only; one a panicking task left is still usable.
@@ -688,11 +380,11 @@ impl<H> Shared<H> {
     }
 
     fn retry_delay(&self, attempts: u32) -> Duration {
-        let doublings = attempts.saturating_sub(1).min(16);
-        self.settings
-            .retry_delay
-            .saturating_mul(1 << doublings)
-            .min(self.settings.retry_delay_max)
+        backoff(
+            self.settings.retry_delay,
+            self.settings.retry_delay_max,
+            attempts,
+        )
     }
 }
 
@@ -869,25 +561,7 @@ async fn park_copy<H>(
     attempts: u32,
 ) -> Result<(), String> {
     let timeout = shared.settings.timeout;
-    let mut headers = delivery.properties.headers().clone().unwrap_or_default();
-    headers
-        .insert(
-            ShortString::from("x-parked-reason"),
-            AMQPValue::LongString(LongString::from(truncate(reason, REASON_MAX))),
-        )
-        .insert(
-            ShortString::from("x-parked-attempts"),
-            AMQPValue::LongLongInt(attempts.into()),
-        )
-        .insert(
-            ShortString::from("x-parked-from"),
-            AMQPValue::LongString(LongString::from(shared.settings.queue.as_str())),
-        );
-    let properties = delivery
-        .properties
-        .clone()
-        .with_headers(headers)
-        .with_delivery_mode(PERSISTENT);
+    let properties = parked_properties(delivery, reason, attempts, shared.settings.queue.as_str());
     let channel = park.lock().await;
     let published = tokio::time::timeout(
         timeout,
