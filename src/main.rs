@@ -305,10 +305,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         backend = app.store().backend(),
         redis_gate = if settings.redis.is_set() { "on" } else { "off" },
         relay_sink,
-        jobs = %paynotify::jobs::schedule(
-            Duration::from_millis(settings.relay.interval_ms),
-            Duration::from_secs(settings.retention.every_secs),
-        ),
+        jobs = %paynotify::jobs::schedule(settings.relay.interval(), settings.retention.every()),
         %listen,
         workers = settings.server.http_workers(),
         io_threads = tokio::runtime::Handle::current().metrics().num_workers(),

@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 pub mod db_hosts;
 mod defaults;
+mod durations;
 mod env;
 mod provider_api;
 mod redis_target;
@@ -33,14 +34,14 @@ pub struct Settings {
     pub server: ServerSettings,
     pub database: DatabaseSettings,
     pub redis: RedisSettings,
-    /// `[[wechat.merchants]]`: src/channel/wechat.rs.
+    /// `[[wechat.merchants]]`: src/channel/wechat.
     pub wechat: crate::channel::wechat::settings::WechatSettings,
-    /// `[[alipay.apps]]`: src/channel/alipay.rs.
+    /// `[[alipay.apps]]`: src/channel/alipay.
     pub alipay: crate::channel::alipay::settings::AlipaySettings,
     pub orders: OrderSettings,
     pub relay: RelaySettings,
     pub retention: RetentionSettings,
-    /// `[receipts]`: what arrived at the notify URLs, kept for diagnosis (src/receipts.rs).
+    /// `[receipts]`: what arrived at the notify URLs, kept for diagnosis (src/receipts).
     pub receipts: ReceiptSettings,
     pub sandbox: SandboxSettings,
     /// `[reconcile]`: asking the providers about unpaid orders, and closing at the provider

@@ -9,7 +9,6 @@
 
 use std::fmt;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -38,18 +37,6 @@ impl Default for ProviderApiSettings {
             timeout_ms: 10_000,
             ca_file: None,
         }
-    }
-}
-
-impl ProviderApiSettings {
-    /// `provider_api.timeout_ms`: how long one provider call may take, answer included.
-    pub fn timeout(&self) -> Duration {
-        Duration::from_millis(self.timeout_ms)
-    }
-
-    /// `provider_api.connect_timeout_ms`.
-    pub fn connect_timeout(&self) -> Duration {
-        Duration::from_millis(self.connect_timeout_ms)
     }
 }
 
@@ -190,6 +177,8 @@ impl Settings {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::super::tests::load;
     use super::*;
 
