@@ -186,7 +186,7 @@ impl App {
             Arc::clone(&metrics),
             Arc::clone(&clock),
             &settings.refunds,
-            Duration::from_millis(settings.reconcile.timeout_ms),
+            settings.provider_api.timeout(),
         ));
         let reconciler = Arc::new(Reconciler::new(
             apis,

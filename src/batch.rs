@@ -1,6 +1,6 @@
 //! A queue whose items are handled in groups: whatever is queued when a worker is free goes
 //! together, so many callers share one database statement or one Redis round trip. Used by
-//! group apply (`store/group.rs`) and by the Redis gate (`gate.rs`).
+//! group apply (`store/group.rs`) and by the Redis gate (`gate/`).
 
 use std::future::Future;
 use std::sync::Arc;

@@ -49,7 +49,7 @@ pub fn is_loopback(url: &reqwest::Url) -> bool {
     }
 }
 
-/// How the provider clients connect (from `[reconcile]`).
+/// How the provider clients connect (from `[provider_api]`).
 #[derive(Debug, Clone)]
 pub struct ClientSettings {
     pub connect_timeout_ms: u64,
@@ -60,33 +60,33 @@ pub struct ClientSettings {
     pub max_qps: u32,
 }
 
-/// The extra CA certificates of `reconcile.ca_file`.
+/// The extra CA certificates of `provider_api.ca_file`.
 fn extra_roots(settings: &ClientSettings) -> Result<Vec<reqwest::Certificate>, ConfigError> {
     let Some(path) = &settings.ca_file else {
         return Ok(Vec::new());
     };
     let pem = std::fs::read(path).map_err(|e| {
         invalid(
-            "reconcile.ca_file",
+            "provider_api.ca_file",
             format!("cannot read {}: {e}", path.display()),
         )
     })?;
     let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
         invalid(
-            "reconcile.ca_file",
+            "provider_api.ca_file",
             format!("{}: not PEM certificates: {e}", path.display()),
         )
     })?;
     if certs.is_empty() {
         return Err(invalid(
-            "reconcile.ca_file",
+            "provider_api.ca_file",
             format!("{}: no certificate in it", path.display()),
         ));
     }
     Ok(certs)
 }
 
-/// A client builder with the TLS settings of `[reconcile]`: the system's roots plus
+/// A client builder with the TLS settings of `[provider_api]`: the system's roots plus
 /// `ca_file`, and `connect_timeout_ms`. The provider clients and the `http` relay sink start
 /// from it.
 pub fn client_builder(settings: &ClientSettings) -> Result<reqwest::ClientBuilder, ConfigError> {

@@ -254,6 +254,228 @@ async fn relay_loop(
     }
 }
 
+/// When a scheduled job runs.
+enum Schedule {
+    /// Every so often, in whole seconds (the scheduler's repeated jobs).
+    Every(Duration),
+    /// At the times of a cron expression, in a time zone.
+    Cron(String, chrono_tz::Tz),
+}
+
+/// Whether a run may start while the previous one is still going.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Overlap {
+    /// Skip the run (see [`unless_busy`]): every job that does work.
+    Skip,
+    /// Start it: the watchdog, which only reads a clock and a number.
+    Allow,
+}
+
+/// One scheduled job: its name, when it runs, and what one run does.
+struct Entry {
+    name: &'static str,
+    schedule: Schedule,
+    overlap: Overlap,
+    /// Also run once at start, outside the schedule.
+    at_start: bool,
+    run: Box<dyn Fn() -> JobFuture + Send + Sync>,
+}
+
+impl Entry {
+    fn new(
+        name: &'static str,
+        schedule: Schedule,
+        run: impl Fn() -> JobFuture + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            name,
+            schedule,
+            overlap: Overlap::Skip,
+            at_start: false,
+            run: Box::new(run),
+        }
+    }
+
+    /// The scheduler's job: each run skipped while the previous one still goes, unless the
+    /// entry allows overlap.
+    fn job(self) -> Result<Job, JobSchedulerError> {
+        let (run, overlap, busy) = (self.run, self.overlap, Arc::new(Mutex::new(())));
+        let each = move |_, _| match overlap {
+            Overlap::Skip => unless_busy(&busy, run()),
+            Overlap::Allow => run(),
+        };
+        match self.schedule {
+            Schedule::Every(every) => Job::new_repeated_async(every, each),
+            Schedule::Cron(cron, zone) => Job::new_async_tz(cron.as_str(), zone, each),
+        }
+    }
+}
+
+/// The scheduled jobs, in the order they are registered: order expiry, reconcile (when it
+/// asks providers), the certificate refresh (when a merchant downloads), the refund job
+/// (when refunds are sent), the daily bills (when enabled), retention and the relay
+/// watchdog.
+fn entries(
+    store: Store,
+    clock: Arc<dyn Clock>,
+    work: Work,
+    relay: &Arc<Relay>,
+    relay_every: Duration,
+    retention: Retention,
+) -> Vec<Entry> {
+    let Work {
+        reconciler,
+        certificates,
+        bills,
+        refunds,
+    } = work;
+    let mut entries = Vec::new();
+    let (r, c) = (Arc::clone(&reconciler), Arc::clone(&clock));
+    entries.push(Entry::new(
+        "order expiry",
+        Schedule::Every(EXPIRY_EVERY),
+        move || {
+            let (r, c) = (Arc::clone(&r), Arc::clone(&c));
+            Box::pin(async move {
+                match expire_orders(&r, c.as_ref()).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(closed = n, "expired orders closed"),
+                    Err(e) => tracing::warn!(error = %e, "order expiry failed; next run retries"),
+                }
+            })
+        },
+    ));
+    if reconciler.asks_providers() {
+        let (r, c) = (reconciler, Arc::clone(&clock));
+        entries.push(Entry::new(
+            "reconcile",
+            Schedule::Every(RECONCILE_EVERY),
+            move || {
+                let (r, c) = (Arc::clone(&r), Arc::clone(&c));
+                Box::pin(async move {
+                    match r.reconcile_due(c.now()).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(recovered = n, "payments recovered by query"),
+                        Err(e) => tracing::warn!(error = %e, "reconcile failed; next run retries"),
+                    }
+                })
+            },
+        ));
+    }
+    if certificates.downloads() {
+        // Once now (a merchant that never downloaded has only its configured keys), then
+        // every certificates.refresh_secs.
+        let every = certificates.refresh_every();
+        entries.push(Entry {
+            at_start: true,
+            ..Entry::new("certificate refresh", Schedule::Every(every), move || {
+                let certificates = Arc::clone(&certificates);
+                Box::pin(async move { refresh_certificates(&certificates).await })
+            })
+        });
+    }
+    if refunds.sends() {
+        let every = refunds.scan_every();
+        entries.push(Entry::new("refunds", Schedule::Every(every), move || {
+            let refunds = Arc::clone(&refunds);
+            Box::pin(async move { drive_refunds(&refunds).await })
+        }));
+    }
+    if let Some((bills, cron)) = bills {
+        // At bills.run_at in bills.timezone; the lease of each (date, channel) makes one
+        // instance do it.
+        let zone = bills.zone();
+        entries.push(Entry::new(
+            "daily bills",
+            Schedule::Cron(cron, zone),
+            move || {
+                let bills = Arc::clone(&bills);
+                Box::pin(async move { reconcile_bills(&bills).await })
+            },
+        ));
+    }
+    let Retention {
+        every: retention_every,
+        keep_days,
+        receipts_keep_days,
+        archive,
+    } = retention;
+    let (s, c, archive) = (store, clock, Arc::new(archive));
+    entries.push(Entry::new(
+        "retention",
+        Schedule::Every(retention_every),
+        move || {
+            let (s, c, a) = (s.clone(), Arc::clone(&c), Arc::clone(&archive));
+            Box::pin(async move { retain(&s, c.as_ref(), &a, keep_days, receipts_keep_days).await })
+        },
+    ));
+    let (watched, stall_after) = (Arc::clone(relay), relay_stall_after(relay_every));
+    entries.push(Entry {
+        overlap: Overlap::Allow,
+        ..Entry::new(
+            "relay watchdog",
+            Schedule::Every(WATCHDOG_EVERY),
+            move || {
+                let watched = Arc::clone(&watched);
+                Box::pin(async move { watch_relay(&watched, stall_after) })
+            },
+        )
+    });
+    entries
+}
+
+/// One retention run: the purge, then the orders' archive; each logged.
+async fn retain(s: &Store, c: &dyn Clock, a: &Archiver, keep_days: u32, receipts_keep_days: u32) {
+    let started = std::time::Instant::now();
+    match purge(s, c, keep_days, receipts_keep_days).await {
+        Ok(done) if done.is_empty() => {}
+        Ok(done) => tracing::info!(
+            took_ms = started.elapsed().as_millis() as u64,
+            deleted = done.rows,
+            partitions_created = done.outbox.created.len() + done.receipts.created.len(),
+            partitions_dropped = ?[&done.outbox.dropped, &done.receipts.dropped],
+            partitions_compacted = ?done.outbox.compacted,
+            partitions_kept = ?done.outbox.kept,
+            "retention purge"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "retention purge failed; next run retries")
+        }
+    }
+    let started = std::time::Instant::now();
+    match a.run(s, c).await {
+        Ok(done) if done == crate::archive::Archived::default() => {}
+        Ok(done) => tracing::info!(
+            took_ms = started.elapsed().as_millis() as u64,
+            orders = done.orders,
+            anomalies_of_orders_not_here = done.anomalies,
+            deleted = done.rows,
+            files = ?done.files,
+            bill_items_deleted = done.bill_items,
+            bill_lines_deleted = done.bill_lines,
+            "orders archived"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "order archive failed; nothing of the batch was removed; next run retries")
+        }
+    }
+}
+
+/// The relay watchdog: warns while the relay's last successful tick is `stall_after` old.
+fn watch_relay(relay: &Relay, stall_after: Duration) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = u64::try_from(relay.last_success()).unwrap_or(0);
+    let silent = now.saturating_sub(last);
+    if silent >= stall_after.as_secs() {
+        tracing::warn!(
+            seconds_since_last_success = silent,
+            "relay stalled: no successful tick; events are not being delivered"
+        );
+    }
+}
+
 impl Jobs {
     pub async fn start(
         store: Store,
@@ -263,157 +485,17 @@ impl Jobs {
         relay_every: Duration,
         retention: Retention,
     ) -> Result<Self, JobSchedulerError> {
-        let Work {
-            reconciler,
-            certificates,
-            bills,
-            refunds,
-        } = work;
-        let Retention {
-            every: retention_every,
-            keep_days,
-            receipts_keep_days,
-            archive,
-        } = retention;
-        let archive = Arc::new(archive);
         let scheduler = JobScheduler::new().await?;
-        let (r, c, busy) = (
-            Arc::clone(&reconciler),
-            Arc::clone(&clock),
-            Arc::new(Mutex::new(())),
-        );
-        scheduler
-            .add(Job::new_repeated_async(EXPIRY_EVERY, move |_, _| {
-                let (r, c) = (Arc::clone(&r), Arc::clone(&c));
-                unless_busy(&busy, async move {
-                    match expire_orders(&r, c.as_ref()).await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(closed = n, "expired orders closed"),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "order expiry failed; next run retries")
-                        }
-                    }
-                })
-            })?)
-            .await?;
-        if reconciler.asks_providers() {
-            let (r, c, busy) = (reconciler, Arc::clone(&clock), Arc::new(Mutex::new(())));
-            scheduler
-                .add(Job::new_repeated_async(RECONCILE_EVERY, move |_, _| {
-                    let (r, c) = (Arc::clone(&r), Arc::clone(&c));
-                    unless_busy(&busy, async move {
-                        match r.reconcile_due(c.now()).await {
-                            Ok(0) => {}
-                            Ok(n) => tracing::info!(recovered = n, "payments recovered by query"),
-                            Err(e) => {
-                                tracing::warn!(error = %e, "reconcile failed; next run retries")
-                            }
-                        }
-                    })
-                })?)
-                .await?;
+        for entry in entries(store, clock, work, &relay, relay_every, retention) {
+            if entry.at_start {
+                tokio::spawn((entry.run)());
+            }
+            let name = entry.name;
+            let job = entry.job().inspect_err(|e| {
+                tracing::error!(job = name, error = %e, "job not scheduled");
+            })?;
+            scheduler.add(job).await?;
         }
-        if certificates.downloads() {
-            // Once now (a merchant that never downloaded has only its configured keys), then
-            // every certificates.refresh_secs.
-            let first = Arc::clone(&certificates);
-            tokio::spawn(async move { refresh_certificates(&first).await });
-            let busy = Arc::new(Mutex::new(()));
-            scheduler
-                .add(Job::new_repeated_async(
-                    certificates.refresh_every(),
-                    move |_, _| {
-                        let certificates = Arc::clone(&certificates);
-                        unless_busy(&busy, async move {
-                            refresh_certificates(&certificates).await;
-                        })
-                    },
-                )?)
-                .await?;
-        }
-        if refunds.sends() {
-            let busy = Arc::new(Mutex::new(()));
-            scheduler
-                .add(Job::new_repeated_async(
-                    refunds.scan_every(),
-                    move |_, _| {
-                        let refunds = Arc::clone(&refunds);
-                        unless_busy(&busy, async move { drive_refunds(&refunds).await })
-                    },
-                )?)
-                .await?;
-        }
-        if let Some((bills, schedule)) = bills {
-            // At bills.run_at in bills.timezone; the lease of each (date, channel) makes one
-            // instance do it.
-            let (zone, busy) = (bills.zone(), Arc::new(Mutex::new(())));
-            scheduler
-                .add(Job::new_async_tz(schedule.as_str(), zone, move |_, _| {
-                    let bills = Arc::clone(&bills);
-                    unless_busy(&busy, async move { reconcile_bills(&bills).await })
-                })?)
-                .await?;
-        }
-        let (s, c, busy) = (store, clock, Arc::new(Mutex::new(())));
-        scheduler
-            .add(Job::new_repeated_async(retention_every, move |_, _| {
-                let (s, c, a) = (s.clone(), Arc::clone(&c), Arc::clone(&archive));
-                unless_busy(&busy, async move {
-                    let started = std::time::Instant::now();
-                    match purge(&s, c.as_ref(), keep_days, receipts_keep_days).await {
-                        Ok(done) if done.is_empty() => {}
-                        Ok(done) => tracing::info!(
-                            took_ms = started.elapsed().as_millis() as u64,
-                            deleted = done.rows,
-                            partitions_created = done.outbox.created.len() + done.receipts.created.len(),
-                            partitions_dropped = ?[&done.outbox.dropped, &done.receipts.dropped],
-                            partitions_compacted = ?done.outbox.compacted,
-                            partitions_kept = ?done.outbox.kept,
-                            "retention purge"
-                        ),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "retention purge failed; next run retries")
-                        }
-                    }
-                    let started = std::time::Instant::now();
-                    match a.run(&s, c.as_ref()).await {
-                        Ok(done) if done == crate::archive::Archived::default() => {}
-                        Ok(done) => tracing::info!(
-                            took_ms = started.elapsed().as_millis() as u64,
-                            orders = done.orders,
-                            anomalies_of_orders_not_here = done.anomalies,
-                            deleted = done.rows,
-                            files = ?done.files,
-                            bill_items_deleted = done.bill_items,
-                            bill_lines_deleted = done.bill_lines,
-                            "orders archived"
-                        ),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "order archive failed; nothing of the batch was removed; next run retries")
-                        }
-                    }
-                })
-            })?)
-            .await?;
-        let (watched, stall_after) = (Arc::clone(&relay), relay_stall_after(relay_every));
-        scheduler
-            .add(Job::new_repeated_async(WATCHDOG_EVERY, move |_, _| {
-                let watched = Arc::clone(&watched);
-                Box::pin(async move {
-                    let now = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs());
-                    let last = u64::try_from(watched.last_success()).unwrap_or(0);
-                    let silent = now.saturating_sub(last);
-                    if silent >= stall_after.as_secs() {
-                        tracing::warn!(
-                            seconds_since_last_success = silent,
-                            "relay stalled: no successful tick; events are not being delivered"
-                        );
-                    }
-                })
-            })?)
-            .await?;
         scheduler.start().await?;
         let (stop_relay_loop, stop) = tokio::sync::watch::channel(false);
         let relay_loop = tokio::spawn(relay_loop(Arc::clone(&relay), relay_every, stop));

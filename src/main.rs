@@ -266,8 +266,8 @@ fn exit_with(result: anyhow::Result<u8>) -> ExitCode {
 }
 
 /// Loads the configuration, starts logging in its `log.format`, and warns about every
-/// `PAYNOTIFY…` environment variable that configures nothing and a `bills.timezone` other
-/// than the providers' (Beijing).
+/// `PAYNOTIFY…` environment variable that configures nothing, every key read under its old
+/// name, and a `bills.timezone` other than the providers' (Beijing).
 fn load_settings(config: Option<&std::path::Path>) -> anyhow::Result<Settings> {
     let settings = Settings::load(config)?;
     paynotify::telemetry::init_with(settings.log.format);
@@ -279,6 +279,9 @@ fn load_settings(config: Option<&std::path::Path>) -> anyhow::Result<Settings> {
     });
     for warning in paynotify::config::unused_env_vars(vars) {
         tracing::warn!("{warning}");
+    }
+    for moved in settings.deprecations() {
+        tracing::warn!(old = moved.old, new = moved.new, "{moved}");
     }
     if let Some(warning) = settings.bills.zone_warning() {
         tracing::warn!("{warning}");
@@ -302,10 +305,7 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
         backend = app.store().backend(),
         redis_gate = if settings.redis.is_set() { "on" } else { "off" },
         relay_sink,
-        jobs = %paynotify::jobs::schedule(
-            Duration::from_millis(settings.relay.interval_ms),
-            Duration::from_secs(settings.retention.every_secs),
-        ),
+        jobs = %paynotify::jobs::schedule(settings.relay.interval(), settings.retention.every()),
         %listen,
         workers = settings.server.http_workers(),
         io_threads = tokio::runtime::Handle::current().metrics().num_workers(),

@@ -15,9 +15,9 @@ pub struct Registration {
     pub openapi: fn() -> utoipa::openapi::OpenApi,
 }
 
-/// How every provider's API client connects, from `[reconcile]`.
+/// How every provider's API client connects, from `[provider_api]`.
 pub fn client_settings(settings: &Settings) -> ClientSettings {
-    let r = &settings.reconcile;
+    let r = &settings.provider_api;
     ClientSettings {
         connect_timeout_ms: r.connect_timeout_ms,
         timeout_ms: r.timeout_ms,

@@ -3,7 +3,6 @@
 
 use std::net::TcpListener;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix_web::dev::Service;
 use actix_web::dev::{Server, ServerHandle};
@@ -96,7 +95,7 @@ impl Application {
         let limits = routes::Limits {
             max_body: settings.server.max_body_bytes,
         };
-        let body_timeout = Duration::from_millis(settings.server.body_timeout_ms);
+        let body_timeout = settings.server.body_timeout();
         let extra: Arc<[NotifyRoute]> = options.extra_notify_routes.into();
         let app = web::Data::new(app);
         let request_metrics = Arc::clone(&app.metrics);
@@ -212,9 +211,9 @@ impl Application {
                 refunds: Arc::clone(&self.app.refunds),
             },
             relay,
-            Duration::from_millis(settings.relay.interval_ms),
+            settings.relay.interval(),
             Retention {
-                every: Duration::from_secs(settings.retention.every_secs),
+                every: settings.retention.every(),
                 keep_days: settings.retention.keep_days,
                 receipts_keep_days: settings.receipts.keep_days,
                 archive: Archiver {

@@ -1,7 +1,7 @@
 //! Asking a provider about one trade (query, close, refund query): the neutral answers every
 //! provider's client gives, the [`ProviderApi`] trait each provider implements in its own
 //! file, and the HTTPS plumbing they share — rustls on ring, the system's roots plus
-//! `reconcile.ca_file`, connect and overall timeouts, and a per-provider rate limit.
+//! `provider_api.ca_file`, connect and overall timeouts, and a per-provider rate limit.
 //!
 //! An answer is evidence only when it verifies with the provider's key: a paid answer is a
 //! [`Notice`] built from the signed bytes, exactly as the notification would be decoded.

@@ -210,7 +210,7 @@ pub trait BillSource: Send + Sync + 'static {
     /// Fetches the bill of `date` (a provider-local day) for `account` into a temporary
     /// file and checks what can be checked before a row is read.
     /// The download may take `download_timeout` in all (a bill can be large; the API
-    /// calls keep `reconcile.timeout_ms`).
+    /// calls keep `provider_api.timeout_ms`).
     fn fetch<'a>(
         &'a self,
         account: &'a str,
@@ -222,7 +222,7 @@ pub trait BillSource: Send + Sync + 'static {
 
 /// Downloads a bill file into an unnamed temporary file (gone when dropped), at most
 /// [`MAX_BILL_BYTES`], within `timeout` (`bills.download_timeout_secs`, which replaces the
-/// client's `reconcile.timeout_ms` for this request: a large bill takes longer than an API
+/// client's `provider_api.timeout_ms` for this request: a large bill takes longer than an API
 /// answer); any answer but a 200 is [`BillError::Download`] (a redirect is not followed).
 /// Returns the file rewound, and its size.
 pub async fn download(

@@ -29,12 +29,12 @@ impl Default for ReconcileSettings {
             after_secs: 300,
             every_secs: 300,
             batch: 100,
-            max_qps: 10,
             close_grace_secs: 3600,
             max_run_secs: 120,
-            connect_timeout_ms: 3000,
-            timeout_ms: 10_000,
-            ca_file: None,
+            old_max_qps: None,
+            old_connect_timeout_ms: None,
+            old_timeout_ms: None,
+            old_ca_file: None,
         }
     }
 }

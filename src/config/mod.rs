@@ -10,7 +10,9 @@ use serde::Deserialize;
 
 pub mod db_hosts;
 mod defaults;
+mod durations;
 mod env;
+mod provider_api;
 mod redis_target;
 mod urls;
 mod validate;
@@ -18,6 +20,7 @@ pub mod value;
 
 pub use env::{ENV_PREFIX, env_var_key, unused_env_vars};
 use env::{error_key, name_env_source};
+pub use provider_api::{Deprecation, ProviderApiSettings};
 pub use redis_target::{RedisTarget, Sentinels};
 pub use urls::{DatabaseUrl, RedisNodes, check_amqp};
 pub use value::{ConfigError, Secret, invalid};
@@ -31,19 +34,22 @@ pub struct Settings {
     pub server: ServerSettings,
     pub database: DatabaseSettings,
     pub redis: RedisSettings,
-    /// `[[wechat.merchants]]`: src/channel/wechat.rs.
+    /// `[[wechat.merchants]]`: src/channel/wechat.
     pub wechat: crate::channel::wechat::settings::WechatSettings,
-    /// `[[alipay.apps]]`: src/channel/alipay.rs.
+    /// `[[alipay.apps]]`: src/channel/alipay.
     pub alipay: crate::channel::alipay::settings::AlipaySettings,
     pub orders: OrderSettings,
     pub relay: RelaySettings,
     pub retention: RetentionSettings,
-    /// `[receipts]`: what arrived at the notify URLs, kept for diagnosis (src/receipts.rs).
+    /// `[receipts]`: what arrived at the notify URLs, kept for diagnosis (src/receipts).
     pub receipts: ReceiptSettings,
     pub sandbox: SandboxSettings,
-    /// `[reconcile]`: asking the providers about unpaid orders, closing at the provider
-    /// before closing here, and the HTTPS client that does it (src/reconcile.rs).
+    /// `[reconcile]`: asking the providers about unpaid orders, and closing at the provider
+    /// before closing here (src/reconcile).
     pub reconcile: ReconcileSettings,
+    /// `[provider_api]`: the HTTPS client that calls the providers' APIs (src/https.rs,
+    /// src/channel/api.rs).
+    pub provider_api: ProviderApiSettings,
     /// `[certificates]`: downloaded platform certificates kept fresh (src/certificates).
     pub certificates: crate::certificates::settings::CertificateSettings,
     /// `[bills]`: the daily bill reconciliation (src/bills).
@@ -51,13 +57,17 @@ pub struct Settings {
     /// `[refunds]`: refunds started through paynotify, followed to the end (src/refunds).
     pub refunds: crate::refunds::settings::RefundSettings,
     pub log: LogSettings,
+    /// The old key names this configuration used, filled in by [`Settings::load_from`]
+    /// (see `Settings::deprecations`).
+    #[serde(skip)]
+    pub deprecations: Vec<Deprecation>,
 }
 
 impl Settings {
     /// Every section with its name, in the order of the fields: what [`Settings::validate`]
     /// checks and what a mistyped environment variable is matched against. A new section
     /// (a provider's, say) is its field above and one line here.
-    pub(crate) fn sections(&self) -> [(&'static str, &dyn value::Validate); 15] {
+    pub(crate) fn sections(&self) -> [(&'static str, &dyn value::Validate); 16] {
         [
             ("server", &self.server),
             ("database", &self.database),
@@ -70,6 +80,7 @@ impl Settings {
             ("receipts", &self.receipts),
             ("sandbox", &self.sandbox),
             ("reconcile", &self.reconcile),
+            ("provider_api", &self.provider_api),
             ("certificates", &self.certificates),
             ("bills", &self.bills),
             ("refunds", &self.refunds),
@@ -287,7 +298,7 @@ pub struct SandboxSettings {
     pub alipay_private_key_file: Option<PathBuf>,
 }
 
-/// The provider API clients and the two jobs that use them. Only merchants/apps with API
+/// The two jobs that ask the providers (their client is `[provider_api]`). Only merchants/apps with API
 /// credentials (`wechat.merchants[].private_key_file`, `alipay.apps[].app_private_key_file`)
 /// are asked; without any, orders expire as before, locally.
 #[derive(Debug, Deserialize)]
@@ -299,20 +310,22 @@ pub struct ReconcileSettings {
     pub every_secs: u64,
     /// Orders per run of the reconcile job, oldest first.
     pub batch: u32,
-    /// Requests per second to each provider, across all its merchants/apps.
-    pub max_qps: u32,
     /// How long past `expire_at` an order whose provider cannot be reached stays `WAIT_PAY`
     /// before it is closed here anyway (a later payment becomes `PAID_AFTER_CLOSE`).
     pub close_grace_secs: u64,
     /// The longest one run of the reconcile or expiry job goes on asking; what is left is
     /// the next run's (every 10 s), so a backlog never holds one run for its whole length.
     pub max_run_secs: u64,
-    pub connect_timeout_ms: u64,
-    /// The whole request, answer included.
-    pub timeout_ms: u64,
-    /// A PEM file of extra CA certificates trusted beside the system's roots (a TLS-inspecting
-    /// proxy, a sandbox); used by the provider clients and the `http` relay sink.
-    pub ca_file: Option<PathBuf>,
+    /// The old names of `provider_api.max_qps`, `connect_timeout_ms`, `timeout_ms` and
+    /// `ca_file`: still read, moved there at load (see `provider_api`).
+    #[serde(rename = "max_qps")]
+    old_max_qps: Option<u32>,
+    #[serde(rename = "connect_timeout_ms")]
+    old_connect_timeout_ms: Option<u64>,
+    #[serde(rename = "timeout_ms")]
+    old_timeout_ms: Option<u64>,
+    #[serde(rename = "ca_file")]
+    old_ca_file: Option<PathBuf>,
 }
 
 impl Settings {
@@ -358,14 +371,25 @@ impl Settings {
             )
             .build()
             .map_err(|e| file_error(e.to_string()))?;
-        let settings: Settings = serde_path_to_error::deserialize(merged)
+        // Which keys were set, before the values are taken: a key set under both its old and
+        // its new name is refused.
+        let set: Vec<&str> = provider_api::MOVED
+            .iter()
+            .map(|moved| moved.new)
+            .filter(|key| merged.get::<config::Value>(key).is_ok())
+            .collect();
+        let mut settings: Settings = serde_path_to_error::deserialize(merged)
             .map_err(|e| {
                 let key = error_key(e.path());
                 invalid(key, e.into_inner().to_string())
             })
             .map_err(|e| name_env_source(e, &from_env))?;
         settings
+            .move_old_keys(|key| set.contains(&key))
+            .map_err(|e| name_env_source(e, &from_env))?;
+        settings
             .validate()
+            .map_err(|e| settings.name_old_key(e))
             .map_err(|e| name_env_source(e, &from_env))?;
         Ok(settings)
     }

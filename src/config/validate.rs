@@ -271,29 +271,14 @@ impl Validate for SandboxSettings {}
 
 impl Validate for ReconcileSettings {
     fn validate(&self) -> Result<(), ConfigError> {
-        positive(&[
-            ("reconcile.every_secs", self.every_secs),
-            ("reconcile.connect_timeout_ms", self.connect_timeout_ms),
-            ("reconcile.timeout_ms", self.timeout_ms),
-        ])?;
+        positive(&[("reconcile.every_secs", self.every_secs)])?;
         if !(1..=10_000).contains(&self.batch) {
             return Err(invalid("reconcile.batch", "must be between 1 and 10000"));
-        }
-        if !(1..=10_000).contains(&self.max_qps) {
-            return Err(invalid("reconcile.max_qps", "must be between 1 and 10000"));
         }
         if !(1..=3600).contains(&self.max_run_secs) {
             return Err(invalid(
                 "reconcile.max_run_secs",
                 "must be between 1 and 3600",
-            ));
-        }
-        if let Some(path) = &self.ca_file
-            && !path.is_file()
-        {
-            return Err(invalid(
-                "reconcile.ca_file",
-                format!("{} is not a readable file", path.display()),
             ));
         }
         Ok(())

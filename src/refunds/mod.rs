@@ -117,7 +117,7 @@ pub struct Refunds {
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
     settings: RefundSettings,
-    /// How long one provider call may take (`reconcile.timeout_ms`): a refund is never sent
+    /// How long one provider call may take (`provider_api.timeout_ms`): a refund is never sent
     /// again sooner, so two sends of one request do not overlap.
     call_secs: i64,
 }

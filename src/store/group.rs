@@ -10,14 +10,14 @@
 //! still commit together, and nobody is answered before the commit.
 //!
 //! Whatever the group did not decide wrote nothing, and its caller runs the full transaction
-//! of `ledger.rs` as before (conflicts, anomalies, unknown orders, a repeat racing its first
+//! of `ledger/` as before (conflicts, anomalies, unknown orders, a repeat racing its first
 //! delivery). A group that fails (a deadlock, a statement error) is retried notice by notice
 //! through the ordinary path; one that found no connection in time answers every caller with
 //! that (503). Refunds, closes and payments signed by another merchant never queue.
 //!
 //! This file holds what one group does on each backend ([`PaymentGroup`]) and its wiring to
 //! the pool (`Store::group`, `Store::pay_together`); the queue is `batch.rs` ([`Batcher`],
-//! which knows nothing of payments); `ledger.rs` submits payments and takes the answers.
+//! which knows nothing of payments); `ledger/` submits payments and takes the answers.
 //!
 //! [`PayGroup`]: super::statements::PayGroup
 

@@ -1,6 +1,6 @@
 //! The outbox side of the relay and the other scheduled jobs: claim with a lease, mark sent,
 //! back off, park dead, redrive; purge what the retry windows no longer need. (Expiry's
-//! queries are in `reconcile.rs`.)
+//! queries are in `reconcile/store.rs`.)
 
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Integer, Text};

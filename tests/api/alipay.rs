@@ -712,8 +712,8 @@ fn cert_mode(s: &mut paynotify::config::Settings, url: &str, root: &std::path::P
     );
     a.alipay_root_cert_file = Some(root.to_path_buf());
     a.gateway = Some(format!("{url}/gateway.do"));
-    s.reconcile.max_qps = 1000;
-    s.reconcile.timeout_ms = 5000;
+    s.provider_api.max_qps = 1000;
+    s.provider_api.timeout_ms = 5000;
 }
 
 /// An order only the certificate-mode app is asked about.

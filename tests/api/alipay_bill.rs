@@ -37,7 +37,7 @@ fn bills(fake: &FakeProvider) -> Arc<dyn BillSource> {
     bills_answering_within(fake, 5000)
 }
 
-/// [`bills`], the API calls given `timeout_ms` (`reconcile.timeout_ms`).
+/// [`bills`], the API calls given `timeout_ms` (`provider_api.timeout_ms`).
 fn bills_answering_within(fake: &FakeProvider, timeout_ms: u64) -> Arc<dyn BillSource> {
     let mut s = Settings {
         alipay: crate::alipay::settings(),
@@ -46,8 +46,8 @@ fn bills_answering_within(fake: &FakeProvider, timeout_ms: u64) -> Arc<dyn BillS
     rsa_key(APP_KEY);
     s.alipay.apps[0].app_private_key_file = Some(private_key_path(APP_KEY));
     s.alipay.apps[0].gateway = Some(format!("{}/gateway.do", fake.url));
-    s.reconcile.max_qps = 1000;
-    s.reconcile.timeout_ms = timeout_ms;
+    s.provider_api.max_qps = 1000;
+    s.provider_api.timeout_ms = timeout_ms;
     let now = Timestamp::new(chrono::Utc::now());
     paynotify::providers::mount_all(&s, now)
         .expect("providers")
@@ -279,7 +279,7 @@ async fn every_bad_alipay_bill_is_refused_with_its_reason() {
 }
 
 /// Only `bills.download_timeout_secs` limits a download: a bill whose body takes longer than
-/// the API calls' `reconcile.timeout_ms` is read, and one slower than the download timeout
+/// the API calls' `provider_api.timeout_ms` is read, and one slower than the download timeout
 /// says which setting it ran into.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_alipay_bill_download_has_the_download_timeout_not_the_api_one() {
@@ -294,7 +294,7 @@ async fn a_slow_alipay_bill_download_has_the_download_timeout_not_the_api_one() 
     match &got {
         Ok(Got::Bill(lines, _)) => assert_eq!(lines.len(), 3),
         Ok(Got::NoBill(why)) => panic!("no bill: {why}"),
-        Err(e) => panic!("a bill slower than reconcile.timeout_ms: {e}"),
+        Err(e) => panic!("a bill slower than provider_api.timeout_ms: {e}"),
     }
 
     fake.state.set_bill(DATE, slow(Duration::from_secs(6)));

@@ -68,8 +68,8 @@ fn configure(s: &mut Settings, url: &str, configured: bool) {
     m.private_key_file = Some(private_key_path(MERCHANT_KEY));
     m.merchant_serial = Some(MERCHANT_SERIAL.into());
     m.api_base = Some(url.to_owned());
-    s.reconcile.timeout_ms = 5000;
-    s.reconcile.max_qps = 1000;
+    s.provider_api.timeout_ms = 5000;
+    s.provider_api.max_qps = 1000;
 }
 
 async fn app(backend: Backend, fake: &FakeProvider, configured: bool) -> TestApp {

@@ -64,8 +64,8 @@ pub(crate) fn configure(s: &mut Settings, url: &str) {
     a.gateway = Some(format!("{url}/gateway.do"));
     s.reconcile.after_secs = AFTER_SECS as u64;
     s.reconcile.close_grace_secs = GRACE_SECS as u64;
-    s.reconcile.max_qps = 1000;
-    s.reconcile.timeout_ms = 5000;
+    s.provider_api.max_qps = 1000;
+    s.provider_api.timeout_ms = 5000;
 }
 
 async fn app_with(backend: Backend, fake: &FakeProvider) -> TestApp {
@@ -399,7 +399,7 @@ async fn the_rate_limit_holds() {
     let url = fake.url.clone();
     let app = spawn_app_with(Backend::Sqlite, move |s| {
         configure(s, &url);
-        s.reconcile.max_qps = QPS;
+        s.provider_api.max_qps = QPS;
     })
     .await;
     for i in 0..ORDERS {
@@ -498,11 +498,11 @@ async fn queries_go_over_https_trusting_the_configured_ca() {
     assert_eq!(calls(&untrusting, "wechat", "query", "unreachable"), 1);
     assert!(fake.state.calls().is_empty(), "the handshake failed first");
 
-    // With reconcile.ca_file: both providers over HTTPS.
+    // With provider_api.ca_file: both providers over HTTPS.
     let url = https.clone();
     let app = spawn_app_with(Backend::Sqlite, move |s| {
         configure(s, &url);
-        s.reconcile.ca_file = Some(ca);
+        s.provider_api.ca_file = Some(ca);
     })
     .await;
     create(&app, "RC-TLS-W", 100, "wechat").await;
@@ -521,7 +521,7 @@ async fn a_provider_that_hangs_or_refuses_connections_is_unreachable() {
     let url = fake.url.clone();
     let app = spawn_app_with(Backend::Sqlite, move |s| {
         configure(s, &url);
-        s.reconcile.timeout_ms = 300;
+        s.provider_api.timeout_ms = 300;
     })
     .await;
     paid_at_provider(&app, &fake, "RC-HANG", 100, "wechat").await;
@@ -597,10 +597,10 @@ async fn api_credential_mistakes_stop_start_up_naming_the_key() {
             }),
         ),
         (
-            "reconcile.ca_file",
+            "provider_api.ca_file",
             Box::new({
                 let p = not_pem.clone();
-                move |s| s.reconcile.ca_file = Some(p.clone())
+                move |s| s.provider_api.ca_file = Some(p.clone())
             }),
         ),
     ];

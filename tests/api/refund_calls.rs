@@ -39,7 +39,7 @@ async fn desk() -> Desk {
     let fake = fake().await;
     let mut settings = Settings::default();
     configure(&mut settings, &fake.url);
-    settings.reconcile.timeout_ms = TIMEOUT_MS;
+    settings.provider_api.timeout_ms = TIMEOUT_MS;
     let now = Timestamp::new(chrono::Utc::now());
     let mounted = paynotify::providers::mount_all(&settings, now).expect("providers");
     Desk { fake, mounted, now }

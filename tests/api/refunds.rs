@@ -23,7 +23,7 @@ async fn app_with(backend: Backend, fake: &FakeProvider) -> TestApp {
     spawn_app_with(backend, move |s: &mut Settings| {
         configure(s, &url);
         // Shorter than the stand-in's hang, so a hung create is a timeout.
-        s.reconcile.timeout_ms = 1000;
+        s.provider_api.timeout_ms = 1000;
         s.refunds.query_after_secs = QUERY_AFTER_SECS as u64;
         s.refunds.query_every_secs = QUERY_EVERY_SECS as u64;
     })

@@ -1026,7 +1026,7 @@ async fn the_http_sink_delivers_over_https_trusting_the_configured_ca() {
     assert_eq!(published, 0);
     assert_eq!(received.load(Ordering::SeqCst), 0);
 
-    settings.reconcile.ca_file = Some(front.ca_file.clone());
+    settings.provider_api.ca_file = Some(front.ca_file.clone());
     let sink = HttpSink::new(
         &url,
         &Secret::new("webhook-secret"),

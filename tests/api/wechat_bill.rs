@@ -39,7 +39,7 @@ fn bills(url: &str, now: Timestamp) -> Arc<dyn BillSource> {
     bills_answering_within(url, now, 5000)
 }
 
-/// [`bills`], the API calls given `timeout_ms` (`reconcile.timeout_ms`).
+/// [`bills`], the API calls given `timeout_ms` (`provider_api.timeout_ms`).
 fn bills_answering_within(url: &str, now: Timestamp, timeout_ms: u64) -> Arc<dyn BillSource> {
     let mut s = Settings {
         wechat: crate::wechat::settings(),
@@ -50,8 +50,8 @@ fn bills_answering_within(url: &str, now: Timestamp, timeout_ms: u64) -> Arc<dyn
     m.private_key_file = Some(private_key_path(MERCHANT_KEY));
     m.merchant_serial = Some(MERCHANT_SERIAL.into());
     m.api_base = Some(url.to_owned());
-    s.reconcile.max_qps = 1000;
-    s.reconcile.timeout_ms = timeout_ms;
+    s.provider_api.max_qps = 1000;
+    s.provider_api.timeout_ms = timeout_ms;
     let client = paynotify::providers::client_settings(&s);
     paynotify::channel::wechat::mount(&s.wechat, &client, now)
         .expect("mount")
@@ -303,7 +303,7 @@ async fn a_download_that_hangs_gives_up_at_the_download_timeout() {
     assert!(waited < Duration::from_secs(5), "{waited:?}");
 }
 
-/// The download has `bills.download_timeout_secs`, not the API calls' `reconcile.timeout_ms`.
+/// The download has `bills.download_timeout_secs`, not the API calls' `provider_api.timeout_ms`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_download_slower_than_the_api_timeout_is_read() {
     let fake = fake().await;
@@ -317,7 +317,7 @@ async fn a_download_slower_than_the_api_timeout_is_read() {
     );
     let (lines, _) = fetch_and_read(source.as_ref(), DATE, Duration::from_secs(6))
         .await
-        .expect("a bill slower than reconcile.timeout_ms");
+        .expect("a bill slower than provider_api.timeout_ms");
     assert_eq!(lines.len(), 3);
 }
 

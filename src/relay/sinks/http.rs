@@ -22,7 +22,7 @@ pub struct HttpSink {
 }
 
 impl HttpSink {
-    /// `http://` or `https://`; HTTPS trusts the system's roots plus `reconcile.ca_file`.
+    /// `http://` or `https://`; HTTPS trusts the system's roots plus `provider_api.ca_file`.
     pub fn new(url: &str, secret: &Secret, tls: &ClientSettings) -> Result<Self, ConfigError> {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(invalid(

@@ -2,143 +2,23 @@
 //!
 //! Every label value comes from a type here ([`Counted`], [`Refusal`], [`GateResult`], a
 //! route pattern, a standard method), never from a string at a call site or from a client.
+//! Each family keeps its label types and recording methods in its own file: `notify`
+//! (notifications, gate, receipts), `provider` (provider calls and the jobs built on them),
+//! `relay` (outbox, pool and group gauges) and `http` (request latency).
 
-use std::time::Instant;
+mod http;
+mod notify;
+mod provider;
+mod relay;
 
-use actix_web::dev::ServiceRequest;
 use prometheus::{
-    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry,
+    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
-use crate::notice::{ChannelId, Outcome};
-
-/// What became of a verified notification: the `outcome` label of
-/// `paynotify_notifications_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Counted {
-    /// What the ledger did (`applied`, `duplicate`, `conflict`, `anomaly`, …).
-    Ledger(Outcome),
-    /// Answered from the Redis gate's cached result.
-    DuplicateCached,
-    /// The same notification was being applied elsewhere (503).
-    InFlight,
-    /// No database connection in time (503).
-    DbUnavailable,
-    /// Handed to a group that did not answer in time and may still commit (503).
-    Undecided,
-    /// A statement failed (500).
-    DbError,
-}
-
-impl Counted {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Ledger(outcome) => outcome.as_str(),
-            Self::DuplicateCached => "duplicate_cached",
-            Self::InFlight => "in_flight",
-            Self::DbUnavailable => "db_unavailable",
-            Self::Undecided => "undecided",
-            Self::DbError => "db_error",
-        }
-    }
-}
-
-/// Why a notification was refused before the ledger: the `reason` label of
-/// `paynotify_notify_rejections_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
-    BadSignature,
-    /// The key named is not known (a rotation not yet downloaded, or not configured).
-    UnknownSerial,
-    Stale,
-    BadRequest,
-    /// A signed notification of a kind another of the provider's notify routes takes.
-    WrongEventType,
-    Undecryptable,
-    TooLarge,
-    /// The body did not arrive within `server.body_timeout_ms`.
-    BodyTimeout,
-}
-
-impl Refusal {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::BadSignature => "bad_signature",
-            Self::UnknownSerial => "unknown_serial",
-            Self::Stale => "stale",
-            Self::BadRequest => "bad_request",
-            Self::WrongEventType => "wrong_event_type",
-            Self::Undecryptable => "undecryptable",
-            Self::TooLarge => "too_large",
-            Self::BodyTimeout => "body_timeout",
-        }
-    }
-}
-
-/// What the Redis gate did: the `result` label of `paynotify_gate_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GateResult {
-    /// Answered from this instance's recent final answers, without Redis.
-    HitLocal,
-    Hit,
-    HitAfterWait,
-    Busy,
-    BypassError,
-    BypassTimeout,
-    BypassBreakerOpen,
-}
-
-impl GateResult {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::HitLocal => "hit_local",
-            Self::Hit => "hit",
-            Self::HitAfterWait => "hit_after_wait",
-            Self::Busy => "busy",
-            Self::BypassError => "bypass_error",
-            Self::BypassTimeout => "bypass_timeout",
-            Self::BypassBreakerOpen => "bypass_breaker_open",
-        }
-    }
-}
-
-/// What became of a receipt: the `result` label of `paynotify_receipts_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReceiptResult {
-    /// Stored in `notify_receipt`.
-    Written,
-    /// Not stored: the writer's queue was full, or the database was out of reach.
-    Dropped,
-    /// Not stored: an anonymous request over `receipts.anonymous_bytes_per_minute` or
-    /// `anonymous_per_peer_per_minute`, or the same body as one kept this minute.
-    Limited,
-    /// Not stored: the database refused this one receipt (the rest of its batch was stored).
-    Refused,
-}
-
-impl ReceiptResult {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Written => "written",
-            Self::Dropped => "dropped",
-            Self::Limited => "limited",
-            Self::Refused => "refused",
-        }
-    }
-}
-
-/// A started request: [`RequestTimer::observe`] records its latency under fixed labels.
-pub struct RequestTimer {
-    histogram: Histogram,
-    started: Instant,
-}
-
-impl RequestTimer {
-    pub fn observe(self) {
-        self.histogram.observe(self.started.elapsed().as_secs_f64());
-    }
-}
+pub use http::{ROUTE_UNMATCHED, RequestTimer, method_label};
+pub use notify::{Counted, GateResult, ReceiptResult, Refusal};
+pub use provider::{ExpiryResult, ProviderCall, RefreshResult};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -208,107 +88,6 @@ pub struct Metrics {
     pub bill_runs: IntCounterVec,
     /// Differences the bill reports found, by channel and item type (`MISSING_HERE`, …).
     pub bill_items: IntCounterVec,
-}
-
-/// What one download of a merchant's platform certificates came to (`result` label), or
-/// one certificate it carried that was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RefreshResult {
-    /// The answer verified; its good certificates are in use.
-    Ok,
-    /// No answer (connection refused, timeout, 5xx).
-    Unreachable,
-    /// The answer did not verify, or named a key neither known nor carried.
-    BadSignature,
-    /// A verified answer this client cannot use, or an error answer.
-    Unexpected,
-    /// One certificate of a verified answer failed a check (another APIv3 key, tampered,
-    /// its serial not the one listed, expired, not RSA): not used.
-    RefusedCertificate,
-}
-
-impl RefreshResult {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::Unreachable => "unreachable",
-            Self::BadSignature => "bad_signature",
-            Self::Unexpected => "unexpected",
-            Self::RefusedCertificate => "refused_certificate",
-        }
-    }
-}
-
-/// Which provider API call (`call` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProviderCall {
-    Query,
-    Close,
-    RefundQuery,
-    Refund,
-}
-
-impl ProviderCall {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Query => "query",
-            Self::Close => "close",
-            Self::RefundQuery => "refund_query",
-            Self::Refund => "refund",
-        }
-    }
-}
-
-/// What the expiry job did with one order (`result` label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExpiryResult {
-    /// Closed at every provider asked (or never created there), then here.
-    ClosedAtProvider,
-    /// No provider to ask: closed here, as before.
-    ClosedLocally,
-    /// A provider said it was paid: the payment was applied instead.
-    Paid,
-    /// A provider could not be reached: left unpaid, retried later.
-    Retried,
-    /// A provider could not be reached within `reconcile.close_grace_secs`: closed here anyway.
-    ClosedAfterGrace,
-    /// A provider had no trade for the order until `reconcile.close_grace_secs` past
-    /// `expire_at` (the trade was never created, and no longer can be): closed here.
-    ClosedNotFound,
-}
-
-impl ExpiryResult {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::ClosedAtProvider => "closed_at_provider",
-            Self::ClosedLocally => "closed_locally",
-            Self::Paid => "paid",
-            Self::Retried => "retried",
-            Self::ClosedAfterGrace => "closed_after_grace",
-            Self::ClosedNotFound => "closed_not_found",
-        }
-    }
-}
-
-/// The `route` label of a request that matched no registered route.
-pub const ROUTE_UNMATCHED: &str = "unmatched";
-
-/// The `method` label: one of the nine standard methods, else `other`. A made-up method
-/// (`FOO`, `get`, …) must never become a label value of its own.
-pub fn method_label(method: &actix_web::http::Method) -> &'static str {
-    use actix_web::http::Method;
-    match *method {
-        Method::GET => "GET",
-        Method::HEAD => "HEAD",
-        Method::POST => "POST",
-        Method::PUT => "PUT",
-        Method::DELETE => "DELETE",
-        Method::OPTIONS => "OPTIONS",
-        Method::PATCH => "PATCH",
-        Method::TRACE => "TRACE",
-        Method::CONNECT => "CONNECT",
-        _ => "other",
-    }
 }
 
 fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
@@ -556,140 +335,6 @@ impl Metrics {
         }
     }
 
-    /// Counts a verified notification (and, for an anomaly, its reason).
-    pub fn notified(&self, channel: ChannelId, counted: Counted) {
-        self.notifications
-            .with_label_values(&[channel.as_str(), counted.label()])
-            .inc();
-        if let Counted::Ledger(Outcome::Anomaly(reason)) = counted {
-            self.anomalies
-                .with_label_values(&[channel.as_str(), reason.as_str()])
-                .inc();
-        }
-    }
-
-    /// Counts `n` receipts written or dropped.
-    pub fn receipts(&self, result: ReceiptResult, n: usize) {
-        self.receipts
-            .with_label_values(&[result.label()])
-            .inc_by(n as u64);
-    }
-
-    /// Counts one call to a provider's API and its answer.
-    pub fn provider_call(&self, channel: ChannelId, call: ProviderCall, result: &'static str) {
-        self.provider_calls
-            .with_label_values(&[channel.as_str(), call.label(), result])
-            .inc();
-    }
-
-    /// Counts one download of platform certificates, or one certificate refused.
-    pub fn certificate_refreshed(&self, channel: ChannelId, result: RefreshResult) {
-        self.certificate_refresh
-            .with_label_values(&[channel.as_str(), result.label()])
-            .inc();
-    }
-
-    /// Counts one bill report by its status (`balanced`, `mismatched`, `unavailable`).
-    pub fn bill_run(&self, channel: ChannelId, result: &'static str) {
-        self.bill_runs
-            .with_label_values(&[channel.as_str(), result])
-            .inc();
-    }
-
-    /// Counts one difference a bill report found, by its type.
-    pub fn bill_item(&self, channel: ChannelId, kind: &'static str) {
-        self.bill_items
-            .with_label_values(&[channel.as_str(), kind])
-            .inc();
-    }
-
-    /// Counts a refund recorded and sent through `POST /orders/{no}/refunds`.
-    pub fn refund_started(&self, channel: &str) {
-        self.refunds_started.with_label_values(&[channel]).inc();
-    }
-
-    /// Counts a refund request's final status as its provider's answer brought it
-    /// (`success`, `closed`, `refused`).
-    pub fn refund_final(&self, channel: &str, result: &'static str) {
-        self.refunds_final
-            .with_label_values(&[channel, result])
-            .inc();
-    }
-
-    pub fn payment_recovered(&self, channel: ChannelId) {
-        self.payments_recovered
-            .with_label_values(&[channel.as_str()])
-            .inc();
-    }
-
-    pub fn expired(&self, result: ExpiryResult) {
-        self.expiry.with_label_values(&[result.label()]).inc();
-    }
-
-    /// Counts a notification refused before the ledger.
-    pub fn refused(&self, channel: ChannelId, why: Refusal) {
-        self.rejections
-            .with_label_values(&[channel.as_str(), why.label()])
-            .inc();
-    }
-
-    pub fn gate_result(&self, result: GateResult) {
-        self.gate_results(result, 1);
-    }
-
-    /// Counts `n` gate calls with the same result (one round trip carries many).
-    pub fn gate_results(&self, result: GateResult, n: u64) {
-        self.gate.with_label_values(&[result.label()]).inc_by(n);
-    }
-
-    /// Starts timing a request, labelled by its route pattern (or `unmatched`) and method
-    /// (a standard one, else `other`): never by anything the client chose.
-    pub fn time_request(&self, req: &ServiceRequest) -> RequestTimer {
-        let route = req.match_pattern();
-        let route = route.as_deref().unwrap_or(ROUTE_UNMATCHED);
-        RequestTimer {
-            histogram: self
-                .request_seconds
-                .with_label_values(&[route, method_label(req.method())]),
-            started: Instant::now(),
-        }
-    }
-
-    /// The outbox gauges, from what the database reported: messages pending and dead, and
-    /// how long the oldest pending one has waited.
-    pub fn outbox(&self, pending: i64, dead: i64, oldest_pending_secs: i64) {
-        self.relay_pending.set(pending);
-        self.relay_dead.set(dead);
-        self.relay_oldest_pending_seconds
-            .set(oldest_pending_secs.max(0));
-    }
-
-    /// The pool gauges: connections in use, idle, and callers waiting for one.
-    pub fn pool(&self, (in_use, idle, waiting): (usize, usize, usize)) {
-        for (label, value) in [("in_use", in_use), ("idle", idle), ("waiting", waiting)] {
-            self.db_pool
-                .with_label_values(&[label])
-                .set(i64::try_from(value).unwrap_or(i64::MAX));
-        }
-    }
-
-    /// Group apply since start-up (`Store::group_stats`): groups, the payments they carried,
-    /// and groups that failed as a whole.
-    pub fn groups(&self, groups: u64, payments: u64, failed: u64) {
-        // Two scrapes at once must not both add the same difference.
-        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _one = ONE_AT_A_TIME
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        for (counter, total) in [
-            (&self.ledger_groups, groups),
-            (&self.ledger_group_payments, payments),
-            (&self.ledger_group_failures, failed),
-        ] {
-            counter.inc_by(total.saturating_sub(counter.get()));
-        }
-    }
-
     /// The current value of one counter, for tests and logs.
     pub fn count(vec: &IntCounterVec, labels: &[&str]) -> u64 {
         vec.get_metric_with_label_values(labels)
@@ -714,21 +359,5 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use actix_web::http::Method;
-
-    #[test]
-    fn only_standard_methods_become_labels() {
-        assert_eq!(method_label(&Method::GET), "GET");
-        assert_eq!(method_label(&Method::POST), "POST");
-        for made_up in ["FOO", "get", "Post", "X-1", "PROPFIND"] {
-            let method = Method::from_bytes(made_up.as_bytes()).expect("a valid token");
-            assert_eq!(method_label(&method), "other", "{made_up}");
-        }
     }
 }
