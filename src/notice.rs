@@ -7,6 +7,7 @@ use std::fmt;
 use ring::digest::{SHA256, digest};
 use serde::Serialize;
 
+use crate::text::hex;
 use crate::time::Timestamp;
 
 /// The payment channel a notice came through; stored in `orders.channel` and the callback tables.
@@ -101,17 +102,6 @@ pub struct Notice {
 /// exactly when their digests are equal.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Digest(String);
-
-/// Lowercase hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        out.push(char::from(HEX[usize::from(byte >> 4)]));
-        out.push(char::from(HEX[usize::from(byte & 0xf)]));
-    }
-    out
-}
 
 impl Digest {
     pub fn as_str(&self) -> &str {

@@ -384,11 +384,7 @@ impl Trail for Explanation {
 
 /// The SHA-256 of `bytes`, lower-case hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, bytes)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::text::hex(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
 }
 
 /// Bytes shown on one line: text with `\n`, `\r`, `\t` and quotes escaped, other bytes

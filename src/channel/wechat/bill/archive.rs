@@ -18,12 +18,7 @@ pub(super) fn sha1_hex(mut input: impl Read) -> Result<String, BillError> {
         }
         context.update(&buffer[..n]);
     }
-    Ok(context
-        .finish()
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(crate::text::hex(context.finish().as_ref()))
 }
 
 /// The decompressed bytes of a gzip file, refused past `limit` (a gzip bomb).
