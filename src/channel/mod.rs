@@ -10,7 +10,7 @@
 
 use actix_web::http::header::HeaderMap;
 
-use crate::notice::{ChannelId, Notice};
+use crate::notice::{ChannelId, Digest, Notice};
 use crate::time::Timestamp;
 
 pub mod alipay;
@@ -491,6 +491,30 @@ pub struct Mounted {
     pub keys: Option<std::sync::Arc<dyn platform::KeySource>>,
     /// The provider's daily bills, when some merchant/app has API credentials.
     pub bills: Option<std::sync::Arc<dyn bill::BillSource>>,
+}
+
+/// A notice's business content as its provider defines it: the neutral content
+/// ([`Notice::content_digest`]) less what the provider leaves out (`alipay::content`).
+impl Notice {
+    /// The digest of the business content: two deliveries are the same exactly when their
+    /// digests are equal.
+    pub fn digest(&self) -> Digest {
+        let app_id = match self.channel {
+            ChannelId::Wechat => self.merchant.app_id.as_deref(),
+            ChannelId::Alipay => alipay::content::app_in_content(self),
+        };
+        self.content_digest(app_id)
+    }
+
+    /// Whether `seen`, the digest of a recorded delivery, is this notice's content (`digest`
+    /// is [`Notice::digest`], computed once by the caller), in its current or earlier form.
+    pub fn same_content(&self, digest: &Digest, seen: &str) -> bool {
+        let earlier = match self.channel {
+            ChannelId::Wechat => None,
+            ChannelId::Alipay => alipay::content::earlier_digest(self),
+        };
+        seen == digest.as_str() || earlier.is_some_and(|d| d.as_str() == seen)
+    }
 }
 
 /// The `reason` label a rejection is counted under.
