@@ -1,12 +1,25 @@
 //! The seam every payment provider plugs into: verify the raw request, decode it into a
 //! [`Notice`], and answer in the provider's own shape. The core never sees provider details.
 //!
-//! A provider is a folder here of one shape: `settings.rs` (its `[section]`), `wire.rs` (its
-//! request on the wire), `verify.rs` (the walk of its checks, over a [`Trail`], and its
-//! [`Channel`] impl), `explain.rs` (its [`Provider`] impl, the same walk recorded), `api.rs`
-//! (its query/close client) and `mod.rs` (key loading, notify routes with their
-//! OpenAPI description, and a `mount`). `crate::providers` lists them all; `docs/design.md`
-//! has the checklist for adding one.
+//! A provider is a folder here, with the same files in each:
+//! - `mod.rs`: the provider built from its settings (its keys loaded once, at start-up) and
+//!   its `mount`, which hands back a [`Mounted`]: its notify routes as data (each a
+//!   [`NotifyRoute`], a path and the channel that verifies what arrives there, all served by
+//!   `routes::notify`), its [`Provider`], its API client and its bill source. The routes'
+//!   OpenAPI text is doc-only `#[utoipa::path]` functions gathered in its `NotifyApi`.
+//! - `settings.rs`: its `[section]` and that section's validation.
+//! - `wire.rs`: its notification on the wire.
+//! - `verify.rs`: the walk of its checks, over a [`Trail`], and its [`Channel`] impl.
+//! - `explain.rs`: its [`Provider`] impl, the same walk recorded.
+//! - `api.rs`: its outbound calls, an [`api::ProviderClient`] and so an [`api::ProviderApi`]
+//!   (query, close, refund, refund query), each answer verified before it counts.
+//! - `bill/`: its daily bill, a [`bill::BillSource`]: `fetch.rs`, `archive.rs`, `read.rs`,
+//!   `checks.rs`, with this folder's `bill.rs` for what every provider's bill shares.
+//!
+//! Besides, what one provider alone has: WeChat's `certificates.rs` (its platform
+//! certificates, a [`platform::KeySource`]); Alipay's `cert_sn.rs` (certificate mode) and
+//! `content.rs` (what its notices' content leaves out). `crate::providers` lists them all;
+//! `docs/design.md` has the checklist for adding one.
 
 use actix_web::http::header::HeaderMap;
 
