@@ -97,12 +97,7 @@ fn write_bill() -> (File, String, u64) {
     let Hashing { out, sha1, bytes } = w;
     let mut file = out.finish().expect("gzip").into_inner().expect("flush");
     file.rewind().expect("rewind");
-    let hash = sha1
-        .finish()
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hash = paynotify::text::hex(sha1.finish().as_ref());
     (file, hash, bytes)
 }
 

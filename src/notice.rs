@@ -7,6 +7,7 @@ use std::fmt;
 use ring::digest::{SHA256, digest};
 use serde::Serialize;
 
+use crate::text::hex;
 use crate::time::Timestamp;
 
 /// The payment channel a notice came through; stored in `orders.channel` and the callback tables.
@@ -102,17 +103,6 @@ pub struct Notice {
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Digest(String);
 
-/// Lowercase hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        out.push(char::from(HEX[usize::from(byte >> 4)]));
-        out.push(char::from(HEX[usize::from(byte & 0xf)]));
-    }
-    out
-}
-
 impl Digest {
     pub fn as_str(&self) -> &str {
         &self.0
@@ -201,39 +191,14 @@ impl Notice {
         Ok(())
     }
 
-    /// The business content as interface.md defines it. Timestamps, nonces, `notify_id`,
-    /// field order, re-encryption and `TRADE_SUCCESS` → `TRADE_FINISHED` are not part of it.
-    /// Fields are hashed as a JSON array so no separator can be smuggled inside a value.
+    /// The digest of the business content as interface.md defines it, with `app_id` as the
+    /// payment's app. Timestamps, nonces, `notify_id`, field order, re-encryption and
+    /// `TRADE_SUCCESS` → `TRADE_FINISHED` are not part of it. Fields are hashed as a JSON
+    /// array so no separator can be smuggled inside a value.
     ///
-    /// An Alipay payment's app is not part of it: a trade belongs to the seller whichever of
-    /// its apps the buyer paid through, and `alipay.trade.query` answers name no app, so a
-    /// payment recovered through one app is the same content as another app's notification.
-    pub fn digest(&self) -> Digest {
-        let app_id = match (self.channel, &self.kind) {
-            (ChannelId::Alipay, NoticeKind::Paid) => None,
-            _ => self.merchant.app_id.as_deref(),
-        };
-        self.digest_naming(app_id)
-    }
-
-    /// The digest an Alipay payment was recorded under before its app was left out of the
-    /// content; `None` for every other notice.
-    fn earlier_digest(&self) -> Option<Digest> {
-        match (self.channel, &self.kind, &self.merchant.app_id) {
-            (ChannelId::Alipay, NoticeKind::Paid, Some(app_id)) => {
-                Some(self.digest_naming(Some(app_id)))
-            }
-            _ => None,
-        }
-    }
-
-    /// Whether `seen`, the digest of a recorded delivery, is this notice's content (`digest`
-    /// is [`Notice::digest`], computed once by the caller), in its current or earlier form.
-    pub fn same_content(&self, digest: &Digest, seen: &str) -> bool {
-        seen == digest.as_str() || self.earlier_digest().is_some_and(|d| d.as_str() == seen)
-    }
-
-    fn digest_naming(&self, app_id: Option<&str>) -> Digest {
+    /// Which app a provider's content names, and so [`Notice::digest`] and
+    /// [`Notice::same_content`], is the provider's rule: see `crate::channel`.
+    pub fn content_digest(&self, app_id: Option<&str>) -> Digest {
         let content = match &self.kind {
             NoticeKind::Refunded(r) => {
                 let (rule, fen) = match r.amount {
@@ -395,37 +360,6 @@ mod tests {
             change(&mut n);
             assert_ne!(base.digest(), n.digest(), "{n:?}");
         }
-    }
-
-    #[test]
-    fn an_alipay_payment_is_the_same_content_through_any_app_of_its_seller() {
-        let through = |app: Option<&str>| {
-            let mut n = paid();
-            n.channel = ChannelId::Alipay;
-            n.merchant = MerchantIds {
-                merchant_id: "2088000000000001".into(),
-                app_id: app.map(str::to_owned),
-            };
-            n
-        };
-        let (a, b) = (
-            through(Some("2021000000000001")),
-            through(Some("2021000000000003")),
-        );
-        assert_eq!(a.digest(), b.digest());
-        assert_eq!(a.digest(), through(None).digest());
-        // Rows recorded before name the app; a repeat of that delivery is still the same.
-        let recorded = a.digest_naming(Some("2021000000000001"));
-        assert_ne!(recorded, a.digest());
-        assert!(a.same_content(&a.digest(), recorded.as_str()));
-        assert!(!b.same_content(&b.digest(), recorded.as_str()));
-        // The seller still counts, and a WeChat payment's appid does too.
-        let mut other_seller = through(Some("2021000000000001"));
-        other_seller.merchant.merchant_id.push('9');
-        assert_ne!(a.digest(), other_seller.digest());
-        let mut wechat = paid();
-        wechat.merchant.app_id = Some("wx2".into());
-        assert_ne!(paid().digest(), wechat.digest());
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Text from outside made storable: control characters written out as visible escapes.
+//! Text from outside made storable: control characters written out as visible escapes. And
+//! bytes written as text: [`hex`], the one hex encoder of the crate.
 //!
 //! PostgreSQL refuses a NUL in `text` and `\u0000` in `jsonb`, so one NUL in a value a
 //! request carried failed the whole statement (and, for receipts, the whole batch). Every
@@ -33,6 +34,18 @@ pub fn storable(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Lower-case hex of `bytes` (digests, signatures, serials: upper-case is
+/// `hex(…).to_ascii_uppercase()`).
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+    }
+    out
+}
+
 /// [`storable`] in place.
 pub fn make_storable(text: &mut String) {
     if let Cow::Owned(escaped) = storable(text) {
@@ -43,6 +56,12 @@ pub fn make_storable(text: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_is_two_lower_case_digits_a_byte() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        assert_eq!(hex(&[]), "");
+    }
 
     #[test]
     fn control_characters_are_written_out_and_other_text_is_untouched() {

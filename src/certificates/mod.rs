@@ -339,29 +339,18 @@ trait KeyedAnswer {
     fn names_unknown_key(&self) -> bool;
 }
 
-impl KeyedAnswer for TradeAnswer {
-    fn names_unknown_key(&self) -> bool {
-        matches!(self, Self::Failed(Failure::UnknownKey(_)))
-    }
+/// Every provider answer fails with a [`Failure`] the same way, `Failed(…)`.
+macro_rules! keyed_answer {
+    ($($answer:ty),+) => {$(
+        impl KeyedAnswer for $answer {
+            fn names_unknown_key(&self) -> bool {
+                matches!(self, Self::Failed(Failure::UnknownKey(_)))
+            }
+        }
+    )+};
 }
 
-impl KeyedAnswer for CloseAnswer {
-    fn names_unknown_key(&self) -> bool {
-        matches!(self, Self::Failed(Failure::UnknownKey(_)))
-    }
-}
-
-impl KeyedAnswer for RefundReply {
-    fn names_unknown_key(&self) -> bool {
-        matches!(self, Self::Failed(Failure::UnknownKey(_)))
-    }
-}
-
-impl KeyedAnswer for RefundAnswer {
-    fn names_unknown_key(&self) -> bool {
-        matches!(self, Self::Failed(Failure::UnknownKey(_)))
-    }
-}
+keyed_answer!(TradeAnswer, CloseAnswer, RefundReply, RefundAnswer);
 
 impl Relearning {
     /// `call`, and once more after a refresh when its answer names an unknown key.

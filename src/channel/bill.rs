@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use chrono::NaiveDate;
+use chrono::{FixedOffset, NaiveDate, NaiveDateTime, TimeZone};
 use serde::Serialize;
 
 use super::api::{ApiFuture, Failure, Plumbing};
@@ -95,6 +95,88 @@ pub fn round_milli_fen(milli: i64) -> i64 {
     } else {
         whole
     }
+}
+
+/// A signed amount of yuan with at most five decimals (a fee: WeChat states its fees to
+/// 0.00001 yuan, and Alipay may), in thousandths of a fen, and the number of decimals it was
+/// stated with.
+pub fn yuan_to_milli_fen(text: &str) -> Option<(i64, usize)> {
+    let (negative, digits) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (whole, fraction) = match digits.split_once('.') {
+        Some((whole, fraction)) if !fraction.is_empty() => (whole, fraction),
+        Some(_) => return None,
+        None => (digits, ""),
+    };
+    let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !all_digits(whole) || !(fraction.is_empty() || all_digits(fraction)) || fraction.len() > 5 {
+        return None;
+    }
+    let whole: i64 = whole.parse().ok()?;
+    let mut padded = fraction.to_owned();
+    padded.extend(std::iter::repeat_n('0', 5 - fraction.len()));
+    let milli = whole
+        .checked_mul(100_000)?
+        .checked_add(padded.parse().ok()?)?;
+    Some((if negative { -milli } else { milli }, fraction.len()))
+}
+
+/// Thousandths of a fen as yuan with five decimals, as a summary error shows a fee total.
+pub fn milli_fen_to_yuan(milli: i64) -> String {
+    let sign = if milli < 0 { "-" } else { "" };
+    format!(
+        "{sign}{}.{:05}",
+        milli.abs() / 100_000,
+        milli.abs() % 100_000
+    )
+}
+
+/// A bill row's time, `yyyy-MM-dd HH:mm:ss` in Beijing time, as both providers state it
+/// (WeChat 交易时间, Alipay 完成时间).
+pub fn beijing_time(text: &str) -> Option<Timestamp> {
+    let local = NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S").ok()?;
+    let at = FixedOffset::east_opt(8 * 3600)?
+        .from_local_datetime(&local)
+        .single()?;
+    Some(Timestamp::new(at.with_timezone(&chrono::Utc)))
+}
+
+/// Why a header does not name a bill's columns exactly, for the provider to put in words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Misfit<'h> {
+    /// A column that is not one of the bill's.
+    Unknown(&'h str),
+    /// A column named twice.
+    Twice(&'h str),
+    /// A column of the bill's that the header lacks.
+    Missing(&'static str),
+}
+
+/// Where each of `names` is in a header (its column names in order, each perhaps refused
+/// as it is read): every one present once, and nothing else, so that a bill of another
+/// shape is never read by position. `misfit` puts a header that does not fit in words.
+pub fn positions<'h, const N: usize>(
+    names: &[&'static str; N],
+    header: impl IntoIterator<Item = Result<&'h str, BillError>>,
+    misfit: impl FnOnce(Misfit<'h>) -> BillError,
+) -> Result<[usize; N], BillError> {
+    let mut index = [usize::MAX; N];
+    for (at, name) in header.into_iter().enumerate() {
+        let name = name?;
+        let Some(known) = names.iter().position(|n| *n == name) else {
+            return Err(misfit(Misfit::Unknown(name)));
+        };
+        if index[known] != usize::MAX {
+            return Err(misfit(Misfit::Twice(name)));
+        }
+        index[known] = at;
+    }
+    if let Some(missing) = index.iter().position(|i| *i == usize::MAX) {
+        return Err(misfit(Misfit::Missing(names[missing])));
+    }
+    Ok(index)
 }
 
 /// What vouches for a bill file's content, besides its own summary agreeing with its rows.
@@ -366,6 +448,18 @@ mod tests {
                 "line 2 is longer than {MAX_LINE_BYTES} bytes"
             )))
         );
+    }
+
+    #[test]
+    fn fees_keep_thousandths_of_a_fen() {
+        assert_eq!(yuan_to_milli_fen("0.60"), Some((60_000, 2)));
+        assert_eq!(yuan_to_milli_fen("-29.27000"), Some((-2_927_000, 5)));
+        assert_eq!(yuan_to_milli_fen("0.00001"), Some((1, 5)));
+        assert_eq!(yuan_to_milli_fen("7"), Some((700_000, 0)));
+        assert_eq!(yuan_to_milli_fen("0.000001"), None);
+        assert_eq!(yuan_to_milli_fen("--1"), None);
+        assert_eq!(yuan_to_milli_fen("1."), None);
+        assert_eq!(milli_fen_to_yuan(-42_006), "-0.42006");
     }
 
     #[test]

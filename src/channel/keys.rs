@@ -130,13 +130,9 @@ pub fn parse_certificate(pem: &str) -> Result<ParsedCertificate, String> {
             .map(Timestamp::new)
             .ok_or_else(|| format!("validity time {seconds} out of range"))
     };
-    let serial: String = tbs
-        .serial_number()
-        .as_bytes()
-        .iter()
-        .skip_while(|b| **b == 0)
-        .map(|b| format!("{b:02X}"))
-        .collect();
+    let serial = tbs.serial_number().as_bytes();
+    let significant = serial.iter().position(|b| *b != 0).unwrap_or(serial.len());
+    let serial = crate::text::hex(&serial[significant..]).to_ascii_uppercase();
     let spki = tbs
         .subject_public_key_info()
         .to_der()

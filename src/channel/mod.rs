@@ -1,16 +1,29 @@
 //! The seam every payment provider plugs into: verify the raw request, decode it into a
 //! [`Notice`], and answer in the provider's own shape. The core never sees provider details.
 //!
-//! A provider is a folder here of one shape: `settings.rs` (its `[section]`), `wire.rs` (its
-//! request on the wire), `verify.rs` (the walk of its checks, over a [`Trail`], and its
-//! [`Channel`] impl), `explain.rs` (its [`Provider`] impl, the same walk recorded), `api.rs`
-//! (its query/close client) and `mod.rs` (key loading, notify routes with their
-//! OpenAPI description, and a `mount`). `crate::providers` lists them all; `docs/design.md`
-//! has the checklist for adding one.
+//! A provider is a folder here, with the same files in each:
+//! - `mod.rs`: the provider built from its settings (its keys loaded once, at start-up) and
+//!   its `mount`, which hands back a [`Mounted`]: its notify routes as data (each a
+//!   [`NotifyRoute`], a path and the channel that verifies what arrives there, all served by
+//!   `routes::notify`), its [`Provider`], its API client and its bill source. The routes'
+//!   OpenAPI text is doc-only `#[utoipa::path]` functions gathered in its `NotifyApi`.
+//! - `settings.rs`: its `[section]` and that section's validation.
+//! - `wire.rs`: its notification on the wire.
+//! - `verify.rs`: the walk of its checks, over a [`Trail`], and its [`Channel`] impl.
+//! - `explain.rs`: its [`Provider`] impl, the same walk recorded.
+//! - `api.rs`: its outbound calls, an [`api::ProviderClient`] and so an [`api::ProviderApi`]
+//!   (query, close, refund, refund query), each answer verified before it counts.
+//! - `bill/`: its daily bill, a [`bill::BillSource`]: `fetch.rs`, `archive.rs`, `read.rs`,
+//!   `checks.rs`, with this folder's `bill.rs` for what every provider's bill shares.
+//!
+//! Besides, what one provider alone has: WeChat's `certificates.rs` (its platform
+//! certificates, a [`platform::KeySource`]); Alipay's `cert_sn.rs` (certificate mode) and
+//! `content.rs` (what its notices' content leaves out). `crate::providers` lists them all;
+//! `docs/design.md` has the checklist for adding one.
 
 use actix_web::http::header::HeaderMap;
 
-use crate::notice::{ChannelId, Notice};
+use crate::notice::{ChannelId, Digest, Notice};
 use crate::time::Timestamp;
 
 pub mod alipay;
@@ -384,11 +397,7 @@ impl Trail for Explanation {
 
 /// The SHA-256 of `bytes`, lower-case hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, bytes)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::text::hex(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
 }
 
 /// Bytes shown on one line: text with `\n`, `\r`, `\t` and quotes escaped, other bytes
@@ -495,6 +504,30 @@ pub struct Mounted {
     pub keys: Option<std::sync::Arc<dyn platform::KeySource>>,
     /// The provider's daily bills, when some merchant/app has API credentials.
     pub bills: Option<std::sync::Arc<dyn bill::BillSource>>,
+}
+
+/// A notice's business content as its provider defines it: the neutral content
+/// ([`Notice::content_digest`]) less what the provider leaves out (`alipay::content`).
+impl Notice {
+    /// The digest of the business content: two deliveries are the same exactly when their
+    /// digests are equal.
+    pub fn digest(&self) -> Digest {
+        let app_id = match self.channel {
+            ChannelId::Wechat => self.merchant.app_id.as_deref(),
+            ChannelId::Alipay => alipay::content::app_in_content(self),
+        };
+        self.content_digest(app_id)
+    }
+
+    /// Whether `seen`, the digest of a recorded delivery, is this notice's content (`digest`
+    /// is [`Notice::digest`], computed once by the caller), in its current or earlier form.
+    pub fn same_content(&self, digest: &Digest, seen: &str) -> bool {
+        let earlier = match self.channel {
+            ChannelId::Wechat => None,
+            ChannelId::Alipay => alipay::content::earlier_digest(self),
+        };
+        seen == digest.as_str() || earlier.is_some_and(|d| d.as_str() == seen)
+    }
 }
 
 /// The `reason` label a rejection is counted under.

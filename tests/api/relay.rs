@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use paynotify::config::Secret;
 use paynotify::jobs::purge;
-use paynotify::notice::hex;
 use paynotify::notice::{AnomalyReason, Outcome};
 use paynotify::relay::sink::{Event, Published, Sink, SinkError};
 use paynotify::relay::sinks::{HttpSink, RedisStreamSink};
 use paynotify::relay::{LEASE_SECS, Relay};
+use paynotify::text::hex;
 use paynotify::time::{Clock, Timestamp};
 use tokio::sync::Notify;
 

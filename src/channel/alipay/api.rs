@@ -124,7 +124,7 @@ impl Account for ApiApp {
 
 /// The Alipay OpenAPI client (`alipay.trade.query`, `alipay.trade.close`,
 /// `alipay.trade.refund`, `alipay.trade.fastpay.refund.query`, the bill's download URL:
-/// `bill.rs`) for every app with an app private key. Requests are
+/// `bill/fetch.rs`) for every app with an app private key. Requests are
 /// signed RSA2 with it; answers are verified over the exact bytes of their `…_response` value
 /// with the app's Alipay public key, the one notifications are verified with.
 pub struct AlipayApi {

@@ -13,10 +13,7 @@ pub fn alipay_cert_sn(cert: &x509_cert::Certificate) -> String {
     let tbs = cert.tbs_certificate();
     let mut text = java_rfc2253(tbs.issuer());
     text.push_str(&signed_decimal(tbs.serial_number().as_bytes()));
-    Md5::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::text::hex(&Md5::digest(text.as_bytes()))
 }
 
 /// `alipay_root_cert_sn`: the SNs of the certificates in `alipayRootCert.crt` signed with an
@@ -81,8 +78,7 @@ pub fn java_rfc2253(name: &x509_cert::name::Name) -> String {
             (Some(k), Some(text)) => format!("{k}={}", java_escape(&text)),
             (k, _) => {
                 let der = value.to_der().unwrap_or_default();
-                let hex: String = der.iter().map(|b| format!("{b:02x}")).collect();
-                format!("{}=#{hex}", k.unwrap_or(&oid))
+                format!("{}=#{}", k.unwrap_or(&oid), crate::text::hex(&der))
             }
         }
     };

@@ -28,6 +28,7 @@ use wire::{Form, read_fields};
 mod api;
 pub mod bill;
 pub mod cert_sn;
+pub mod content;
 mod explain;
 pub mod settings;
 mod verify;

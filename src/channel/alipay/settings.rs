@@ -38,7 +38,7 @@ pub struct AlipayApp {
     pub alipay_public_key_file: Option<PathBuf>,
     pub alipay_cert_file: Option<PathBuf>,
     /// The app private key. With it, this app's unpaid orders are queried and closed at
-    /// Alipay (src/reconcile).
+    /// Alipay (`crate::reconcile`).
     #[serde(default)]
     pub app_private_key_file: Option<PathBuf>,
     /// Certificate mode with API credentials: the app's public-key certificate

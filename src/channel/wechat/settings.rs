@@ -26,7 +26,7 @@ pub struct WechatMerchant {
     #[serde(default)]
     pub platform_keys: Vec<PlatformKey>,
     /// The merchant API private key (`apiclient_key.pem`). With `merchant_serial`, this
-    /// merchant's unpaid orders are queried and closed at WeChat Pay (src/reconcile).
+    /// merchant's unpaid orders are queried and closed at WeChat Pay (`crate::reconcile`).
     #[serde(default)]
     pub private_key_file: Option<PathBuf>,
     /// The serial number of the merchant API certificate that goes with `private_key_file`.

@@ -8,8 +8,8 @@ use ring::hmac;
 
 use crate::config::{ConfigError, Secret, invalid};
 use crate::https::{ClientSettings, client_builder};
-use crate::notice::hex;
 use crate::relay::sink::{Event, Health, Published, Sink, SinkError};
+use crate::text::hex;
 
 /// `POST {url}` with the event as JSON, `Idempotency-Key: {topic}:{biz_key}` and
 /// `Paynotify-Signature: t={unix},v1={hex HMAC-SHA256(secret, "{t}.{body}")}`.

@@ -440,7 +440,7 @@ fn migrations_digest() -> String {
         context.update(relative.to_string_lossy().as_bytes());
         context.update(&std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())));
     }
-    paynotify::notice::hex(&context.finish().as_ref()[..8])
+    paynotify::text::hex(&context.finish().as_ref()[..8])
 }
 
 /// The name of a database holding exactly the PostgreSQL migrations, which each test

@@ -201,7 +201,7 @@ pub fn gzip(bytes: &[u8]) -> Vec<u8> {
 
 pub fn sha1_hex(bytes: &[u8]) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, bytes);
-    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    paynotify::text::hex(digest.as_ref())
 }
 
 fn query(req: &HttpRequest) -> HashMap<String, String> {

@@ -1,6 +1,13 @@
 use std::io::Write;
 
+use super::archive::sha1_hex;
+use super::fetch::same_origin;
+use super::read::{
+    APPLIED_REFUND, COUPON_REFUND, CURRENCY, FEE, MCHID_COLUMN, ORDER, OUT_REFUND_NO, OUT_TRADE_NO,
+    REFUND, REFUND_STATUS, SETTLEMENT, TIME, TRADE_STATE, TRANSACTION_ID,
+};
 use super::*;
+use crate::channel::bill::LineKind;
 
 const MCHID: &str = "1900000001";
 
