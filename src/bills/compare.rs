@@ -3,7 +3,6 @@
 //! bill, or raised.
 
 use chrono::NaiveDate;
-use serde_json::json;
 
 use super::Bills;
 use super::read::Got;
@@ -12,7 +11,7 @@ use super::store::{BillSide, OursOnly, PendingElsewhere, Scope};
 use crate::channel::api::{RefundAnswer, TradeAnswer};
 use crate::channel::bill::{BillTotals, LineKind};
 use crate::notice::{ChannelId, Notice, Outcome};
-use crate::outbox::{Message, Topic};
+use crate::outbox::Message;
 use crate::store::StoreError;
 use crate::time::Timestamp;
 
@@ -442,23 +441,7 @@ impl Bills {
         if !item.kind.raised() {
             return Ok(());
         }
-        let message = Message {
-            topic: Topic::PaymentAnomaly,
-            biz_key: mismatch_key(item, channel, date),
-            payload: json!({
-                "order_no": item.out_trade_no,
-                "channel": channel,
-                "reason": crate::notice::AnomalyReason::BillMismatch,
-                "bill_date": date,
-                "account": account,
-                "type": item.kind,
-                "out_refund_no": item.out_refund_no,
-                "transaction_id": item.transaction_id,
-                "provider": item.provider,
-                "ours": item.ours,
-                "resolution": Resolution::Open,
-            }),
-        };
+        let message = Message::bill_mismatch(date, channel, account, item);
         if self.store.raise_once(&message, self.clock.now()).await? {
             self.metrics
                 .anomalies
@@ -480,42 +463,17 @@ impl Bills {
         if !item.kind.raised() {
             return Ok(());
         }
-        let message = Message {
-            topic: Topic::PaymentAnomaly,
-            biz_key: format!("{}:settled", mismatch_key(item, by.channel, &settled.date)),
-            payload: json!({
-                "order_no": item.out_trade_no,
-                "channel": by.channel,
-                "reason": crate::notice::AnomalyReason::BillMismatchSettled,
-                "bill_date": settled.date,
-                "account": settled.account,
-                "type": item.kind,
-                "out_refund_no": item.out_refund_no,
-                "transaction_id": item.transaction_id,
-                "provider": item.provider,
-                "ours": item.ours,
-                "resolution": Resolution::Settled,
-                "settled_by": {"bill_date": by.date, "account": by.account},
-            }),
-        };
+        let message = Message::bill_mismatch_settled(
+            &settled.date,
+            by.channel,
+            &settled.account,
+            item,
+            by.date,
+            by.account,
+        );
         if self.store.raise_once(&message, self.clock.now()).await? {
             tracing::info!(order_no = %item.out_trade_no, channel = %by.channel, date = %settled.date, by = by.date, "a bill difference raised before is in another day's bill: settled");
         }
         Ok(())
     }
-}
-
-/// The biz_key of an item's `BILL_MISMATCH` event: its order, channel, bill date, type and
-/// refund number (a `BILL_MISMATCH_SETTLED` event adds `:settled`).
-fn mismatch_key(item: &Item, channel: ChannelId, date: &str) -> String {
-    let refund = item
-        .out_refund_no
-        .as_deref()
-        .map(|r| format!(":{r}"))
-        .unwrap_or_default();
-    format!(
-        "{}:{channel}:bill:{date}:{}{refund}",
-        item.out_trade_no,
-        item.kind.as_str()
-    )
 }
