@@ -3,7 +3,8 @@
 
 use serde_json::json;
 
-use crate::notice::{AnomalyReason, Notice, Refund, RefundAmount};
+use crate::bills::report::{Item, Resolution};
+use crate::notice::{AnomalyReason, ChannelId, Notice, Refund, RefundAmount};
 use crate::order::Order;
 use crate::time::Timestamp;
 
@@ -132,5 +133,165 @@ impl Message {
                 "order_channel": order.channel,
             }),
         }
+    }
+
+    /// A difference a bill run left open (`account`'s bill of `date`): `PAYMENT_ANOMALY`,
+    /// reason `BILL_MISMATCH`, once per item.
+    pub fn bill_mismatch(date: &str, channel: ChannelId, account: &str, item: &Item) -> Self {
+        Self {
+            topic: Topic::PaymentAnomaly,
+            biz_key: mismatch_key(item, channel, date),
+            payload: json!({
+                "order_no": item.out_trade_no,
+                "channel": channel,
+                "reason": AnomalyReason::BillMismatch,
+                "bill_date": date,
+                "account": account,
+                "type": item.kind,
+                "out_refund_no": item.out_refund_no,
+                "transaction_id": item.transaction_id,
+                "provider": item.provider,
+                "ours": item.ours,
+                "resolution": Resolution::Open,
+            }),
+        }
+    }
+
+    /// What follows an item's `BILL_MISMATCH` (of `account`'s bill of `date`) once a later
+    /// run found it explained, settled by `by_account`'s bill of `by_date`: `PAYMENT_ANOMALY`,
+    /// reason `BILL_MISMATCH_SETTLED`, its biz_key the first one's and `:settled`.
+    pub fn bill_mismatch_settled(
+        date: &str,
+        channel: ChannelId,
+        account: &str,
+        item: &Item,
+        by_date: &str,
+        by_account: &str,
+    ) -> Self {
+        Self {
+            topic: Topic::PaymentAnomaly,
+            biz_key: format!("{}:settled", mismatch_key(item, channel, date)),
+            payload: json!({
+                "order_no": item.out_trade_no,
+                "channel": channel,
+                "reason": AnomalyReason::BillMismatchSettled,
+                "bill_date": date,
+                "account": account,
+                "type": item.kind,
+                "out_refund_no": item.out_refund_no,
+                "transaction_id": item.transaction_id,
+                "provider": item.provider,
+                "ours": item.ours,
+                "resolution": Resolution::Settled,
+                "settled_by": {"bill_date": by_date, "account": by_account},
+            }),
+        }
+    }
+}
+
+/// The biz_key of an item's `BILL_MISMATCH` event: its order, channel, bill date, type and
+/// refund number (a `BILL_MISMATCH_SETTLED` event adds `:settled`).
+fn mismatch_key(item: &Item, channel: ChannelId, date: &str) -> String {
+    let refund = item
+        .out_refund_no
+        .as_deref()
+        .map(|r| format!(":{r}"))
+        .unwrap_or_default();
+    format!(
+        "{}:{channel}:bill:{date}:{}{refund}",
+        item.out_trade_no,
+        item.kind.as_str()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bills::report::{ItemType, Side};
+
+    fn refund_item() -> Item {
+        Item {
+            kind: ItemType::RefundAmountMismatch,
+            out_trade_no: "A1".into(),
+            out_refund_no: Some("R1".into()),
+            transaction_id: Some("T1".into()),
+            provider: Some(Side {
+                status: "SUCCESS".into(),
+                amount_fen: 100,
+            }),
+            ours: Some(Side {
+                status: "SUCCESS".into(),
+                amount_fen: 90,
+            }),
+            resolution: Resolution::Open,
+        }
+    }
+
+    #[test]
+    fn a_bill_mismatch_names_the_bill_and_both_sides() {
+        let m = Message::bill_mismatch(
+            "2026-11-30",
+            ChannelId::Wechat,
+            "1900000001",
+            &refund_item(),
+        );
+        assert_eq!(m.topic, Topic::PaymentAnomaly);
+        assert_eq!(
+            m.biz_key,
+            "A1:wechat:bill:2026-11-30:REFUND_AMOUNT_MISMATCH:R1"
+        );
+        assert_eq!(
+            m.payload,
+            json!({
+                "order_no": "A1",
+                "channel": "wechat",
+                "reason": "BILL_MISMATCH",
+                "bill_date": "2026-11-30",
+                "account": "1900000001",
+                "type": "REFUND_AMOUNT_MISMATCH",
+                "out_refund_no": "R1",
+                "transaction_id": "T1",
+                "provider": {"status": "SUCCESS", "amount_fen": 100},
+                "ours": {"status": "SUCCESS", "amount_fen": 90},
+                "resolution": "open",
+            })
+        );
+    }
+
+    #[test]
+    fn a_settled_bill_mismatch_follows_the_first_event() {
+        let mut item = refund_item();
+        item.kind = ItemType::MissingAtProvider;
+        item.out_refund_no = None;
+        let m = Message::bill_mismatch_settled(
+            "2026-11-30",
+            ChannelId::Alipay,
+            "2021000000000001",
+            &item,
+            "2026-12-01",
+            "2021000000000002",
+        );
+        assert_eq!(m.topic, Topic::PaymentAnomaly);
+        assert_eq!(
+            m.biz_key,
+            "A1:alipay:bill:2026-11-30:MISSING_AT_PROVIDER:settled"
+        );
+        assert_eq!(
+            m.payload,
+            json!({
+                "order_no": "A1",
+                "channel": "alipay",
+                "reason": "BILL_MISMATCH_SETTLED",
+                "bill_date": "2026-11-30",
+                "account": "2021000000000001",
+                "type": "MISSING_AT_PROVIDER",
+                "out_refund_no": null,
+                "transaction_id": "T1",
+                "provider": {"status": "SUCCESS", "amount_fen": 100},
+                "ours": {"status": "SUCCESS", "amount_fen": 90},
+                "resolution": "settled",
+                "settled_by": {"bill_date": "2026-12-01", "account": "2021000000000002"},
+            })
+        );
     }
 }
