@@ -264,7 +264,9 @@ fn nothing_outside_the_http_room_and_start_up_imports_routes() {
     let importers: Vec<String> = edges(&files)
         .into_iter()
         .filter(|(module, to)| {
-            let inside = module.first().is_some_and(|m| m == "routes" || m == "startup");
+            let inside = module
+                .first()
+                .is_some_and(|m| m == "routes" || m == "startup");
             !inside && to.iter().any(|t| t.first() == Some(&routes[0]))
         })
         .map(|(module, _)| files[&module].display().to_string())
