@@ -168,24 +168,12 @@ impl Message {
         by_date: &str,
         by_account: &str,
     ) -> Self {
-        Self {
-            topic: Topic::PaymentAnomaly,
-            biz_key: format!("{}:settled", mismatch_key(item, channel, date)),
-            payload: json!({
-                "order_no": item.out_trade_no,
-                "channel": channel,
-                "reason": AnomalyReason::BillMismatchSettled,
-                "bill_date": date,
-                "account": account,
-                "type": item.kind,
-                "out_refund_no": item.out_refund_no,
-                "transaction_id": item.transaction_id,
-                "provider": item.provider,
-                "ours": item.ours,
-                "resolution": Resolution::Settled,
-                "settled_by": {"bill_date": by_date, "account": by_account},
-            }),
-        }
+        let mut message = Self::bill_mismatch(date, channel, account, item);
+        message.biz_key.push_str(":settled");
+        message.payload["reason"] = json!(AnomalyReason::BillMismatchSettled);
+        message.payload["resolution"] = json!(Resolution::Settled);
+        message.payload["settled_by"] = json!({"bill_date": by_date, "account": by_account});
+        message
     }
 }
 

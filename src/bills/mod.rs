@@ -4,13 +4,14 @@
 //!
 //! A run of (bill date, channel) holds a lease (`bill_run`), so one instance does it. Each
 //! account's bill is fetched and checked by its provider ([`BillSource`]), streamed into
-//! `bill_line`, and compared with set-based SQL (`store.rs`); only the differences come
-//! back. **The bill is evidence, never a payment**: a payment the bill has and the ledger
-//! lacks is asked about at the provider, and only its signed answer goes through the ledger
-//! (one `ORDER_PAID`; the notification that comes later is a duplicate). What the ledger has
-//! and the bill does not, or has with another amount, is raised once as a `PAYMENT_ANOMALY`
-//! (`BILL_MISMATCH`). A difference near midnight that the other side dates to the next day is
-//! `pending`, and compared again by the runs of the next `bills.settle_days` days.
+//! `bill_line`, and compared with set-based SQL (`store/comparison.rs`); only the
+//! differences come back. **The bill is evidence, never a payment**: a payment the bill has
+//! and the ledger lacks is asked about at the provider, and only its signed answer goes
+//! through the ledger (one `ORDER_PAID`; the notification that comes later is a duplicate).
+//! What the ledger has and the bill does not, or has with another amount, is raised once as
+//! a `PAYMENT_ANOMALY` (`BILL_MISMATCH`). A difference near midnight that the other side
+//! dates to the next day is `pending`, and compared again by the runs of the next
+//! `bills.settle_days` days.
 
 pub mod compare;
 pub mod read;

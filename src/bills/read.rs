@@ -5,7 +5,6 @@ use chrono::NaiveDate;
 
 use super::Bills;
 use super::store::MAX_ID;
-use crate::certificates::Learned;
 use crate::channel::api::Failure;
 use crate::channel::bill::{BillError, BillLine, BillSource, BillTotals, Fetched, LineKind};
 use crate::store::StoreError;
@@ -33,20 +32,16 @@ impl Bills {
         date: NaiveDate,
         day: &str,
     ) -> Result<Got, StoreError> {
-        let mut fetched = source
-            .fetch(account, date, self.download_timeout, self.clock.now())
+        let fetched = self
+            .certificates
+            .relearned(
+                source.channel(),
+                account,
+                self.clock.now(),
+                |fetched| matches!(fetched, Err(BillError::Failed(Failure::UnknownKey(_)))),
+                |_| source.fetch(account, date, self.download_timeout, self.clock.now()),
+            )
             .await;
-        if let Err(BillError::Failed(Failure::UnknownKey(_))) = &fetched
-            && self
-                .certificates
-                .unknown_serial(source.channel(), Some(account))
-                .await
-                == Learned::Asked
-        {
-            fetched = source
-                .fetch(account, date, self.download_timeout, self.clock.now())
-                .await;
-        }
         let file = match fetched {
             Ok(Fetched::Bill(file)) => file,
             Ok(Fetched::NoBill(why)) => return Ok(Got::NoBill(why)),

@@ -317,6 +317,26 @@ impl Certificates {
         }
     }
 
+    /// `call`, and once more after a refresh of the account's keys when its answer
+    /// `names_unknown_key` (a rotated certificate): the one rule for API calls and bills.
+    pub async fn relearned<A, F: Future<Output = A>>(
+        self: &Arc<Self>,
+        channel: ChannelId,
+        account: &str,
+        now: Timestamp,
+        names_unknown_key: impl Fn(&A) -> bool,
+        call: impl Fn(Timestamp) -> F,
+    ) -> A {
+        let answer = call(now).await;
+        if !names_unknown_key(&answer) {
+            return answer;
+        }
+        match self.unknown_serial(channel, Some(account)).await {
+            Learned::Asked => call(self.clock.now()).await,
+            Learned::Nobody | Learned::TimedOut => answer,
+        }
+    }
+
     /// `api` with its answers that name an unknown key asked again once, after a refresh
     /// of the merchant's certificates.
     pub fn guard(self: &Arc<Self>, api: Arc<dyn ProviderApi>) -> Arc<dyn ProviderApi> {
@@ -360,18 +380,15 @@ impl Relearning {
         now: Timestamp,
         call: impl Fn(Timestamp) -> ApiFuture<'a, A>,
     ) -> A {
-        let answer = call(now).await;
-        if !answer.names_unknown_key() {
-            return answer;
-        }
-        match self
-            .certificates
-            .unknown_serial(self.inner.channel(), Some(account))
+        self.certificates
+            .relearned(
+                self.inner.channel(),
+                account,
+                now,
+                A::names_unknown_key,
+                call,
+            )
             .await
-        {
-            Learned::Asked => call(self.certificates.clock.now()).await,
-            Learned::Nobody | Learned::TimedOut => answer,
-        }
     }
 }
 
