@@ -247,7 +247,7 @@ impl Application {
         }
         Ok(Some((
             Arc::clone(&self.app.bills),
-            Bills::schedule(&settings.bills)?,
+            Bills::schedule(&settings.bills),
         )))
     }
 

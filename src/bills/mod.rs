@@ -77,7 +77,7 @@ impl Bills {
             store,
             metrics,
             clock,
-            zone: settings.zone()?,
+            zone: settings.timezone,
             settle_days: i64::from(settings.settle_days),
             download_timeout: Duration::from_secs(settings.download_timeout_secs),
             owner: format!("bills-{}-{token}", std::process::id()),
@@ -237,19 +237,29 @@ mod tests {
     #[test]
     fn run_at_is_a_daily_cron_expression() {
         let mut settings = BillSettings::default();
-        assert_eq!(
-            Bills::schedule(&settings).ok().as_deref(),
-            Some("0 30 10 * * *")
+        assert_eq!(Bills::schedule(&settings), "0 30 10 * * *");
+        settings.run_at = chrono::NaiveTime::from_hms_opt(7, 5, 0).expect("a time");
+        assert_eq!(Bills::schedule(&settings), "0 5 7 * * *");
+    }
+
+    #[test]
+    fn run_at_and_timezone_are_read_once_and_a_mistake_is_refused() {
+        let read = |fields: serde_json::Value| serde_json::from_value::<BillSettings>(fields);
+        let s = read(serde_json::json!({"run_at": "07:05", "timezone": "Europe/Berlin"}))
+            .expect("valid");
+        assert_eq!(Bills::schedule(&s), "0 5 7 * * *");
+        assert_eq!(s.timezone, chrono_tz::Tz::Europe__Berlin);
+        assert!(
+            s.zone_warning()
+                .is_some_and(|w| w.contains("Europe/Berlin"))
         );
-        settings.run_at = "07:05".into();
-        assert_eq!(
-            Bills::schedule(&settings).ok().as_deref(),
-            Some("0 5 7 * * *")
-        );
+        assert!(BillSettings::default().zone_warning().is_none());
         for bad in ["7", "25:00", "10:60", "10.30", ""] {
-            settings.run_at = bad.into();
-            assert!(Bills::schedule(&settings).is_err(), "{bad}");
+            let e = read(serde_json::json!({ "run_at": bad })).expect_err(bad);
+            assert!(e.to_string().contains("HH:MM"), "{bad}: {e}");
         }
+        let e = read(serde_json::json!({"timezone": "Mars/Olympus"})).expect_err("no such zone");
+        assert!(e.to_string().contains("IANA"), "{e}");
     }
 
     #[test]
@@ -261,11 +271,6 @@ mod tests {
                 .is_some_and(|e| e.to_string().contains(key))
         };
         assert!(BillSettings::default().validate().is_ok());
-        let zone = BillSettings {
-            timezone: "Mars/Olympus".into(),
-            ..BillSettings::default()
-        };
-        assert!(names(zone, "bills.timezone"));
         let settle = BillSettings {
             settle_days: 8,
             ..BillSettings::default()

@@ -106,10 +106,10 @@ impl Bills {
     }
 
     /// The cron expression of `bills.run_at` (seconds first, as tokio-cron-scheduler reads it).
-    pub fn schedule(settings: &BillSettings) -> Result<String, crate::config::ConfigError> {
+    pub fn schedule(settings: &BillSettings) -> String {
         use chrono::Timelike;
-        let at = settings.run_time()?;
-        Ok(format!("0 {} {} * * *", at.minute(), at.hour()))
+        let at = settings.run_at;
+        format!("0 {} {} * * *", at.minute(), at.hour())
     }
 
     /// Reconciles `date` for `channel` (or every channel with credentials) now; the reports,

@@ -2,7 +2,9 @@
 //! and how long a difference that may be timing stays `pending`.
 
 use chrono::NaiveTime;
-use serde::Deserialize;
+use chrono_tz::Tz;
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer};
 
 use crate::config::value::{ConfigError, Validate, invalid};
 
@@ -15,11 +17,13 @@ pub struct BillSettings {
     /// The wall-clock time in `timezone` the job reconciles the day before at (`HH:MM`):
     /// after the providers publish their bills (WeChat about 10:00, Alipay about 09:00,
     /// Beijing time).
-    pub run_at: String,
+    #[serde(deserialize_with = "hh_mm")]
+    pub run_at: NaiveTime,
     /// An IANA time zone: a bill date is a provider-local day, and the ledger's payments
     /// of that day are those recorded between its midnights in this zone. Both providers'
     /// bill days are Beijing days: `Asia/Shanghai`, and a warning at start-up for any other.
-    pub timezone: String,
+    #[serde(deserialize_with = "iana_zone")]
+    pub timezone: Tz,
     /// A difference that can be timing (a payment near midnight that the other side dates
     /// to the day next to it) is `pending` for this many days, then reported.
     pub settle_days: u32,
@@ -31,28 +35,30 @@ impl Default for BillSettings {
     fn default() -> Self {
         Self {
             enabled: false,
-            run_at: "10:30".to_owned(),
-            timezone: "Asia/Shanghai".to_owned(),
+            run_at: NaiveTime::from_hms_opt(10, 30, 0).unwrap_or_default(),
+            timezone: Tz::Asia__Shanghai,
             settle_days: 1,
             download_timeout_secs: 300,
         }
     }
 }
 
-impl BillSettings {
-    /// `timezone`, checked by [`Validate`].
-    pub fn zone(&self) -> Result<chrono_tz::Tz, ConfigError> {
-        self.timezone.parse().map_err(|_| {
-            invalid(
-                "bills.timezone",
-                format!(
-                    "{:?} is not an IANA time zone (Asia/Shanghai)",
-                    self.timezone
-                ),
-            )
-        })
-    }
+/// `bills.run_at` as written (`HH:MM`), read once: a mistake is a start-up error naming the
+/// key, and the schedule cannot fail later.
+fn hh_mm<'de, D: Deserializer<'de>>(d: D) -> Result<NaiveTime, D::Error> {
+    let text = String::deserialize(d)?;
+    NaiveTime::parse_from_str(&text, "%H:%M")
+        .map_err(|_| D::Error::custom(format!("{text:?} is not a time of day as HH:MM (10:30)")))
+}
 
+/// `bills.timezone` as written (an IANA name), read once.
+fn iana_zone<'de, D: Deserializer<'de>>(d: D) -> Result<Tz, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse()
+        .map_err(|_| D::Error::custom(format!("{text:?} is not an IANA time zone (Asia/Shanghai)")))
+}
+
+impl BillSettings {
     /// What start-up warns about a `timezone` other than Beijing's: WeChat's and Alipay's
     /// bills are of Beijing days, so the ledger's day in another zone is hours off theirs
     /// and payments near midnight are compared with the wrong day.
@@ -64,20 +70,10 @@ impl BillSettings {
             "Asia/Harbin",
             "PRC",
         ];
-        (!BEIJING.contains(&self.timezone.as_str())).then(|| {
+        (!BEIJING.contains(&self.timezone.name())).then(|| {
             format!(
                 "bills.timezone is {:?}: WeChat Pay's and Alipay's bills are of Beijing days (Asia/Shanghai), so the ledger's day is compared with another day than the bill's",
-                self.timezone
-            )
-        })
-    }
-
-    /// `run_at`, checked by [`Validate`].
-    pub fn run_time(&self) -> Result<NaiveTime, ConfigError> {
-        NaiveTime::parse_from_str(&self.run_at, "%H:%M").map_err(|_| {
-            invalid(
-                "bills.run_at",
-                format!("{:?} is not a time of day as HH:MM (10:30)", self.run_at),
+                self.timezone.name()
             )
         })
     }
@@ -85,8 +81,6 @@ impl BillSettings {
 
 impl Validate for BillSettings {
     fn validate(&self) -> Result<(), ConfigError> {
-        self.zone()?;
-        self.run_time()?;
         if self.settle_days > 7 {
             return Err(invalid("bills.settle_days", "must be between 0 and 7"));
         }

@@ -511,6 +511,10 @@ mod tests {
             err.to_string().contains("retention.orders_keep_days"),
             "{err}"
         );
+        let err = load("[bills]\nrun_at = \"25:00\"\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("bills.run_at"), "{err}");
+        let err = load("[bills]\ntimezone = \"Mars/Olympus\"\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("bills.timezone"), "{err}");
         let err = load("[retention]\narchive_dir = \"\"\n", &[]).unwrap_err();
         assert!(err.to_string().contains("retention.archive_dir"), "{err}");
         let err = load("[retention]\nbill_items_keep_days = 29\n", &[]).unwrap_err();
