@@ -311,10 +311,11 @@ impl Outcome {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn paid() -> Notice {
+    /// A WeChat payment, for tests to change what they look at.
+    pub(crate) fn paid() -> Notice {
         Notice {
             channel: ChannelId::Wechat,
             kind: NoticeKind::Paid,

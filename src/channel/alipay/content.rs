@@ -26,24 +26,8 @@ pub fn earlier_digest(notice: &Notice) -> Option<Digest> {
 
 #[cfg(test)]
 mod tests {
-    use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind};
-
-    fn paid() -> Notice {
-        Notice {
-            channel: ChannelId::Wechat,
-            kind: NoticeKind::Paid,
-            out_trade_no: "O1".into(),
-            transaction_id: "T1".into(),
-            amount_fen: 19900,
-            currency: "CNY".into(),
-            merchant: MerchantIds {
-                merchant_id: "1900000001".into(),
-                app_id: Some("wx1".into()),
-            },
-            merchant_matches: true,
-            occurred_at: None,
-        }
-    }
+    use crate::notice::tests::paid;
+    use crate::notice::{ChannelId, MerchantIds};
 
     #[test]
     fn an_alipay_payment_is_the_same_content_through_any_app_of_its_seller() {
