@@ -5,7 +5,7 @@
 //! - `mod.rs`: the provider built from its settings (its keys loaded once, at start-up) and
 //!   its `mount`, which hands back a [`Mounted`]: its notify routes as data (each a
 //!   [`NotifyRoute`], a path and the channel that verifies what arrives there, all served by
-//!   `routes::notify`), its [`Provider`], its API client and its bill source. The routes'
+//!   the HTTP room's one notify handler), its [`Provider`], its API client and its bill source. The routes'
 //!   OpenAPI text is doc-only `#[utoipa::path]` functions gathered in its `NotifyApi`.
 //! - `settings.rs`: its `[section]` and that section's validation.
 //! - `wire.rs`: its notification on the wire.
