@@ -34,3 +34,4 @@ pub mod store;
 pub mod telemetry;
 pub mod text;
 pub mod time;
+pub mod transfer;

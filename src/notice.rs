@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::text::hex;
 use crate::time::Timestamp;
+use crate::transfer::TransferSeen;
 
 /// The payment channel a notice came through; stored in `orders.channel` and the callback tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -52,6 +53,11 @@ pub enum NoticeKind {
     Closed,
     /// Recorded and acknowledged, no state change (`WAIT_BUYER_PAY`, `REFUND.ABNORMAL`, …).
     Other { status: String },
+    /// A merchant transfer's news (WeChat `MCHTRANSFER.BILL.FINISHED`, Alipay
+    /// `alipay.fund.trans.order.changed`): applied to the transfer, never to an order. The
+    /// notice's `out_trade_no` is the `out_bill_no`, its `transaction_id` the provider's bill
+    /// number, its `amount_fen` the provider's amount (0 when it names none).
+    Transfer(Box<TransferSeen>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,11 +165,30 @@ impl Notice {
                 make_storable(&mut r.refund_id);
             }
             NoticeKind::Other { status } => make_storable(status),
+            NoticeKind::Transfer(t) => {
+                for text in [&mut t.out_bill_no, &mut t.account] {
+                    make_storable(text);
+                }
+                for text in [
+                    &mut t.provider_bill_no,
+                    &mut t.provider_state,
+                    &mut t.package_info,
+                    &mut t.fail_reason,
+                ]
+                .into_iter()
+                .flatten()
+                {
+                    make_storable(text);
+                }
+            }
             NoticeKind::Paid | NoticeKind::Closed => {}
         }
     }
 
     fn check_lengths(&self) -> Result<(), String> {
+        if let NoticeKind::Transfer(t) = &self.kind {
+            return t.check_lengths();
+        }
         let mut fields = vec![
             (
                 "out_trade_no",
@@ -215,6 +240,16 @@ impl Notice {
                     fen,
                 ])
             }
+            NoticeKind::Transfer(t) => serde_json::json!([
+                "transfer",
+                self.channel,
+                t.out_bill_no,
+                t.provider_bill_no,
+                t.provider_state,
+                t.amount_fen,
+                t.account,
+                t.fail_reason,
+            ]),
             NoticeKind::Closed => serde_json::json!([
                 "closed",
                 self.channel,
@@ -255,6 +290,9 @@ pub enum AnomalyReason {
     /// A `BillMismatch` raised before that a later bill run found explained (the payment or
     /// refund is in another day's bill): it was not one. Follows the event it settles.
     BillMismatchSettled,
+    /// A verified transfer notification about an `out_bill_no` never started here: money
+    /// out that paynotify did not send (`TRANSFER_ANOMALY`).
+    UnknownTransfer,
 }
 
 impl AnomalyReason {
@@ -267,6 +305,7 @@ impl AnomalyReason {
             Self::OtherPaymentRefunded => "OTHER_PAYMENT_REFUNDED",
             Self::BillMismatch => "BILL_MISMATCH",
             Self::BillMismatchSettled => "BILL_MISMATCH_SETTLED",
+            Self::UnknownTransfer => "UNKNOWN_TRANSFER",
         }
     }
 }

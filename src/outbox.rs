@@ -7,6 +7,7 @@ use crate::bills::report::{Item, Resolution};
 use crate::notice::{AnomalyReason, ChannelId, Notice, Refund, RefundAmount};
 use crate::order::Order;
 use crate::time::Timestamp;
+use crate::transfer::{TransferSeen, TransferStatus};
 
 /// `local_message.status`.
 pub mod status {
@@ -21,6 +22,10 @@ pub enum Topic {
     OrderRefunded,
     OrderClosed,
     PaymentAnomaly,
+    TransferSucceeded,
+    TransferFailed,
+    TransferCancelled,
+    TransferAnomaly,
 }
 
 impl Topic {
@@ -30,6 +35,10 @@ impl Topic {
             Self::OrderRefunded => "ORDER_REFUNDED",
             Self::OrderClosed => "ORDER_CLOSED",
             Self::PaymentAnomaly => "PAYMENT_ANOMALY",
+            Self::TransferSucceeded => "TRANSFER_SUCCEEDED",
+            Self::TransferFailed => "TRANSFER_FAILED",
+            Self::TransferCancelled => "TRANSFER_CANCELLED",
+            Self::TransferAnomaly => "TRANSFER_ANOMALY",
         }
     }
 }
@@ -174,6 +183,78 @@ impl Message {
         message.payload["resolution"] = json!(Resolution::Settled);
         message.payload["settled_by"] = json!({"bill_date": by_date, "account": by_account});
         message
+    }
+}
+
+/// What a transfer was when it became final, for its event.
+#[derive(Debug, Clone, Copy)]
+pub struct FinishedTransfer<'a> {
+    pub out_bill_no: &'a str,
+    pub channel: ChannelId,
+    pub account: &'a str,
+    pub amount_fen: i64,
+    pub status: TransferStatus,
+    pub provider_bill_no: Option<&'a str>,
+    pub fail_reason: Option<&'a str>,
+    pub finished_at: Timestamp,
+}
+
+impl Message {
+    /// A transfer became final: `TRANSFER_SUCCEEDED`, `TRANSFER_FAILED` or
+    /// `TRANSFER_CANCELLED`, once per transfer (`None` for a status that is not final).
+    pub fn transfer_final(t: &FinishedTransfer<'_>) -> Option<Self> {
+        let topic = match t.status {
+            TransferStatus::Success => Topic::TransferSucceeded,
+            TransferStatus::Fail => Topic::TransferFailed,
+            TransferStatus::Cancelled => Topic::TransferCancelled,
+            TransferStatus::Processing | TransferStatus::WaitUserConfirm => return None,
+        };
+        let mut payload = json!({
+            "out_bill_no": t.out_bill_no,
+            "channel": t.channel,
+            "account": t.account,
+            "amount_fen": t.amount_fen,
+            "status": t.status,
+            "provider_bill_no": t.provider_bill_no,
+            "finished_at": t.finished_at,
+        });
+        if t.status == TransferStatus::Fail {
+            payload["fail_reason"] = json!(t.fail_reason);
+        }
+        Some(Self {
+            topic,
+            biz_key: format!("{}:{}", t.out_bill_no, t.channel),
+            payload,
+        })
+    }
+
+    /// A verified notification or answer that must not move a transfer. `ours` is the
+    /// transfer's account and amount, `None` for one never started here.
+    pub fn transfer_anomaly(
+        channel: ChannelId,
+        seen: &TransferSeen,
+        ours: Option<(&str, i64)>,
+        reason: AnomalyReason,
+    ) -> Self {
+        Self {
+            topic: Topic::TransferAnomaly,
+            biz_key: format!(
+                "{}:{channel}:{}",
+                seen.out_bill_no,
+                seen.provider_bill_no.as_deref().unwrap_or_default()
+            ),
+            payload: json!({
+                "out_bill_no": seen.out_bill_no,
+                "channel": channel,
+                "account": ours.map(|o| o.0),
+                "amount_fen": ours.map(|o| o.1),
+                "provider_amount_fen": seen.amount_fen,
+                "provider_account": seen.account,
+                "provider_bill_no": seen.provider_bill_no,
+                "provider_state": seen.provider_state,
+                "reason": reason,
+            }),
+        }
     }
 }
 

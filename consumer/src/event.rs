@@ -16,6 +16,15 @@ pub mod topics {
     /// Money arrived that must not mark the order paid; biz_key
     /// `{order_no}:{channel}:{provider transaction id}`.
     pub const PAYMENT_ANOMALY: &str = "PAYMENT_ANOMALY";
+    /// A merchant transfer became `SUCCESS`; biz_key `{out_bill_no}:{channel}`.
+    pub const TRANSFER_SUCCEEDED: &str = "TRANSFER_SUCCEEDED";
+    /// A merchant transfer became `FAIL`; biz_key `{out_bill_no}:{channel}`.
+    pub const TRANSFER_FAILED: &str = "TRANSFER_FAILED";
+    /// A merchant transfer became `CANCELLED`; biz_key `{out_bill_no}:{channel}`.
+    pub const TRANSFER_CANCELLED: &str = "TRANSFER_CANCELLED";
+    /// A verified transfer notification that must not move a transfer (one never started
+    /// here, another amount or merchant); biz_key `{out_bill_no}:{channel}:{provider bill no}`.
+    pub const TRANSFER_ANOMALY: &str = "TRANSFER_ANOMALY";
 }
 
 /// One outbox message as every sink delivers it: the http sink's JSON body, the RabbitMQ

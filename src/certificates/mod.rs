@@ -21,14 +21,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::channel::api::{
-    ApiFuture, CloseAnswer, Failure, ProviderApi, RefundAnswer, RefundCall, RefundReply,
-    TradeAnswer,
+    ApiFuture, CancelReply, CloseAnswer, Failure, ProviderApi, RefundAnswer, RefundCall,
+    RefundReply, TradeAnswer, TransferAnswer, TransferReply,
 };
 use crate::channel::platform::{KeySource, KnownKey};
 use crate::metrics::{Metrics, RefreshResult};
 use crate::notice::ChannelId;
 use crate::store::{Store, StoreError};
 use crate::time::{Clock, Timestamp};
+use crate::transfer::TransferCall;
 use settings::CertificateSettings;
 
 /// How long a notification naming an unknown serial waits for its merchant's certificates
@@ -370,7 +371,15 @@ macro_rules! keyed_answer {
     )+};
 }
 
-keyed_answer!(TradeAnswer, CloseAnswer, RefundReply, RefundAnswer);
+keyed_answer!(
+    TradeAnswer,
+    CloseAnswer,
+    RefundReply,
+    RefundAnswer,
+    TransferReply,
+    TransferAnswer,
+    CancelReply
+);
 
 impl Relearning {
     /// `call`, and once more after a refresh when its answer names an unknown key.
@@ -445,6 +454,46 @@ impl ProviderApi for Relearning {
     ) -> ApiFuture<'a, RefundReply> {
         Box::pin(self.asked(account, now, move |now| {
             self.inner.refund(account, call, now)
+        }))
+    }
+
+    fn transfer_apps(&self, account: &str) -> Result<Vec<String>, String> {
+        self.inner.transfer_apps(account)
+    }
+
+    /// Sent again after a refresh: the provider deduplicates on `out_bill_no`, and the
+    /// name is encrypted again with the key learned.
+    fn transfer<'a>(
+        &'a self,
+        account: &'a str,
+        call: &'a TransferCall,
+        now: Timestamp,
+    ) -> ApiFuture<'a, TransferReply> {
+        Box::pin(self.asked(account, now, move |now| {
+            self.inner.transfer(account, call, now)
+        }))
+    }
+
+    fn transfer_query<'a>(
+        &'a self,
+        account: &'a str,
+        out_bill_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, TransferAnswer> {
+        Box::pin(self.asked(account, now, move |now| {
+            self.inner.transfer_query(account, out_bill_no, now)
+        }))
+    }
+
+    /// Sent again after a refresh: a cancel of a bill already canceling is accepted again.
+    fn transfer_cancel<'a>(
+        &'a self,
+        account: &'a str,
+        out_bill_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, CancelReply> {
+        Box::pin(self.asked(account, now, move |now| {
+            self.inner.transfer_cancel(account, out_bill_no, now)
         }))
     }
 }

@@ -1,4 +1,5 @@
-//! Asking a provider about one trade (query, close, refund query): the neutral answers every
+//! Asking a provider about one trade (query, close, refund, refund query) or one transfer
+//! (transfer, its query, its cancel): the neutral answers every
 //! provider's client gives, the [`ProviderApi`] trait each provider implements in its own
 //! file, and the HTTPS plumbing they share — rustls on ring, the system's roots plus
 //! `provider_api.ca_file`, connect and overall timeouts, and a per-provider rate limit.
@@ -14,6 +15,7 @@ use crate::config::value::ConfigError;
 use crate::https::{ClientSettings, http_client};
 use crate::notice::{ChannelId, Notice};
 use crate::time::Timestamp;
+use crate::transfer::{TransferCall, TransferSeen};
 
 /// What a provider client's calls return: boxed, so the trait stays usable as `dyn`.
 pub type ApiFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -187,6 +189,75 @@ impl RefundReply {
     }
 }
 
+/// A provider's answer to "pay this user" (a merchant transfer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransferReply {
+    /// The provider holds a bill under this `out_bill_no` (created now, or before: both
+    /// providers deduplicate on it): what its signed answer says.
+    Accepted(Box<TransferSeen>),
+    /// The provider refused in its documented words (WeChat `NOT_ENOUGH`, Alipay
+    /// `PAYEE_NOT_EXIST`): nothing was created, unless a query finds the bill after all.
+    Refused { code: String, message: String },
+    /// No usable answer: the transfer may or may not exist; send it again, never under
+    /// another number.
+    Failed(Failure),
+}
+
+impl TransferReply {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Accepted(_) => "accepted",
+            Self::Refused { .. } => "refused",
+            Self::Failed(f) => f.label(),
+        }
+    }
+}
+
+/// A provider's answer to "what became of this transfer?".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransferAnswer {
+    /// A signed answer about the bill.
+    Found(Box<TransferSeen>),
+    /// The provider has no bill under this number.
+    NotFound,
+    Failed(Failure),
+}
+
+impl TransferAnswer {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Found(_) => "found",
+            Self::NotFound => "not_found",
+            Self::Failed(f) => f.label(),
+        }
+    }
+}
+
+/// A provider's answer to "cancel this transfer" (WeChat only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelReply {
+    /// Accepted (`CANCELING`): the final `CANCELLED` comes by query or notification.
+    Canceling(Box<TransferSeen>),
+    /// Refused in so many words (the user confirmed meanwhile): its code.
+    Refused {
+        code: String,
+        message: String,
+    },
+    NotFound,
+    Failed(Failure),
+}
+
+impl CancelReply {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Canceling(_) => "canceling",
+            Self::Refused { .. } => "refused",
+            Self::NotFound => "not_found",
+            Self::Failed(f) => f.label(),
+        }
+    }
+}
+
 /// One provider's API client: every merchant/app of that provider with API credentials.
 /// `account` is a WeChat `mchid` or an Alipay `app_id`; `now` stamps the request and decides
 /// whether a signed answer is fresh.
@@ -226,6 +297,34 @@ pub trait ProviderApi: Send + Sync + 'static {
         call: &'a RefundCall,
         now: Timestamp,
     ) -> ApiFuture<'a, RefundReply>;
+
+    /// Whether `account` may send transfers, and the apps its payees belong to (WeChat's
+    /// `appid`s; none for Alipay): `Err` says why it cannot (an Alipay app in public-key
+    /// mode: fund-out APIs take certificate mode only).
+    fn transfer_apps(&self, account: &str) -> Result<Vec<String>, String>;
+
+    /// Sends `call`; sending the same call again is safe (the provider deduplicates on
+    /// `out_bill_no`), and is what a [`TransferReply::Failed`] asks for.
+    fn transfer<'a>(
+        &'a self,
+        account: &'a str,
+        call: &'a TransferCall,
+        now: Timestamp,
+    ) -> ApiFuture<'a, TransferReply>;
+
+    fn transfer_query<'a>(
+        &'a self,
+        account: &'a str,
+        out_bill_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, TransferAnswer>;
+
+    fn transfer_cancel<'a>(
+        &'a self,
+        account: &'a str,
+        out_bill_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, CancelReply>;
 }
 
 /// Why a call says nothing about the trade itself: the provider has no such trade (or refund),
@@ -269,6 +368,38 @@ impl From<Miss> for RefundReply {
                 code: "NOT_FOUND".into(),
                 message: "the provider has no such trade".into(),
             },
+            Miss::Failed(f) => Self::Failed(f),
+        }
+    }
+}
+
+/// A transfer to an account without credentials, or refused before it reached the
+/// provider's books: nothing created.
+impl From<Miss> for TransferReply {
+    fn from(miss: Miss) -> Self {
+        match miss {
+            Miss::NotFound => Self::Refused {
+                code: "NOT_FOUND".into(),
+                message: "the provider has no such account".into(),
+            },
+            Miss::Failed(f) => Self::Failed(f),
+        }
+    }
+}
+
+impl From<Miss> for TransferAnswer {
+    fn from(miss: Miss) -> Self {
+        match miss {
+            Miss::NotFound => Self::NotFound,
+            Miss::Failed(f) => Self::Failed(f),
+        }
+    }
+}
+
+impl From<Miss> for CancelReply {
+    fn from(miss: Miss) -> Self {
+        match miss {
+            Miss::NotFound => Self::NotFound,
             Miss::Failed(f) => Self::Failed(f),
         }
     }
@@ -369,9 +500,33 @@ pub trait ProviderClient: Send + Sync + 'static {
         call: &RefundCall,
         now: Timestamp,
     ) -> impl Future<Output = Result<RefundReply, Miss>> + Send;
+
+    /// [`ProviderApi::transfer_apps`] for one account with credentials.
+    fn transfer_apps(&self, account: &Self::Account) -> Result<Vec<String>, String>;
+
+    fn transfer(
+        &self,
+        account: &Self::Account,
+        call: &TransferCall,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<TransferReply, Miss>> + Send;
+
+    fn transfer_query(
+        &self,
+        account: &Self::Account,
+        out_bill_no: &str,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<TransferAnswer, Miss>> + Send;
+
+    fn transfer_cancel(
+        &self,
+        account: &Self::Account,
+        out_bill_no: &str,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<CancelReply, Miss>> + Send;
 }
 
-/// One [`ProviderApi`] call of a [`ProviderClient`]: the three differ only in their name, the
+/// One [`ProviderApi`] call of a [`ProviderClient`]: they differ only in their name, the
 /// ids after the account and their answer.
 macro_rules! forward {
     ($call:ident($($id:ident),+) -> $answer:ty) => {
@@ -400,6 +555,26 @@ impl<C: ProviderClient> ProviderApi for C {
     forward!(query(out_trade_no) -> TradeAnswer);
     forward!(close(out_trade_no) -> CloseAnswer);
     forward!(refund_query(out_trade_no, out_refund_no) -> RefundAnswer);
+    forward!(transfer_query(out_bill_no) -> TransferAnswer);
+    forward!(transfer_cancel(out_bill_no) -> CancelReply);
+
+    fn transfer_apps(&self, account: &str) -> Result<Vec<String>, String> {
+        match ProviderClient::accounts(self).get(account) {
+            Ok(a) => ProviderClient::transfer_apps(self, a),
+            Err(failure) => Err(failure.detail().to_owned()),
+        }
+    }
+
+    fn transfer<'a>(
+        &'a self,
+        account: &'a str,
+        call: &'a TransferCall,
+        now: Timestamp,
+    ) -> ApiFuture<'a, TransferReply> {
+        Box::pin(with_account(self, account, move |a| {
+            ProviderClient::transfer(self, a, call, now)
+        }))
+    }
 
     fn refund<'a>(
         &'a self,

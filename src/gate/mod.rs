@@ -160,7 +160,8 @@ impl Gate {
     }
 
     /// The result key of a notice, hash-tagged by order so a notice's keys share a Redis
-    /// Cluster slot. Only payments and refunds have one: other kinds never skip the ledger.
+    /// Cluster slot. Only payments and refunds have one: other kinds (transfers among them,
+    /// rare and where money leaves) never skip the ledger.
     fn key(&self, n: &Notice) -> Option<String> {
         let order = escape(&n.out_trade_no);
         match &n.kind {
@@ -171,7 +172,7 @@ impl Gate {
                 n.channel,
                 escape(&r.out_refund_no)
             )),
-            NoticeKind::Closed | NoticeKind::Other { .. } => None,
+            NoticeKind::Closed | NoticeKind::Other { .. } | NoticeKind::Transfer(_) => None,
         }
     }
 

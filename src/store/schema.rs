@@ -266,7 +266,55 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::store::types::UtcTs;
+
+    transfer (out_bill_no) {
+        out_bill_no -> Text,
+        channel -> Text,
+        account -> Text,
+        amount_fen -> BigInt,
+        remark -> Text,
+        payee -> Text,
+        request -> Text,
+        request_digest -> Text,
+        status -> Text,
+        provider_state -> Nullable<Text>,
+        provider_bill_no -> Nullable<Text>,
+        package_info -> Nullable<Text>,
+        fail_reason -> Nullable<Text>,
+        attempts -> Integer,
+        next_attempt_at -> UtcTs,
+        created_at -> UtcTs,
+        updated_at -> UtcTs,
+        finished_at -> Nullable<UtcTs>,
+    }
+}
+
+diesel::table! {
+    transfer_account (channel, account) {
+        channel -> Text,
+        account -> Text,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::store::types::{Json, UtcTs};
+
+    transfer_anomaly (biz_key) {
+        biz_key -> Text,
+        out_bill_no -> Text,
+        payload -> Json,
+        created_at -> UtcTs,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(
+    transfer,
+    transfer_account,
+    transfer_anomaly,
     payment_anomaly,
     bill_report,
     bill_item,

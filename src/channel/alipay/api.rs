@@ -443,6 +443,37 @@ impl ProviderClient for AlipayApi {
             .await?;
         Ok(refund_reply(&a.app, call, r)?)
     }
+
+    fn transfer_apps(&self, _: &ApiApp) -> Result<Vec<String>, String> {
+        Err("transfers are not built yet".into())
+    }
+
+    async fn transfer(
+        &self,
+        _: &ApiApp,
+        _: &crate::transfer::TransferCall,
+        _: Timestamp,
+    ) -> Result<crate::channel::api::TransferReply, Miss> {
+        Err(Failure::Unexpected("transfers are not built yet".into()).into())
+    }
+
+    async fn transfer_query(
+        &self,
+        _: &ApiApp,
+        _: &str,
+        _: Timestamp,
+    ) -> Result<crate::channel::api::TransferAnswer, Miss> {
+        Err(Failure::Unexpected("transfers are not built yet".into()).into())
+    }
+
+    async fn transfer_cancel(
+        &self,
+        _: &ApiApp,
+        _: &str,
+        _: Timestamp,
+    ) -> Result<crate::channel::api::CancelReply, Miss> {
+        Err(Failure::Unexpected("transfers are not built yet".into()).into())
+    }
 }
 
 /// The `biz_content` of a refund: `refund_reason` only when there is one.

@@ -493,6 +493,37 @@ impl ProviderClient for WechatApi {
             notice,
         })
     }
+
+    fn transfer_apps(&self, _: &ApiMerchant) -> Result<Vec<String>, String> {
+        Err("transfers are not built yet".into())
+    }
+
+    async fn transfer(
+        &self,
+        _: &ApiMerchant,
+        _: &crate::transfer::TransferCall,
+        _: Timestamp,
+    ) -> Result<crate::channel::api::TransferReply, Miss> {
+        Err(Failure::Unexpected("transfers are not built yet".into()).into())
+    }
+
+    async fn transfer_query(
+        &self,
+        _: &ApiMerchant,
+        _: &str,
+        _: Timestamp,
+    ) -> Result<crate::channel::api::TransferAnswer, Miss> {
+        Err(Failure::Unexpected("transfers are not built yet".into()).into())
+    }
+
+    async fn transfer_cancel(
+        &self,
+        _: &ApiMerchant,
+        _: &str,
+        _: Timestamp,
+    ) -> Result<crate::channel::api::CancelReply, Miss> {
+        Err(Failure::Unexpected("transfers are not built yet".into()).into())
+    }
 }
 
 /// A refund's `status` as [`RefundState`]; one this client does not know is not final.

@@ -9,6 +9,7 @@
 
 mod fast_path;
 mod refund_plan;
+mod transfer;
 
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
@@ -28,6 +29,7 @@ use crate::outbox::Message;
 use crate::time::Timestamp;
 pub(crate) use fast_path::PaymentFastPath;
 pub use refund_plan::{Earlier, RefundAction, RefundPlan, plan_refund, refunds_the_payment};
+pub use transfer::{TransferVerdict, transfer_verdict};
 
 /// Ends a transaction early: a database error, or an outcome that must leave nothing behind
 /// (the callback row inserted at the start is rolled back with it).
@@ -196,6 +198,10 @@ impl Store {
             }
             NoticeKind::Closed => self.record_status(notice, now).await,
             NoticeKind::Other { .. } => Ok(Outcome::Ignored),
+            NoticeKind::Transfer(seen) => {
+                self.apply_transfer(notice.channel, seen, notice.merchant_matches, now)
+                    .await
+            }
         }
     }
 

@@ -1,0 +1,3 @@
+DROP TABLE transfer_anomaly;
+DROP TABLE transfer_account;
+DROP TABLE transfer;
