@@ -21,6 +21,7 @@ use crate::refunds::Refunds;
 use crate::relay::{Sink, sinks};
 use crate::store::{Store, StoreError};
 use crate::time::Clock;
+use crate::transfers::{ChannelAccounts, Transfers};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -92,6 +93,8 @@ pub struct App {
     pub bills: Arc<Bills>,
     /// Refunds started through paynotify (`[refunds]`).
     pub refunds: Arc<Refunds>,
+    /// Merchant transfers started through paynotify (`[transfers]`).
+    pub transfers: Arc<Transfers>,
     /// `server.api_token`: who may use `/orders` and `/admin`.
     pub api_token: Secret,
     /// `orders.expire_after_secs`: an order's default lifetime.
@@ -188,6 +191,21 @@ impl App {
             &settings.refunds,
             settings.provider_api.timeout(),
         ));
+        let transfers = Arc::new(Transfers::new(
+            operated
+                .iter()
+                .map(|p| ChannelAccounts {
+                    channel: p.channel(),
+                    configured: p.accounts(),
+                    api: apis.iter().find(|a| a.channel() == p.channel()).cloned(),
+                })
+                .collect(),
+            store.clone(),
+            Arc::clone(&metrics),
+            Arc::clone(&clock),
+            &settings.transfers,
+            settings.provider_api.timeout(),
+        ));
         let reconciler = Arc::new(Reconciler::new(
             apis,
             store.clone(),
@@ -225,6 +243,7 @@ impl App {
             certificates,
             bills,
             refunds,
+            transfers,
             api_token: settings.server.api_token.clone(),
             expire_after_secs: settings.orders.expire_after_secs,
         })

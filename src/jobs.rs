@@ -22,6 +22,7 @@ use crate::relay::Relay;
 use crate::store::Store;
 use crate::store::partitions::{self, Maintained};
 use crate::time::Clock;
+use crate::transfers::Transfers;
 
 /// How many expired orders one expiry statement reads; each is closed in its own short
 /// transaction.
@@ -156,6 +157,15 @@ pub async fn drive_refunds(refunds: &Refunds) {
     }
 }
 
+/// The transfer job: transfers without an answer sent again, transfers not final queried.
+pub async fn drive_transfers(transfers: &Transfers) {
+    match transfers.drive_due().await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(transfers = n, "transfers followed up"),
+        Err(e) => tracing::warn!(error = %e, "transfer job failed; next run retries"),
+    }
+}
+
 /// The daily bill job: yesterday's bills of every channel, and the week's unavailable ones
 /// again; each report was logged where it was made.
 pub async fn reconcile_bills(bills: &Bills) {
@@ -215,6 +225,8 @@ pub struct Work {
     pub bills: Option<(Arc<Bills>, String)>,
     /// Refunds started through paynotify: sent again, queried (`[refunds]`).
     pub refunds: Arc<Refunds>,
+    /// Transfers started through paynotify: sent again, queried (`[transfers]`).
+    pub transfers: Arc<Transfers>,
 }
 
 /// The running jobs: the relay loop on its own tokio interval (any period, to the
@@ -313,7 +325,7 @@ impl Entry {
 
 /// The scheduled jobs, in the order they are registered: order expiry, reconcile (when it
 /// asks providers), the certificate refresh (when a merchant downloads), the refund job
-/// (when refunds are sent), the daily bills (when enabled), retention and the relay
+/// (when refunds are sent), the transfer job (when an account can be asked), the daily bills (when enabled), retention and the relay
 /// watchdog.
 fn entries(
     store: Store,
@@ -328,6 +340,7 @@ fn entries(
         certificates,
         bills,
         refunds,
+        transfers,
     } = work;
     let mut entries = Vec::new();
     let (r, c) = (Arc::clone(&reconciler), Arc::clone(&clock));
@@ -379,6 +392,14 @@ fn entries(
         entries.push(Entry::new("refunds", Schedule::Every(every), move || {
             let refunds = Arc::clone(&refunds);
             Box::pin(async move { drive_refunds(&refunds).await })
+        }));
+    }
+    if transfers.follows() {
+        // Whether or not transfers.enabled: a transfer started before must still finish.
+        let every = transfers.scan_every();
+        entries.push(Entry::new("transfers", Schedule::Every(every), move || {
+            let transfers = Arc::clone(&transfers);
+            Box::pin(async move { drive_transfers(&transfers).await })
         }));
     }
     if let Some((bills, cron)) = bills {

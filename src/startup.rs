@@ -24,6 +24,7 @@ use crate::relay::Relay;
 use crate::routes;
 use crate::store::{Store, partitions};
 use crate::time::{Clock, SystemClock};
+use crate::transfers::Transfers;
 
 pub use crate::app::{StartupError, explain};
 
@@ -176,6 +177,11 @@ impl Application {
         Arc::clone(&self.app.refunds)
     }
 
+    /// Merchant transfers started through paynotify (`[transfers]`).
+    pub fn transfers(&self) -> Arc<Transfers> {
+        Arc::clone(&self.app.transfers)
+    }
+
     /// The provider queries and closes the reconcile and expiry jobs run.
     pub fn reconciler(&self) -> Arc<Reconciler> {
         Arc::clone(&self.app.reconciler)
@@ -209,6 +215,7 @@ impl Application {
                 certificates: Arc::clone(&self.app.certificates),
                 bills: self.daily_bills(settings)?,
                 refunds: Arc::clone(&self.app.refunds),
+                transfers: Arc::clone(&self.app.transfers),
             },
             relay,
             settings.relay.interval(),

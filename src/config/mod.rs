@@ -56,6 +56,9 @@ pub struct Settings {
     pub bills: crate::bills::settings::BillSettings,
     /// `[refunds]`: refunds started through paynotify, followed to the end (src/refunds).
     pub refunds: crate::refunds::settings::RefundSettings,
+    /// `[transfers]`: merchant transfers started through paynotify, their caps, followed to
+    /// the end (src/transfers).
+    pub transfers: crate::transfers::settings::TransferSettings,
     pub log: LogSettings,
     /// The old key names this configuration used, filled in by [`Settings::load_from`]
     /// (see `Settings::deprecations`).
@@ -67,7 +70,7 @@ impl Settings {
     /// Every section with its name, in the order of the fields: what [`Settings::validate`]
     /// checks and what a mistyped environment variable is matched against. A new section
     /// (a provider's, say) is its field above and one line here.
-    pub(crate) fn sections(&self) -> [(&'static str, &dyn value::Validate); 16] {
+    pub(crate) fn sections(&self) -> [(&'static str, &dyn value::Validate); 17] {
         [
             ("server", &self.server),
             ("database", &self.database),
@@ -84,6 +87,7 @@ impl Settings {
             ("certificates", &self.certificates),
             ("bills", &self.bills),
             ("refunds", &self.refunds),
+            ("transfers", &self.transfers),
             ("log", &self.log),
         ]
     }

@@ -67,6 +67,10 @@ pub struct Metrics {
     /// Refunds started through paynotify, by channel; and their final statuses by result.
     pub refunds_started: IntCounterVec,
     pub refunds_final: IntCounterVec,
+    /// Transfers started through paynotify, by channel; and their final statuses, as a
+    /// provider's answer brought them, by result.
+    pub transfers_started: IntCounterVec,
+    pub transfers_final: IntCounterVec,
     /// What became of expired orders, by [`ExpiryResult`].
     pub expiry: IntCounterVec,
     /// Changes of the database's writer noticed; orders rechecked after them, by result
@@ -241,7 +245,7 @@ impl Metrics {
         );
         let provider_calls = counter(
             "paynotify_provider_calls_total",
-            "Calls to a provider's API (query, close, refund_query, refund) by channel and answer",
+            "Calls to a provider's API (query, close, refund_query, refund, transfer, transfer_query, transfer_cancel) by channel and answer",
             &["channel", "call", "result"],
         );
         let refunds_started = counter(
@@ -252,6 +256,16 @@ impl Metrics {
         let refunds_final = counter(
             "paynotify_refunds_final_total",
             "Refunds started through paynotify that a provider's answer made final: success, closed, refused",
+            &["channel", "result"],
+        );
+        let transfers_started = counter(
+            "paynotify_transfers_started_total",
+            "Transfers recorded and sent through POST /transfers, by channel",
+            &["channel"],
+        );
+        let transfers_final = counter(
+            "paynotify_transfers_final_total",
+            "Transfers that a provider's answer made final: success, fail, cancelled (a notification counts in paynotify_notifications_total)",
             &["channel", "result"],
         );
         let payments_recovered = counter(
@@ -313,6 +327,8 @@ impl Metrics {
             payments_recovered,
             refunds_started,
             refunds_final,
+            transfers_started,
+            transfers_final,
             expiry,
             notifications,
             rejections,

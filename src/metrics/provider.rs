@@ -41,6 +41,9 @@ pub enum ProviderCall {
     Close,
     RefundQuery,
     Refund,
+    Transfer,
+    TransferQuery,
+    TransferCancel,
 }
 
 impl ProviderCall {
@@ -50,6 +53,9 @@ impl ProviderCall {
             Self::Close => "close",
             Self::RefundQuery => "refund_query",
             Self::Refund => "refund",
+            Self::Transfer => "transfer",
+            Self::TransferQuery => "transfer_query",
+            Self::TransferCancel => "transfer_cancel",
         }
     }
 }
@@ -124,6 +130,21 @@ impl Metrics {
     pub fn refund_final(&self, channel: &str, result: &'static str) {
         self.refunds_final
             .with_label_values(&[channel, result])
+            .inc();
+    }
+
+    /// Counts a transfer recorded and sent through `POST /transfers`.
+    pub fn transfer_started(&self, channel: ChannelId) {
+        self.transfers_started
+            .with_label_values(&[channel.as_str()])
+            .inc();
+    }
+
+    /// Counts a transfer's final status as its provider's answer brought it (`success`,
+    /// `fail`, `cancelled`).
+    pub fn transfer_final(&self, channel: ChannelId, result: &'static str) {
+        self.transfers_final
+            .with_label_values(&[channel.as_str(), result])
             .inc();
     }
 

@@ -18,15 +18,13 @@ pub mod store;
 
 use crate::channel::api::{ProviderApi, RefundAnswer, RefundCall, RefundReply, RefundState};
 use crate::metrics::{Metrics, ProviderCall};
+use crate::money_out::{Followed, Schedule, follow_due, secs};
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Outcome, Refund, RefundAmount};
 use crate::order::{OrderStatus, RefundStatus};
 use crate::store::{Store, StoreError};
 use crate::time::{Clock, Timestamp};
 use settings::RefundSettings;
 use store::{NewRefund, Recorded, RefundMove, RefundRow};
-
-/// The first wait before a refund without an answer is sent again; it doubles each time.
-const FIRST_RETRY_SECS: i64 = 5;
 
 /// The longest provider message kept with a refusal.
 const MAX_MESSAGE_CHARS: usize = 256;
@@ -117,21 +115,8 @@ pub struct Refunds {
     metrics: Arc<Metrics>,
     clock: Arc<dyn Clock>,
     settings: RefundSettings,
-    /// How long one provider call may take (`provider_api.timeout_ms`): a refund is never sent
-    /// again sooner, so two sends of one request do not overlap.
-    call_secs: i64,
-}
-
-/// How long after its `attempts`-th unanswered send a refund is sent again: 5 s, doubling,
-/// at most `max` seconds.
-fn retry_after(attempts: i32, max: i64) -> i64 {
-    FIRST_RETRY_SECS
-        .saturating_mul(1_i64 << attempts.clamp(0, 20))
-        .min(max)
-}
-
-fn secs(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX / 4)
+    /// When a refund is sent again or queried (`crate::money_out`).
+    schedule: Schedule,
 }
 
 impl Refunds {
@@ -149,7 +134,12 @@ impl Refunds {
             metrics,
             clock,
             settings: settings.clone(),
-            call_secs: i64::try_from(call_timeout.as_secs()).unwrap_or(i64::MAX / 4),
+            schedule: Schedule {
+                query_after_secs: secs(settings.query_after_secs),
+                query_every_secs: secs(settings.query_every_secs),
+                max_retry_secs: secs(settings.max_retry_secs),
+                call_secs: secs(call_timeout.as_secs()),
+            },
         }
     }
 
@@ -167,11 +157,6 @@ impl Refunds {
             .iter()
             .find(|a| a.channel().as_str() == channel)
             .map(AsRef::as_ref)
-    }
-
-    fn retry_after(&self, attempts: i32) -> i64 {
-        retry_after(attempts, secs(self.settings.max_retry_secs))
-            .max(self.call_secs.saturating_add(FIRST_RETRY_SECS))
     }
 
     /// The account the order's payment is refunded through: the one it names on its
@@ -212,7 +197,7 @@ impl Refunds {
                 amount_fen: ask.amount_fen,
                 reason: ask.reason.as_deref(),
                 now,
-                retry_at: now.plus_seconds(self.retry_after(0)),
+                retry_at: now.plus_seconds(self.schedule.resend_after(0)),
             })
             .await?;
         let row = match recorded {
@@ -249,27 +234,7 @@ impl Refunds {
     /// The job: every due request not final, one call each — sent again while no answer
     /// came, queried once the provider holds it. Returns how many it called about.
     pub async fn drive_due(&self) -> Result<usize, StoreError> {
-        let now = self.clock.now();
-        let due = self
-            .store
-            .refunds_due(now, i64::from(self.settings.batch))
-            .await?;
-        let mut called = 0;
-        for row in due {
-            let next = match row.status() {
-                RefundStatus::Submitting => now.plus_seconds(self.retry_after(row.attempts + 1)),
-                _ => now.plus_seconds(secs(self.settings.query_every_secs)),
-            };
-            if !self.store.claim_refund(&row, next).await? {
-                continue;
-            }
-            called += 1;
-            match row.status() {
-                RefundStatus::Submitting => self.send(row).await?,
-                _ => self.query(row).await?,
-            }
-        }
-        Ok(called)
+        follow_due(self, self.clock.now(), i64::from(self.settings.batch)).await
     }
 
     /// Sends (or sends again) one recorded refund and records what the provider said.
@@ -397,8 +362,8 @@ impl Refunds {
         };
         // Accepted now: first asked about after query_after_secs; asked before: when the
         // job's claim said.
-        let next_attempt_at = (from == RefundStatus::Submitting)
-            .then(|| now.plus_seconds(secs(self.settings.query_after_secs)));
+        let next_attempt_at =
+            (from == RefundStatus::Submitting).then(|| self.schedule.first_query(now));
         let to = RefundMove {
             status,
             refund_id,
@@ -517,15 +482,28 @@ impl Refunds {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// A refund is a money-out request followed to the end: sent again while no answer came,
+/// queried once the provider holds it.
+impl Followed for Refunds {
+    type Row = RefundRow;
 
-    #[test]
-    fn a_refund_without_an_answer_is_sent_again_ever_later_up_to_the_limit() {
-        let waits: Vec<i64> = (0..6).map(|n| retry_after(n, 60)).collect();
-        assert_eq!(waits, [5, 10, 20, 40, 60, 60]);
-        assert_eq!(retry_after(10_000, 60), 60);
-        assert_eq!(retry_after(-1, 60), 5);
+    async fn due(&self, now: Timestamp, limit: i64) -> Result<Vec<RefundRow>, StoreError> {
+        self.store.refunds_due(now, limit).await
+    }
+
+    fn next_call(&self, row: &RefundRow, now: Timestamp) -> Timestamp {
+        let answered = row.status() != RefundStatus::Submitting;
+        self.schedule.next_call(answered, row.attempts, now)
+    }
+
+    async fn claim(&self, row: &RefundRow, next: Timestamp) -> Result<bool, StoreError> {
+        self.store.claim_refund(row, next).await
+    }
+
+    async fn call(&self, row: RefundRow) -> Result<(), StoreError> {
+        match row.status() {
+            RefundStatus::Submitting => self.send(row).await,
+            _ => self.query(row).await,
+        }
     }
 }

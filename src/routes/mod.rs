@@ -7,6 +7,7 @@ pub mod notify;
 pub mod openapi;
 pub mod orders;
 pub mod refunds;
+pub mod transfers;
 
 use std::future::{Ready, ready};
 
@@ -59,6 +60,12 @@ pub fn configure(
         .route("/orders/{order_no}/close", web::post().to(orders::close))
         .route("/orders/{order_no}/refunds", web::post().to(refunds::start))
         .route("/orders/{order_no}/refunds", web::get().to(refunds::list))
+        .route("/transfers", web::post().to(transfers::start))
+        .route("/transfers/{out_bill_no}", web::get().to(transfers::get))
+        .route(
+            "/transfers/{out_bill_no}/cancel",
+            web::post().to(transfers::cancel),
+        )
         .route("/admin/messages", web::get().to(admin::messages))
         .route(
             "/admin/messages/{id}/redrive",

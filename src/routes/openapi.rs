@@ -5,7 +5,7 @@ use actix_web::HttpResponse;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{ErrorBody, admin, bills, health, orders, refunds};
+use super::{ErrorBody, admin, bills, health, orders, refunds, transfers};
 use crate::providers::PROVIDERS;
 
 struct BearerToken;
@@ -29,6 +29,9 @@ impl Modify for BearerToken {
         orders::close,
         refunds::start,
         refunds::list,
+        transfers::start,
+        transfers::get,
+        transfers::cancel,
         admin::messages,
         admin::redrive,
         admin::callbacks,
@@ -46,7 +49,7 @@ impl Modify for BearerToken {
         health::metrics,
         document,
     ),
-    components(schemas(ErrorBody, health::Readiness, crate::reconcile::Reconciled, crate::reconcile::Said, crate::channel::platform::KnownKey, crate::channel::platform::KeyOrigin, crate::bills::report::Report, crate::refunds::RefundView, crate::order::RefundStatus, refunds::RefundRequest)),
+    components(schemas(ErrorBody, health::Readiness, crate::reconcile::Reconciled, crate::reconcile::Said, crate::channel::platform::KnownKey, crate::channel::platform::KeyOrigin, crate::bills::report::Report, crate::refunds::RefundView, crate::order::RefundStatus, refunds::RefundRequest, crate::transfers::TransferView, crate::transfer::TransferStatus, crate::transfer::SceneReportInfo, transfers::TransferRequest)),
     modifiers(&BearerToken)
 )]
 pub struct ApiDoc;
