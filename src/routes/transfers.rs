@@ -253,6 +253,9 @@ pub async fn start(
         serde_json::from_slice(&body).or_else(|e| bad(format!("a JSON body: {e}")))?;
     // The same body is the same transfer whatever its key order or spacing.
     let digest = Digest::of(value.to_string().as_bytes());
+    if value.get("amount_fen").is_some_and(|fen| !fen.is_i64()) {
+        return bad("amount_fen: a positive integer (fen)");
+    }
     let request: TransferRequest = serde_json::from_value(value).or_else(|e| bad(e.to_string()))?;
     let ask = request.ask(digest)?;
     let transfers = std::sync::Arc::clone(&state.transfers);

@@ -39,6 +39,7 @@ mod relay;
 mod service;
 mod shutdown;
 mod support;
+mod transfers;
 mod wechat;
 mod wechat_bill;
 mod wechat_vectors;

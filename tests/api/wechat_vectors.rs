@@ -94,6 +94,7 @@ fn every_wechat_vector_gets_its_expected_answer() {
                     NoticeKind::Refunded(_) => "refunded".to_owned(),
                     NoticeKind::Other { status } => format!("refund_{}", status.to_lowercase()),
                     NoticeKind::Closed => "closed".to_owned(),
+                    NoticeKind::Transfer(t) => format!("transfer_{:?}", t.state).to_lowercase(),
                 };
                 assert_eq!(kind, want["kind"], "{name}");
                 assert_eq!(notice.out_trade_no, want["out_trade_no"], "{name}");

@@ -553,6 +553,8 @@ pub struct TestApp {
     pub bills: Arc<paynotify::bills::Bills>,
     /// Refunds started through paynotify (the job's work: `refunds.drive_due()`).
     pub refunds: Arc<paynotify::refunds::Refunds>,
+    /// Transfers started through paynotify (the job's work: `transfers.drive_due()`).
+    pub transfers: Arc<paynotify::transfers::Transfers>,
     handle: ServerHandle,
     /// The relay, expiry and retention jobs, when the test asked for them.
     jobs: Option<Jobs>,
@@ -656,6 +658,7 @@ async fn spawn_on(
     let reconciler = app.reconciler();
     let bills = app.bills();
     let refunds = app.refunds();
+    let transfers = app.transfers();
     let handle = app.handle();
     let jobs = if with_jobs {
         Some(
@@ -678,6 +681,7 @@ async fn spawn_on(
         reconciler,
         bills,
         refunds,
+        transfers,
         handle,
         jobs,
     }
