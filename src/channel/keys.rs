@@ -28,11 +28,7 @@ impl RsaVerifier {
         let public = rsa::PublicKey::from_pkcs1_der(self.0.as_ref())
             .map_err(|e| format!("not an RSA public key: {e}"))?;
         let sealed = public
-            .encrypt(
-                &mut SystemRng,
-                rsa::Oaep::<sha1::Sha1>::new(),
-                plaintext,
-            )
+            .encrypt(&mut SystemRng, rsa::Oaep::<sha1::Sha1>::new(), plaintext)
             .map_err(|e| format!("encryption failed: {e}"))?;
         Ok(BASE64.encode(sealed))
     }

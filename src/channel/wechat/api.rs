@@ -14,8 +14,7 @@ use super::wire::{
 use super::{Merchant, SIGNATURE_TYPE, TIMESTAMP_WINDOW_SECS, WechatPay, WechatSettings};
 use crate::channel::api::{
     Account, Accounts, CancelReply, CloseAnswer, Failure, Miss, ProviderClient, Received,
-    RefundAnswer, RefundCall, RefundReply, RefundState, TradeAnswer, TransferAnswer,
-    TransferReply,
+    RefundAnswer, RefundCall, RefundReply, RefundState, TradeAnswer, TransferAnswer, TransferReply,
 };
 use crate::channel::keys;
 use crate::config::value::{ConfigError, invalid};

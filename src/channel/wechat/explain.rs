@@ -152,7 +152,11 @@ impl Provider for WechatPay {
                         t.account, t.fail_reason.as_deref().unwrap_or("-")
                     ));
                     if notice.merchant_matches {
-                        e.push("merchant", Verdict::Pass, "mch_id is the merchant configured for this key");
+                        e.push(
+                            "merchant",
+                            Verdict::Pass,
+                            "mch_id is the merchant configured for this key",
+                        );
                     } else {
                         e.push("merchant", Verdict::Fail, format!("mch_id {} is not the merchant configured for this key: recorded as a TRANSFER_ANOMALY (MERCHANT_MISMATCH), the transfer is not moved", t.account));
                     }

@@ -349,7 +349,10 @@ mod tests {
         payee.user_recv_perception = Some("现金奖励".into());
         let body = transfer_body(&call, &payee, Some("c2VhbGVk"));
         assert_eq!(body["user_name"], "c2VhbGVk");
-        assert_eq!(body["notify_url"], "https://pay.example/notify/wechat/transfer");
+        assert_eq!(
+            body["notify_url"],
+            "https://pay.example/notify/wechat/transfer"
+        );
         assert_eq!(body["user_recv_perception"], "现金奖励");
         assert!(
             body.as_object()
@@ -381,8 +384,12 @@ mod tests {
         let path = dir.path().join("platform.pub.pem");
         std::fs::write(&path, pem).expect("write");
         let key = crate::channel::keys::public_key_file("test", &path).expect("public key");
-        let first = key.encrypt_oaep_sha1_base64("张三".as_bytes()).expect("seal");
-        let second = key.encrypt_oaep_sha1_base64("张三".as_bytes()).expect("seal");
+        let first = key
+            .encrypt_oaep_sha1_base64("张三".as_bytes())
+            .expect("seal");
+        let second = key
+            .encrypt_oaep_sha1_base64("张三".as_bytes())
+            .expect("seal");
         assert_ne!(first, second, "OAEP is randomised");
         for sealed in [first, second] {
             assert_eq!(
