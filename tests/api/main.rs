@@ -41,4 +41,6 @@ mod shutdown;
 mod support;
 mod wechat;
 mod wechat_bill;
+mod wechat_transfer_calls;
+mod wechat_transfer_notify;
 mod wechat_vectors;
