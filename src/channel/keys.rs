@@ -20,6 +20,19 @@ impl RsaVerifier {
         self.0.verify(message, signature).is_ok()
     }
 
+    /// `plaintext` encrypted to this key as WeChat Pay wants a sensitive field (a transfer's
+    /// `user_name`): RSAES-OAEP with SHA-1 and MGF1-SHA-1, base64. Each call differs (OAEP is
+    /// randomised); only the private half reads it back.
+    pub fn encrypt_oaep_sha1_base64(&self, plaintext: &[u8]) -> Result<String, String> {
+        use rsa::pkcs1::DecodeRsaPublicKey;
+        let public = rsa::PublicKey::from_pkcs1_der(self.0.as_ref())
+            .map_err(|e| format!("not an RSA public key: {e}"))?;
+        let sealed = public
+            .encrypt(&mut SystemRng, rsa::Oaep::<sha1::Sha1>::new(), plaintext)
+            .map_err(|e| format!("encryption failed: {e}"))?;
+        Ok(BASE64.encode(sealed))
+    }
+
     /// From SPKI DER (the form in PEM files and certificates); ring wants PKCS#1 inside it.
     fn from_spki(key: &str, path: &Path, spki_der: &[u8]) -> Result<Self, ConfigError> {
         let public = rsa::PublicKey::from_public_key_der(spki_der).map_err(|e| {
@@ -40,6 +53,34 @@ impl RsaVerifier {
         )))
     }
 }
+
+/// The operating system's generator (ring's `SystemRandom`) as the `rsa` crate takes one.
+struct SystemRng;
+
+impl rsa::rand_core::TryRng for SystemRng {
+    type Error = std::io::Error;
+
+    fn try_next_u32(&mut self) -> Result<u32, Self::Error> {
+        let mut bytes = [0; 4];
+        self.try_fill_bytes(&mut bytes)?;
+        Ok(u32::from_le_bytes(bytes))
+    }
+
+    fn try_next_u64(&mut self) -> Result<u64, Self::Error> {
+        let mut bytes = [0; 8];
+        self.try_fill_bytes(&mut bytes)?;
+        Ok(u64::from_le_bytes(bytes))
+    }
+
+    fn try_fill_bytes(&mut self, dst: &mut [u8]) -> Result<(), Self::Error> {
+        use ring::rand::SecureRandom;
+        ring::rand::SystemRandom::new()
+            .fill(dst)
+            .map_err(|_| std::io::Error::other("the system random number generator failed"))
+    }
+}
+
+impl rsa::rand_core::TryCryptoRng for SystemRng {}
 
 fn read(key: &str, path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path)

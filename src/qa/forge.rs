@@ -113,6 +113,43 @@ pub mod wechat {
         })
     }
 
+    /// A merchant transfer's decrypted resource (`original_type = mch_payment`), as
+    /// `MCHTRANSFER.BILL.FINISHED` carries it: `state` `SUCCESS`, `FAIL` (with `fail_reason`)
+    /// or `CANCELLED`.
+    pub fn transfer(
+        s: &Sandbox,
+        out_bill_no: &str,
+        transfer_bill_no: &str,
+        state: &str,
+        transfer_amount: i64,
+        fail_reason: Option<&str>,
+    ) -> Value {
+        let mut resource = json!({
+            "out_bill_no": out_bill_no,
+            "transfer_bill_no": transfer_bill_no,
+            "state": state,
+            "mch_id": s.mchid,
+            "transfer_amount": transfer_amount,
+            "openid": "oSandboxOpenId0000000000000",
+            "create_time": "2026-11-30T10:00:00+08:00",
+            "update_time": "2026-11-30T10:05:00+08:00"
+        });
+        if let Some(reason) = fail_reason {
+            resource["fail_reason"] = json!(reason);
+        }
+        resource
+    }
+
+    /// A transfer's `user_name` as WeChat reads it: base64, RSAES-OAEP with SHA-1 and
+    /// MGF1-SHA-1, opened with the platform key's private half.
+    pub fn open_user_name(key: &rsa::PrivateKey, sealed: &str) -> Result<String, ForgeError> {
+        let sealed = BASE64.decode(sealed).map_err(|_| ForgeError::Encrypt)?;
+        let name = key
+            .decrypt(rsa::Oaep::<sha1::Sha1>::new(), &sealed)
+            .map_err(|_| ForgeError::Encrypt)?;
+        String::from_utf8(name).map_err(|_| ForgeError::Encrypt)
+    }
+
     /// AES-256-GCM as WeChat does it: ciphertext‖tag, base64.
     pub fn encrypt(
         apiv3_key: &[u8],
@@ -138,10 +175,10 @@ pub mod wechat {
         aad: &str,
         nonce: &str,
     ) -> String {
-        let summary = if original_type == "refund" {
-            "退款成功"
-        } else {
-            "支付成功"
+        let summary = match original_type {
+            "refund" => "退款成功",
+            "mch_payment" => "商家转账单据终态通知",
+            _ => "支付成功",
         };
         json!({
             "id": format!("EV-{nonce}"),
@@ -194,6 +231,8 @@ pub mod wechat {
         ) -> Result<Delivery, ForgeError> {
             let original_type = if event_type.starts_with("REFUND.") {
                 "refund"
+            } else if event_type.starts_with("MCHTRANSFER.") {
+                "mch_payment"
             } else {
                 "transaction"
             };

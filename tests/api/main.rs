@@ -42,4 +42,6 @@ mod support;
 mod transfers;
 mod wechat;
 mod wechat_bill;
+mod wechat_transfer_calls;
+mod wechat_transfer_notify;
 mod wechat_vectors;

@@ -63,12 +63,16 @@ async fn every_endpoint_is_documented_and_the_document_is_served() {
             "/notify/alipay",
             "/notify/wechat/pay",
             "/notify/wechat/refund",
+            "/notify/wechat/transfer",
             "/openapi.json",
             "/orders",
             "/orders/{order_no}",
             "/orders/{order_no}/close",
             "/orders/{order_no}/refunds",
             "/readyz",
+            "/transfers",
+            "/transfers/{out_bill_no}",
+            "/transfers/{out_bill_no}/cancel",
         ]
     );
     // A refund shows exactly the keys of interface.md ("Refunds started through paynotify").

@@ -658,12 +658,13 @@ async fn each_route_takes_only_its_own_event_types() {
     assert_eq!(app.refund_state("W-WR").await, ("REFUNDED".into(), 10000));
     assert_eq!(wrong(&app), 2, "only the misrouted ones are counted");
 
-    // An event of neither kind is acknowledged on either route, changing nothing.
+    // An event of no kind this service knows is acknowledged on either route, changing
+    // nothing.
     for route in ["/notify/wechat/pay", "/notify/wechat/refund"] {
         let other = s
             .notification(
-                "MCHTRANSFER.BILL.FINISHED",
-                &serde_json::json!({ "mchid": "1900000001" }),
+                "COUPON.USE",
+                &serde_json::json!({ "stock_id": "9856000" }),
                 now(&app),
             )
             .expect("forge");
@@ -674,4 +675,19 @@ async fn each_route_takes_only_its_own_event_types() {
         );
     }
     assert_eq!(wrong(&app), 2);
+
+    // A transfer's notification belongs to the transfer route alone.
+    let before = app.db.count("local_message").await;
+    let transfer = s
+        .notification(
+            "MCHTRANSFER.BILL.FINISHED",
+            &wechat::transfer(&s, "TWR1", "1330TWR1", "SUCCESS", 100, None),
+            now(&app),
+        )
+        .expect("forge");
+    for route in ["/notify/wechat/pay", "/notify/wechat/refund"] {
+        refused(route, &transfer, "MCHTRANSFER.BILL.FINISHED").await;
+    }
+    assert_eq!(app.db.count("local_message").await, before);
+    assert_eq!(wrong(&app), 4);
 }

@@ -94,7 +94,7 @@ fn every_wechat_vector_gets_its_expected_answer() {
                     NoticeKind::Refunded(_) => "refunded".to_owned(),
                     NoticeKind::Other { status } => format!("refund_{}", status.to_lowercase()),
                     NoticeKind::Closed => "closed".to_owned(),
-                    NoticeKind::Transfer(t) => format!("transfer_{:?}", t.state).to_lowercase(),
+                    NoticeKind::Transfer(_) => "transfer".to_owned(),
                 };
                 assert_eq!(kind, want["kind"], "{name}");
                 assert_eq!(notice.out_trade_no, want["out_trade_no"], "{name}");
@@ -505,6 +505,7 @@ fn verify_and_explain_agree_on_every_way_a_signed_wechat_body_is_refused() {
     use paynotify::qa::forge::wechat::{encrypt, envelope, transaction};
     const PAY: &str = "/notify/wechat/pay";
     const REFUND: &str = "/notify/wechat/refund";
+    const TRANSFER: &str = "/notify/wechat/transfer";
 
     let now = 1_794_967_525;
     let channel = WechatPay::from_settings(&crate::wechat::settings(), at(now)).expect("keys load");
@@ -707,15 +708,85 @@ fn verify_and_explain_agree_on_every_way_a_signed_wechat_body_is_refused() {
             None,
         ),
         (
-            "an event of neither kind, to the refund route",
+            "an event of no kind this service knows, to the refund route",
+            signed(
+                &a,
+                body(&a.apiv3_key, &paid, &|v| {
+                    v["event_type"] = "COUPON.USE".into()
+                }),
+            )
+            .to(REFUND),
+            None,
+        ),
+        (
+            "a transfer to the payment route",
             signed(
                 &a,
                 body(&a.apiv3_key, &paid, &|v| {
                     v["event_type"] = "MCHTRANSFER.BILL.FINISHED".into()
                 }),
             )
-            .to(REFUND),
+            .to(PAY),
+            Some("wrong event type: event_type MCHTRANSFER.BILL.FINISHED is a merchant transfer"),
+        ),
+        (
+            "a payment to the transfer route",
+            valid.clone().to(TRANSFER),
+            Some("wrong event type: event_type TRANSACTION.SUCCESS is a payment"),
+        ),
+        (
+            "an event of no kind this service knows, to the transfer route",
+            signed(
+                &a,
+                body(&a.apiv3_key, &paid, &|v| {
+                    v["event_type"] = "COUPON.USE".into()
+                }),
+            )
+            .to(TRANSFER),
+            Some("wrong event type: event_type COUPON.USE is not MCHTRANSFER.BILL.FINISHED"),
+        ),
+        (
+            "another transfer event, to the transfer route",
+            signed(
+                &a,
+                body(&a.apiv3_key, &paid, &|v| {
+                    v["event_type"] = "MCHTRANSFER.BATCH.FINISHED".into()
+                }),
+            )
+            .to(TRANSFER),
+            Some("wrong event type: event_type MCHTRANSFER.BATCH.FINISHED is not"),
+        ),
+        (
+            "a transfer, to the transfer route",
+            Request::of_delivery(
+                &a.notification(
+                    "MCHTRANSFER.BILL.FINISHED",
+                    &paynotify::qa::forge::wechat::transfer(
+                        &a,
+                        "TAGREE1",
+                        "1330TAGREE1",
+                        "SUCCESS",
+                        100,
+                        None,
+                    ),
+                    now,
+                )
+                .expect("forge"),
+                now,
+            )
+            .to(TRANSFER),
             None,
+        ),
+        (
+            "a transfer whose resource is a payment's, to the transfer route",
+            signed(
+                &a,
+                body(&a.apiv3_key, &paid, &|v| {
+                    v["event_type"] = "MCHTRANSFER.BILL.FINISHED".into()
+                }),
+            )
+            .to(TRANSFER),
+            Some("bad request: transfer: missing field"),
         ),
         (
             "a refund to a path that is no WeChat route",

@@ -1,4 +1,5 @@
-//! The API v3 client: query, close, refund and refund query, each answer verified.
+//! The API v3 client: query, close, refund and refund query, each answer verified (merchant
+//! transfers are in `transfer.rs`).
 
 use std::sync::Arc;
 
@@ -12,14 +13,15 @@ use super::wire::{
 };
 use super::{Merchant, SIGNATURE_TYPE, TIMESTAMP_WINDOW_SECS, WechatPay, WechatSettings};
 use crate::channel::api::{
-    Account, Accounts, CloseAnswer, Failure, Miss, ProviderClient, Received, RefundAnswer,
-    RefundCall, RefundReply, RefundState, TradeAnswer,
+    Account, Accounts, CancelReply, CloseAnswer, Failure, Miss, ProviderClient, Received,
+    RefundAnswer, RefundCall, RefundReply, RefundState, TradeAnswer, TransferAnswer, TransferReply,
 };
 use crate::channel::keys;
 use crate::config::value::{ConfigError, invalid};
 use crate::https::ClientSettings;
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 use crate::time::Timestamp;
+use crate::transfer::TransferCall;
 
 /// WeChat Pay API v3's production base URL.
 pub const API_BASE: &str = "https://api.mch.weixin.qq.com";
@@ -151,6 +153,21 @@ impl WechatApi {
         body: &str,
         now: Timestamp,
     ) -> Result<Received, Failure> {
+        self.call_naming(m, post, path, body, None, now).await
+    }
+
+    /// [`WechatApi::call`] with `Wechatpay-Serial` naming `platform_serial`, the platform key
+    /// a field of `body` is encrypted with (WeChat Pay v3: it must know which key to decrypt
+    /// with).
+    pub(super) async fn call_naming(
+        &self,
+        m: &ApiMerchant,
+        post: bool,
+        path: &str,
+        body: &str,
+        platform_serial: Option<&str>,
+        now: Timestamp,
+    ) -> Result<Received, Failure> {
         let method = if post { "POST" } else { "GET" };
         let authorization = Self::authorization(m, method, path, body, now)?;
         let url = format!("{}{path}", m.base);
@@ -163,9 +180,12 @@ impl WechatApi {
         } else {
             client.get(url)
         };
-        let request = request
+        let mut request = request
             .header("Accept", "application/json")
             .header("Authorization", authorization);
+        if let Some(serial) = platform_serial {
+            request = request.header("Wechatpay-Serial", serial);
+        }
         self.merchants.plumbing().send(request).await
     }
 
@@ -287,7 +307,7 @@ impl WechatApi {
 
     /// GETs `path` and reads its verified 2xx answer (`what` names it in a parse error); an
     /// error answer with one of the `not_found` codes is [`Miss::NotFound`].
-    async fn get_verified<T: serde::de::DeserializeOwned>(
+    pub(super) async fn get_verified<T: serde::de::DeserializeOwned>(
         &self,
         m: &ApiMerchant,
         path: &str,
@@ -494,35 +514,35 @@ impl ProviderClient for WechatApi {
         })
     }
 
-    fn transfer_apps(&self, _: &ApiMerchant) -> Result<Vec<String>, String> {
-        Err("transfers are not built yet".into())
+    fn transfer_apps(&self, m: &ApiMerchant) -> Result<Vec<String>, String> {
+        Ok(self.transfer_apps_of(m))
     }
 
     async fn transfer(
         &self,
-        _: &ApiMerchant,
-        _: &crate::transfer::TransferCall,
-        _: Timestamp,
-    ) -> Result<crate::channel::api::TransferReply, Miss> {
-        Err(Failure::Unexpected("transfers are not built yet".into()).into())
+        m: &ApiMerchant,
+        call: &TransferCall,
+        now: Timestamp,
+    ) -> Result<TransferReply, Miss> {
+        self.send_transfer(m, call, now).await
     }
 
     async fn transfer_query(
         &self,
-        _: &ApiMerchant,
-        _: &str,
-        _: Timestamp,
-    ) -> Result<crate::channel::api::TransferAnswer, Miss> {
-        Err(Failure::Unexpected("transfers are not built yet".into()).into())
+        m: &ApiMerchant,
+        out_bill_no: &str,
+        now: Timestamp,
+    ) -> Result<TransferAnswer, Miss> {
+        self.query_transfer(m, out_bill_no, now).await
     }
 
     async fn transfer_cancel(
         &self,
-        _: &ApiMerchant,
-        _: &str,
-        _: Timestamp,
-    ) -> Result<crate::channel::api::CancelReply, Miss> {
-        Err(Failure::Unexpected("transfers are not built yet".into()).into())
+        m: &ApiMerchant,
+        out_bill_no: &str,
+        now: Timestamp,
+    ) -> Result<CancelReply, Miss> {
+        self.cancel_transfer(m, out_bill_no, now).await
     }
 }
 

@@ -10,7 +10,7 @@ use super::wire::Resource;
 use super::{Merchant, PlatformVerifier, WechatPay};
 use crate::channel::keys::RsaVerifier;
 use crate::channel::{Channel, Explanation, Inbound, Provider, Rejection, Trail, Verdict};
-use crate::notice::{ChannelId, Notice};
+use crate::notice::{ChannelId, Notice, NoticeKind};
 use crate::time::Timestamp;
 
 impl WechatPay {
@@ -144,6 +144,25 @@ impl Provider for WechatPay {
             .and_then(|n| n.checked().map_err(Rejection::BadRequest))
         {
             Ok(notice) => {
+                if let NoticeKind::Transfer(t) = &notice.kind {
+                    e.push("decoded fields", Verdict::Info, format!(
+                        "event {event_type}, out_bill_no {}, transfer_bill_no {}, state {}, transfer_amount {}, mch_id {}, fail_reason {}",
+                        t.out_bill_no, t.provider_bill_no.as_deref().unwrap_or("-"),
+                        t.provider_state.as_deref().unwrap_or("-"), notice.amount_fen,
+                        t.account, t.fail_reason.as_deref().unwrap_or("-")
+                    ));
+                    if notice.merchant_matches {
+                        e.push(
+                            "merchant",
+                            Verdict::Pass,
+                            "mch_id is the merchant configured for this key",
+                        );
+                    } else {
+                        e.push("merchant", Verdict::Fail, format!("mch_id {} is not the merchant configured for this key: recorded as a TRANSFER_ANOMALY (MERCHANT_MISMATCH), the transfer is not moved", t.account));
+                    }
+                    e.notice = Some(notice);
+                    return e;
+                }
                 e.push("decoded fields", Verdict::Info, format!(
                     "event {event_type}, out_trade_no {}, transaction_id {}, amount_fen {}, currency {}, mchid {}, appid {}",
                     notice.out_trade_no, notice.transaction_id, notice.amount_fen,

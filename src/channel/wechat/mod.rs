@@ -1,4 +1,5 @@
-//! WeChat Pay API v3 notifications (`/notify/wechat/pay`, `/notify/wechat/refund`).
+//! WeChat Pay API v3 notifications (`/notify/wechat/pay`, `/notify/wechat/refund`,
+//! `/notify/wechat/transfer`).
 //!
 //! WeChat Pay v3: the signed message is `"{Wechatpay-Timestamp}\n{Wechatpay-Nonce}\n{body}\n"`
 //! over the raw body bytes, RSASSA-PKCS1-v1_5 with SHA-256, base64; `Wechatpay-Serial` names
@@ -30,6 +31,7 @@ pub mod bill;
 mod certificates;
 mod explain;
 pub mod settings;
+mod transfer;
 mod verify;
 mod wire;
 
@@ -47,6 +49,8 @@ const PROBE_PREFIX: &str = "WECHATPAY/SIGNTEST/";
 pub const PAY_ROUTE: &str = "/notify/wechat/pay";
 /// The notify route of refunds (`REFUND.*`).
 pub const REFUND_ROUTE: &str = "/notify/wechat/refund";
+/// The notify route of merchant transfers (`MCHTRANSFER.BILL.FINISHED`).
+pub const TRANSFER_ROUTE: &str = "/notify/wechat/transfer";
 
 /// A configured merchant: its ids and its APIv3 decryption key.
 pub struct Merchant {
@@ -138,6 +142,25 @@ impl WechatPay {
             .filter(|(_, p)| p.merchant.mchid == mchid && p.usable_at(now))
             .map(|(s, _)| s)
             .collect()
+    }
+
+    /// The key a sensitive field sent to WeChat is encrypted with, and its serial: of
+    /// `mchid`'s keys usable at `now`, its WeChat Pay public key (WeChat moves merchants from
+    /// certificates to these), else its certificate that took effect last.
+    pub(super) fn encryption_key(
+        &self,
+        mchid: &str,
+        now: Timestamp,
+    ) -> Option<(String, Arc<PlatformVerifier>)> {
+        self.all_keys()
+            .into_iter()
+            .filter(|(_, p)| p.merchant.mchid == mchid && p.usable_at(now))
+            .max_by_key(|(serial, p)| {
+                let newest = p.effective_at.map(|at| at.unix_seconds());
+                // A public key has no validity: it outranks every certificate; among
+                // equals, the first serial in order wins (max_by_key keeps the last).
+                (newest.is_none(), newest, std::cmp::Reverse(serial.clone()))
+            })
     }
 
     pub(super) fn merchant(&self, mchid: &str) -> Option<&Arc<Merchant>> {
@@ -336,7 +359,7 @@ pub struct WechatFail {
     request_body(content = Object, content_type = "application/json"),
     responses(
         (status = 204, description = "Applied, duplicate, or recorded anomaly (including a second payment under the same key)"),
-        (status = 400, description = "Missing header, malformed body or field, unsupported signature type; a signed REFUND.* event (wrong_event_type: refunds go to /notify/wechat/refund)", body = WechatFail),
+        (status = 400, description = "Missing header, malformed body or field, unsupported signature type; a signed REFUND.* or MCHTRANSFER.* event (wrong_event_type: refunds go to /notify/wechat/refund, transfers to /notify/wechat/transfer)", body = WechatFail),
         (status = 401, description = "Bad or missing signature, unknown serial, probe, stale timestamp", body = WechatFail),
         (status = 404, description = "Unknown order (WeChat retries)", body = WechatFail),
         (status = 409, description = "The same payment or refund as before (same transaction id or refund key) with other amount, currency or merchant", body = WechatFail),
@@ -352,7 +375,7 @@ fn wechat_pay() {}
     request_body(content = Object, content_type = "application/json"),
     responses(
         (status = 204, description = "Applied, duplicate, recorded anomaly, or acknowledged without change"),
-        (status = 400, description = "Bad request; a signed TRANSACTION.* event (wrong_event_type: payments go to /notify/wechat/pay)", body = WechatFail),
+        (status = 400, description = "Bad request; a signed TRANSACTION.* or MCHTRANSFER.* event (wrong_event_type: payments go to /notify/wechat/pay, transfers to /notify/wechat/transfer)", body = WechatFail),
         (status = 401, description = "Bad signature or stale", body = WechatFail),
         (status = 404, description = "Unknown order, or its payment not in yet", body = WechatFail),
         (status = 409, description = "The same payment or refund as before (same transaction id or refund key) with other amount, currency or merchant", body = WechatFail),
@@ -362,9 +385,26 @@ fn wechat_pay() {}
 #[allow(dead_code)]
 fn wechat_refund() {}
 
+// The OpenAPI text of `TRANSFER_ROUTE`.
+#[utoipa::path(post, path = "/notify/wechat/transfer", tag = "notify",
+    description = "WeChat Pay API v3 merchant transfer result (MCHTRANSFER.BILL.FINISHED: SUCCESS, FAIL, CANCELLED); verified as /notify/wechat/pay.",
+    request_body(content = Object, content_type = "application/json"),
+    responses(
+        (status = 204, description = "Applied, duplicate, or recorded anomaly (TRANSFER_ANOMALY: a transfer never started here, another amount or merchant)"),
+        (status = 400, description = "Bad request; any other event type (wrong_event_type: payments go to /notify/wechat/pay, refunds to /notify/wechat/refund)", body = WechatFail),
+        (status = 401, description = "Bad signature, unknown serial or stale", body = WechatFail),
+        (status = 413, description = "Body too large", body = WechatFail),
+        (status = 500, description = "Resource does not decrypt", body = WechatFail),
+        (status = 503, description = "Database unavailable or the same notification in flight", body = WechatFail)))]
+#[allow(dead_code)]
+fn wechat_transfer() {}
+
 /// The OpenAPI description of the notify routes.
 #[derive(OpenApi)]
-#[openapi(paths(wechat_pay, wechat_refund), components(schemas(WechatFail)))]
+#[openapi(
+    paths(wechat_pay, wechat_refund, wechat_transfer),
+    components(schemas(WechatFail))
+)]
 pub struct NotifyApi;
 
 /// Loads the merchants' keys (once, at start-up), mounts the notify routes and builds the
@@ -386,7 +426,7 @@ pub fn mount(
         .map(|api| api as Arc<dyn super::bill::BillSource>);
     let api = client.map(|api| api as Arc<dyn ProviderApi>);
     let channel: Arc<dyn super::Endpoint> = built;
-    let routes = [PAY_ROUTE, REFUND_ROUTE]
+    let routes = [PAY_ROUTE, REFUND_ROUTE, TRANSFER_ROUTE]
         .into_iter()
         .map(|path| super::NotifyRoute {
             path,

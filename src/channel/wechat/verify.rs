@@ -6,7 +6,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 
 use super::wire::{
-    Envelope, RefundResource, Transaction, bad_json, parse_time, single_header, transaction_notice,
+    Envelope, RefundResource, TRANSFER_EVENT, Transaction, TransferResource, bad_json, parse_time,
+    single_header, transaction_notice, transfer_notice,
 };
 use super::{PROBE_PREFIX, SIGNATURE_TYPE, TIMESTAMP_WINDOW_SECS, Verified, WechatPay};
 use crate::channel::platform::KeyOrigin;
@@ -268,6 +269,16 @@ impl Channel for WechatPay {
                     currency: "CNY".to_owned(),
                     occurred_at: parse_time(r.success_time.as_deref()),
                 })
+            }
+            TRANSFER_EVENT => {
+                let t: TransferResource =
+                    serde_json::from_slice(&v.plaintext).map_err(bad_json("transfer"))?;
+                if t.transfer_amount <= 0 {
+                    return Err(Rejection::BadRequest(
+                        "transfer_amount must be positive".into(),
+                    ));
+                }
+                Ok(transfer_notice(m, t.seen()))
             }
             other => Ok(Notice {
                 // A verified event this service does not act on: acknowledged so WeChat

@@ -8,10 +8,11 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use ring::aead::{Aad, Nonce};
 use serde::Deserialize;
 
-use super::{Merchant, PAY_ROUTE, REFUND_ROUTE, Verified, WechatPay};
+use super::{Merchant, PAY_ROUTE, REFUND_ROUTE, TRANSFER_ROUTE, Verified, WechatPay};
 use crate::channel::{Rejection, Trail};
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind};
 use crate::time::Timestamp;
+use crate::transfer::{TransferSeen, TransferState};
 
 /// The one value of a header that must appear exactly once.
 pub(super) fn single_header<'a>(
@@ -83,6 +84,67 @@ pub(super) struct RefundResource {
 pub(super) struct WechatRefundAmount {
     pub(super) total: i64,
     pub(super) refund: i64,
+}
+
+/// A merchant transfer's decrypted resource (`original_type = mch_payment`). WeChat's pages
+/// name the merchant `mch_id` in the query answer and `mchid` in the notification: either is
+/// taken.
+#[derive(Deserialize)]
+pub(super) struct TransferResource {
+    pub(super) out_bill_no: String,
+    pub(super) transfer_bill_no: String,
+    pub(super) state: String,
+    #[serde(alias = "mchid")]
+    pub(super) mch_id: String,
+    pub(super) transfer_amount: i64,
+    /// `NAME_NOT_CORRECT`, `OVERDUE_CLOSE`, … with `FAIL`. (`openid` and `create_time` are
+    /// carried too and not used.)
+    pub(super) fail_reason: Option<String>,
+    pub(super) update_time: Option<String>,
+}
+
+/// WeChat's word for a transfer's state as [`TransferState`]; one this client does not know is
+/// not final: taken as `PROCESSING`, the word itself kept as the provider's state.
+pub(super) fn transfer_state(state: &str) -> TransferState {
+    TransferState::parse(state).unwrap_or(TransferState::Processing)
+}
+
+impl TransferResource {
+    /// What the bill says, as the notification and the query answer both carry it (the same
+    /// fields, so the same digest either way).
+    pub(super) fn seen(self) -> TransferSeen {
+        TransferSeen {
+            state: transfer_state(&self.state),
+            provider_state: Some(self.state),
+            out_bill_no: self.out_bill_no,
+            provider_bill_no: Some(self.transfer_bill_no),
+            amount_fen: Some(self.transfer_amount),
+            account: self.mch_id,
+            package_info: None,
+            fail_reason: self.fail_reason.filter(|r| !r.is_empty()),
+            occurred_at: parse_time(self.update_time.as_deref()),
+        }
+    }
+}
+
+/// A transfer's notice: `out_trade_no` the `out_bill_no`, `transaction_id` the
+/// `transfer_bill_no`, the merchant the one the bill names, matching when it is `merchant`
+/// (whose key verified it).
+pub(super) fn transfer_notice(merchant: &Merchant, seen: TransferSeen) -> Notice {
+    Notice {
+        channel: ChannelId::Wechat,
+        merchant_matches: seen.account == merchant.mchid,
+        merchant: MerchantIds {
+            merchant_id: seen.account.clone(),
+            app_id: None,
+        },
+        out_trade_no: seen.out_bill_no.clone(),
+        transaction_id: seen.provider_bill_no.clone().unwrap_or_default(),
+        amount_fen: seen.amount_fen.unwrap_or(0),
+        currency: "CNY".to_owned(),
+        occurred_at: seen.occurred_at,
+        kind: NoticeKind::Transfer(Box::new(seen)),
+    }
 }
 
 /// A payment's notice, from the transaction a notification or a query answer carries: the
@@ -187,23 +249,32 @@ impl WechatPay {
     }
 }
 
+/// The one transfer event this service takes (商家转账: the bill reached `SUCCESS`, `FAIL` or
+/// `CANCELLED`).
+pub(super) const TRANSFER_EVENT: &str = "MCHTRANSFER.BILL.FINISHED";
+
 /// The kinds of notification WeChat sends, each to the notify URL registered for it: a
 /// payment's to the `notify_url` of the order, a refund's to the `notify_url` of the refund
-/// request (or the merchant platform's refund URL).
+/// request (or the merchant platform's refund URL), a transfer's to the `notify_url` of the
+/// transfer-bills request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum EventKind {
     Payment,
     Refund,
+    Transfer,
 }
 
 impl EventKind {
-    /// The kind of `event_type` by its prefix (WeChat Pay v3: `TRANSACTION.*`, `REFUND.*`);
-    /// `None` for one of neither, which any route acknowledges.
+    /// The kind of `event_type` by its prefix (WeChat Pay v3: `TRANSACTION.*`, `REFUND.*`,
+    /// `MCHTRANSFER.*`); `None` for one of none, which the payment and refund routes
+    /// acknowledge.
     fn of_event(event_type: &str) -> Option<Self> {
         if event_type.starts_with("TRANSACTION.") {
             Some(Self::Payment)
         } else if event_type.starts_with("REFUND.") {
             Some(Self::Refund)
+        } else if event_type.starts_with("MCHTRANSFER.") {
+            Some(Self::Transfer)
         } else {
             None
         }
@@ -214,6 +285,7 @@ impl EventKind {
         match route {
             PAY_ROUTE => Some(Self::Payment),
             REFUND_ROUTE => Some(Self::Refund),
+            TRANSFER_ROUTE => Some(Self::Transfer),
             _ => None,
         }
     }
@@ -222,14 +294,25 @@ impl EventKind {
         match self {
             Self::Payment => "a payment",
             Self::Refund => "a refund",
+            Self::Transfer => "a merchant transfer",
         }
     }
 
-    /// The event types of this kind, as WeChat names them.
+    /// The event types of this kind the route takes, as WeChat names them.
     fn events(self) -> &'static str {
         match self {
             Self::Payment => "TRANSACTION.*",
             Self::Refund => "REFUND.*",
+            Self::Transfer => TRANSFER_EVENT,
+        }
+    }
+
+    /// Whether the route of this kind takes `event_type`: the transfer route takes its one
+    /// event only (the contract: other event types are `wrong_event_type` there).
+    fn takes(self, event_type: &str) -> bool {
+        match self {
+            Self::Transfer => event_type == TRANSFER_EVENT,
+            Self::Payment | Self::Refund => Self::of_event(event_type).is_none_or(|e| e == self),
         }
     }
 
@@ -237,6 +320,7 @@ impl EventKind {
         match self {
             Self::Payment => PAY_ROUTE,
             Self::Refund => REFUND_ROUTE,
+            Self::Transfer => TRANSFER_ROUTE,
         }
     }
 
@@ -245,6 +329,9 @@ impl EventKind {
         match self {
             Self::Payment => "payments (the notify_url of the order request)",
             Self::Refund => "refunds (the notify_url of the refund request)",
+            Self::Transfer => {
+                "transfers (the notify_url of the transfer-bills request, transfers.wechat_notify_url)"
+            }
         }
     }
 }
@@ -264,27 +351,33 @@ fn check_event_route(
         });
         return Ok(());
     };
-    let (Some(event), Some(takes)) = (EventKind::of_event(event_type), EventKind::of_route(route))
-    else {
-        trail.pass(CHECK, || match EventKind::of_route(route) {
-            None => format!("{event_type}; {route} is not a WeChat notify route: every event type is taken"),
-            Some(_) => format!("{event_type} is neither a payment nor a refund: acknowledged on any route, changing nothing"),
+    let Some(takes) = EventKind::of_route(route) else {
+        trail.pass(CHECK, || {
+            format!("{event_type}; {route} is not a WeChat notify route: every event type is taken")
         });
         return Ok(());
     };
-    if event == takes {
-        trail.pass(CHECK, || {
-            format!("{event_type} is {}, which {route} takes", event.name())
+    let event = EventKind::of_event(event_type);
+    if takes.takes(event_type) {
+        trail.pass(CHECK, || match event {
+            Some(event) => format!("{event_type} is {}, which {route} takes", event.name()),
+            None => format!("{event_type} is neither a payment, a refund nor a transfer: acknowledged on {route}, changing nothing"),
         });
         return Ok(());
     }
-    let why = format!(
-        "event_type {event_type} is {}; this request came to {route}, which takes {}; the notify URL registered for {} must end in {}",
-        event.name(),
-        takes.events(),
-        event.registered(),
-        event.route()
-    );
+    let why = match event {
+        Some(event) if event != takes => format!(
+            "event_type {event_type} is {}; this request came to {route}, which takes {}; the notify URL registered for {} must end in {}",
+            event.name(),
+            takes.events(),
+            event.registered(),
+            event.route()
+        ),
+        _ => format!(
+            "event_type {event_type} is not {}; this request came to {route}, which takes only that",
+            takes.events()
+        ),
+    };
     trail.fail(CHECK, Rejection::WrongEventType(why.clone()), |_| why)?;
     Ok(())
 }

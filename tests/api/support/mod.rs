@@ -1,6 +1,6 @@
 //! What the tests stand on, not tests themselves: the service on a test database of its own
 //! (`helpers`), the providers' stand-ins (`provider`, their bills in `wechat_bill` and
-//! `alipay_bill`, their refund creates in `refunds`), a test channel with its own signature
+//! `alipay_bill`, their refund creates in `refunds`, WeChat's transfers in `wechat_transfer`), a test channel with its own signature
 //! (`test_channel`), throw-away keys (`keys`) and the agreement of verify and explain (`agree`).
 
 pub mod agree;
@@ -13,3 +13,4 @@ pub mod provider;
 pub mod refunds;
 pub mod test_channel;
 pub mod wechat_bill;
+pub mod wechat_transfer;

@@ -21,6 +21,7 @@ use crate::support::alipay_bill;
 use crate::support::keys::{public_key_path, rsa_key};
 use crate::support::refunds;
 use crate::support::wechat_bill;
+use crate::support::wechat_transfer;
 
 pub const MERCHANT_SERIAL: &str = "3775B6A45ACD588826D15E583A95F5DD00000001";
 /// The merchant's API key pair (the service signs with its private half).
@@ -223,6 +224,8 @@ pub struct Fake {
     pub served_certificates: Mutex<Vec<Served>>,
     /// `GET /v3/certificates` requests that verified.
     pub certificate_calls: AtomicUsize,
+    /// WeChat merchant transfers: the bills held and how the stand-in behaves.
+    pub wechat_transfers: wechat_transfer::Transfers,
     merchant_key: RsaVerifier,
     app_id: String,
     /// More apps the fake gateway serves (under the same seller, signing with the same key).
@@ -365,6 +368,11 @@ impl Fake {
         *self.platform.lock().expect("platform") = (serial.to_owned(), key);
     }
 
+    /// The platform key WeChat signs with now, and its serial.
+    pub(super) fn platform(&self) -> (String, rsa::PrivateKey) {
+        self.platform.lock().expect("platform").clone()
+    }
+
     /// `GET /v3/certificates` lists these from now on.
     pub fn serve_certificates(&self, served: Vec<Served>) {
         *self.served_certificates.lock().expect("served") = served;
@@ -475,6 +483,7 @@ impl FakeProvider {
             platform: Mutex::new((platform_serial.to_owned(), platform)),
             served_certificates: Mutex::new(Vec::new()),
             certificate_calls: AtomicUsize::new(0),
+            wechat_transfers: wechat_transfer::Transfers::default(),
             merchant_key: verifier(MERCHANT_KEY),
             app_id: app_id.to_owned(),
             more_apps: Mutex::new(Vec::new()),
@@ -650,6 +659,9 @@ async fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
         };
         let answer = refunds::wechat_refund(out_refund_no, &r);
         return wechat_signed(fake, 200, &timestamp, answer.to_string());
+    }
+    if path.starts_with(wechat_transfer::PATH) {
+        return wechat_transfer::answer(req, body, fake, &timestamp).await;
     }
     let Some(rest) = path.strip_prefix("/v3/pay/transactions/out-trade-no/") else {
         return wechat_error(404, "NOT_FOUND", "no such API");
