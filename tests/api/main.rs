@@ -39,6 +39,7 @@ mod relay;
 mod service;
 mod shutdown;
 mod support;
+mod transfer_flow;
 mod transfers;
 mod wechat;
 mod wechat_bill;
