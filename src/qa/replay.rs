@@ -25,16 +25,23 @@ pub enum Kind {
     WechatRefund,
     /// Alipay refund (refund_fee, out_biz_no) to /notify/alipay
     AlipayRefund,
+    /// WeChat Pay MCHTRANSFER.BILL.FINISHED (SUCCESS) to /notify/wechat/transfer; --order-no
+    /// is the transfer's out_bill_no
+    WechatTransfer,
 }
 
 impl Kind {
     fn is_wechat(self) -> bool {
-        matches!(self, Self::Wechat | Self::WechatRefund)
+        matches!(
+            self,
+            Self::Wechat | Self::WechatRefund | Self::WechatTransfer
+        )
     }
     fn path(self) -> &'static str {
         match self {
             Self::Wechat => "/notify/wechat/pay",
             Self::WechatRefund => "/notify/wechat/refund",
+            Self::WechatTransfer => "/notify/wechat/transfer",
             Self::Alipay | Self::AlipayRefund => "/notify/alipay",
         }
     }
@@ -148,6 +155,17 @@ fn wechat_delivery(sandbox: &wechat::Sandbox, plan: &Plan) -> Result<Delivery, R
                 plan.amount_fen,
             ),
         ),
+        Kind::WechatTransfer => (
+            "MCHTRANSFER.BILL.FINISHED",
+            wechat::transfer(
+                sandbox,
+                &plan.order_no,
+                &format!("1330{}", plan.order_no),
+                "SUCCESS",
+                plan.amount_fen,
+                None,
+            ),
+        ),
         _ => (
             "TRANSACTION.SUCCESS",
             wechat::transaction(sandbox, &plan.order_no, &transaction_id, plan.amount_fen),
@@ -160,18 +178,18 @@ fn wechat_delivery(sandbox: &wechat::Sandbox, plan: &Plan) -> Result<Delivery, R
     if b.tamper_amount {
         // The amount changed after WeChat signed: same headers, a body they do not cover.
         let mut changed = plaintext.clone();
-        let field = if plan.kind == Kind::WechatRefund {
-            "/amount/refund"
-        } else {
-            "/amount/total"
+        let field = match plan.kind {
+            Kind::WechatRefund => "/amount/refund",
+            Kind::WechatTransfer => "/transfer_amount",
+            _ => "/amount/total",
         };
         if let Some(amount) = changed.pointer_mut(field) {
             *amount = (amount.as_i64().unwrap_or(0) + 1).into();
         }
-        let original_type = if plan.kind == Kind::WechatRefund {
-            "refund"
-        } else {
-            "transaction"
+        let original_type = match plan.kind {
+            Kind::WechatRefund => "refund",
+            Kind::WechatTransfer => "mch_payment",
+            _ => "transaction",
         };
         let ciphertext = wechat::encrypt(
             sandbox.apiv3_key.as_bytes(),
@@ -408,6 +426,9 @@ pub fn validate(plan: &Plan) -> Result<(), ReplayError> {
     }
     if plan.out_refund_no.as_deref() == Some("") {
         return usage("--out-refund-no must not be empty");
+    }
+    if plan.kind == Kind::WechatTransfer && plan.create_order {
+        return usage("--create-order is for payments: a transfer is started by POST /transfers");
     }
     Ok(())
 }
