@@ -1,4 +1,5 @@
-//! The OpenAPI client: trade query, close, refund and refund query, each answer verified.
+//! The OpenAPI client: trade query, close, refund and refund query, each answer verified;
+//! the transfer calls are in `transfer.rs`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,10 +9,10 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use chrono::{FixedOffset, NaiveDateTime, TimeZone};
 use serde::Deserialize;
 
-use super::{Alipay, AlipayApp, AlipaySettings, App, cert_sn};
+use super::{Alipay, AlipayApp, AlipaySettings, App, cert_sn, transfer};
 use crate::channel::api::{
-    Account, Accounts, CloseAnswer, Failure, Miss, ProviderClient, RefundAnswer, RefundCall,
-    RefundReply, RefundState, TradeAnswer,
+    Account, Accounts, CancelReply, CloseAnswer, Failure, Miss, ProviderClient, RefundAnswer,
+    RefundCall, RefundReply, RefundState, TradeAnswer, TransferAnswer, TransferReply,
 };
 use crate::channel::keys::{self, RsaVerifier};
 use crate::config::value::{ConfigError, invalid};
@@ -19,6 +20,7 @@ use crate::https::ClientSettings;
 use crate::money::{fen_to_yuan, yuan_to_fen};
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 use crate::time::Timestamp;
+use crate::transfer::TransferCall;
 
 /// Alipay's production OpenAPI gateway.
 pub const GATEWAY: &str = "https://openapi.alipay.com/gateway.do";
@@ -124,7 +126,8 @@ impl Account for ApiApp {
 
 /// The Alipay OpenAPI client (`alipay.trade.query`, `alipay.trade.close`,
 /// `alipay.trade.refund`, `alipay.trade.fastpay.refund.query`, the bill's download URL:
-/// `bill/fetch.rs`) for every app with an app private key. Requests are
+/// `bill/fetch.rs`, the transfer and its query: `transfer.rs`) for every app with an app
+/// private key. Requests are
 /// signed RSA2 with it; answers are verified over the exact bytes of their `…_response` value
 /// with the app's Alipay public key, the one notifications are verified with.
 pub struct AlipayApi {
@@ -269,8 +272,8 @@ impl AlipayApi {
         }))
     }
 
-    /// Calls `method` and returns its verified `…_response` value. Alipay: sign every
-    /// non-empty parameter but `sign`, sorted by key, `k=v` joined with `&`, raw values.
+    /// Calls `method` and returns its verified `…_response` value, read as a trade call's
+    /// answer.
     pub(super) async fn call(
         &self,
         a: &ApiApp,
@@ -278,6 +281,18 @@ impl AlipayApi {
         biz_content: &serde_json::Value,
         now: Timestamp,
     ) -> Result<ApiResponse, Failure> {
+        self.call_as(a, method, biz_content, now).await
+    }
+
+    /// Calls `method` and returns its verified `…_response` value, read as `T`. Alipay: sign
+    /// every non-empty parameter but `sign`, sorted by key, `k=v` joined with `&`, raw values.
+    pub(super) async fn call_as<T: serde::de::DeserializeOwned>(
+        &self,
+        a: &ApiApp,
+        method: &str,
+        biz_content: &serde_json::Value,
+        now: Timestamp,
+    ) -> Result<T, Failure> {
         let mut params: Vec<(&str, String)> = vec![
             ("app_id", a.app.app_id.clone()),
             ("biz_content", biz_content.to_string()),
@@ -444,35 +459,36 @@ impl ProviderClient for AlipayApi {
         Ok(refund_reply(&a.app, call, r)?)
     }
 
-    fn transfer_apps(&self, _: &ApiApp) -> Result<Vec<String>, String> {
-        Err("transfers are not built yet".into())
+    fn transfer_apps(&self, a: &ApiApp) -> Result<Vec<String>, String> {
+        transfer::transfer_apps(a)
     }
 
     async fn transfer(
         &self,
-        _: &ApiApp,
-        _: &crate::transfer::TransferCall,
-        _: Timestamp,
-    ) -> Result<crate::channel::api::TransferReply, Miss> {
-        Err(Failure::Unexpected("transfers are not built yet".into()).into())
+        a: &ApiApp,
+        call: &TransferCall,
+        now: Timestamp,
+    ) -> Result<TransferReply, Miss> {
+        self.send_transfer(a, call, now).await
     }
 
     async fn transfer_query(
         &self,
-        _: &ApiApp,
-        _: &str,
-        _: Timestamp,
-    ) -> Result<crate::channel::api::TransferAnswer, Miss> {
-        Err(Failure::Unexpected("transfers are not built yet".into()).into())
+        a: &ApiApp,
+        out_bill_no: &str,
+        now: Timestamp,
+    ) -> Result<TransferAnswer, Miss> {
+        self.query_transfer(a, out_bill_no, now).await
     }
 
+    /// Alipay has no cancel of a transfer: an account transfer is final in its answer.
     async fn transfer_cancel(
         &self,
         _: &ApiApp,
         _: &str,
         _: Timestamp,
-    ) -> Result<crate::channel::api::CancelReply, Miss> {
-        Err(Failure::Unexpected("transfers are not built yet".into()).into())
+    ) -> Result<CancelReply, Miss> {
+        Err(Failure::Unexpected("Alipay transfers cannot be cancelled".into()).into())
     }
 }
 
