@@ -341,6 +341,59 @@ pub mod alipay {
         fields
     }
 
+    /// The fields of an Open Platform message to the app gateway (`/notify/alipay/gateway`):
+    /// `msg_method` with its `biz_content`, for app `s.app_id`. Signed as a notification is
+    /// ([`Sandbox::notification`]).
+    pub fn gateway_message(
+        s: &Sandbox,
+        msg_method: &str,
+        biz_content: &Value,
+    ) -> Vec<(String, String)> {
+        vec![
+            field("notify_id", "2026113000262a3c7e1b0f5d4e6a8b9c01"),
+            field("utc_timestamp", "1764471608000"),
+            field("msg_method", msg_method),
+            field("app_id", s.app_id.clone()),
+            field("version", "1.1"),
+            field("charset", "utf-8"),
+            field("biz_content", biz_content.to_string()),
+        ]
+    }
+
+    /// One transfer as `alipay.fund.trans.order.changed` tells it.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct FundOrder {
+        pub out_biz_no: String,
+        pub order_id: String,
+        pub amount_fen: i64,
+        /// `SUCCESS`, `FAIL`, `DEALING`, `REFUND`.
+        pub status: String,
+        /// On `FAIL`: `error_code` (and a `fail_reason` in words).
+        pub error_code: Option<String>,
+    }
+
+    /// The fields of `alipay.fund.trans.order.changed` for `order` (资金单据状态变更通知),
+    /// with the `biz_content` Alipay sends for a `DIRECT_TRANSFER`.
+    pub fn transfer_changed(s: &Sandbox, order: &FundOrder) -> Vec<(String, String)> {
+        let mut biz = json!({
+            "action_type": "FINISH",
+            "biz_scene": "DIRECT_TRANSFER",
+            "order_id": order.order_id,
+            "origin_interface": "alipay.fund.trans.uni.transfer",
+            "out_biz_no": order.out_biz_no,
+            "pay_date": "2026-11-30 11:00:01",
+            "pay_fund_order_id": format!("{}01", order.order_id),
+            "product_code": "TRANS_ACCOUNT_NO_PWD",
+            "status": order.status,
+            "trans_amount": yuan(order.amount_fen),
+        });
+        if let Some(code) = &order.error_code {
+            biz["error_code"] = json!(code);
+            biz["fail_reason"] = json!("收款账户状态异常");
+        }
+        gateway_message(s, "alipay.fund.trans.order.changed", &biz)
+    }
+
     /// What Alipay signs: every field but `sign`/`sign_type`, sorted, `k=v` joined by `&`.
     /// `keep_empty` follows the Python/Node/Go SDKs; otherwise empty values are skipped
     /// as the Java SDK does.

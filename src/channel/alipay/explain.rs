@@ -1,10 +1,10 @@
 //! Explaining a stored request: the walk of `verify.rs` recorded, then decoding, and why a
 //! check failed.
 
-use super::wire::{Form, transcode};
+use super::wire::{Form, Kind, transcode};
 use super::{Alipay, App};
 use crate::channel::{Channel, Explanation, Inbound, Provider, Rejection, Trail, Verdict};
-use crate::notice::{ChannelId, Notice};
+use crate::notice::{ChannelId, Notice, NoticeKind};
 
 impl Alipay {
     /// Why a `sign` that does not verify over the fields received would have verified.
@@ -87,8 +87,8 @@ impl Provider for Alipay {
             return e;
         };
         if e.first_failure().is_some() {
-            // The walk went on past an unsupported sign_type: admit refuses the request, so
-            // there is no notice to decode.
+            // The walk went on past an unsupported sign_type, or a form at the other kind's
+            // route: admit refuses the request, so there is no notice to decode.
             e.push(
                 "decoded fields",
                 Verdict::Skipped,
@@ -97,24 +97,21 @@ impl Provider for Alipay {
             return e;
         }
         let app_id = verified.app.app_id.clone();
+        let kind = verified.kind;
         match self
             .decode(verified)
             .and_then(|n| n.checked().map_err(Rejection::BadRequest))
         {
             Ok(notice) => {
-                e.push(
-                    "decoded fields",
-                    Verdict::Info,
-                    format!(
-                        "out_trade_no {}, trade_no {}, amount_fen {}, seller_id {}, app_id {}",
-                        notice.out_trade_no,
-                        notice.transaction_id,
-                        notice.amount_fen,
-                        notice.merchant.merchant_id,
-                        notice.merchant.app_id.as_deref().unwrap_or("-")
-                    ),
-                );
-                if notice.merchant_matches {
+                e.push("decoded fields", Verdict::Info, decoded(kind, &notice));
+                if kind == Kind::Message {
+                    // A gateway message names only its app, the one whose key verified it.
+                    e.push(
+                        "merchant",
+                        Verdict::Pass,
+                        "app_id is the app whose Alipay key verified it",
+                    );
+                } else if notice.merchant_matches {
                     e.push(
                         "merchant",
                         Verdict::Pass,
@@ -133,5 +130,32 @@ impl Provider for Alipay {
             }
         }
         e
+    }
+}
+
+/// What a decoded notice says, in the words of the form it came in.
+fn decoded(kind: Kind, notice: &Notice) -> String {
+    match (&notice.kind, kind) {
+        (NoticeKind::Transfer(t), _) => format!(
+            "a transfer: out_biz_no {}, order_id {}, status {}, trans_amount {}, app_id {}",
+            t.out_bill_no,
+            t.provider_bill_no.as_deref().unwrap_or("-"),
+            t.provider_state.as_deref().unwrap_or("-"),
+            t.amount_fen
+                .map_or_else(|| "-".to_owned(), |fen| format!("{fen} fen")),
+            t.account
+        ),
+        (NoticeKind::Other { status }, Kind::Message) => format!(
+            "msg_method {status} of app {}: acknowledged, nothing applied",
+            notice.merchant.app_id.as_deref().unwrap_or("-")
+        ),
+        _ => format!(
+            "out_trade_no {}, trade_no {}, amount_fen {}, seller_id {}, app_id {}",
+            notice.out_trade_no,
+            notice.transaction_id,
+            notice.amount_fen,
+            notice.merchant.merchant_id,
+            notice.merchant.app_id.as_deref().unwrap_or("-")
+        ),
     }
 }

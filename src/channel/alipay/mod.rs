@@ -1,11 +1,15 @@
-//! Alipay asynchronous notifications (`/notify/alipay`, `trade_status_sync`).
+//! Alipay asynchronous notifications (`/notify/alipay`, `trade_status_sync`) and Open
+//! Platform messages to the app gateway (`/notify/alipay/gateway`,
+//! `alipay.fund.trans.order.changed`).
 //!
 //! Alipay: the body is `application/x-www-form-urlencoded` in the charset its own `charset`
 //! parameter names. Percent-decode once (`+` is a space), drop `sign` and `sign_type`, sort the
 //! rest by key, join `k=v` with `&`, and verify `sign` (base64 SHA256withRSA) over those bytes
 //! with the app's Alipay public key. The raw body is read as bytes: actix's form extractor
 //! would refuse Alipay's `…; text/html; charset=utf-8` Content-Type, and URL query parameters
-//! are never part of the signed set.
+//! are never part of the signed set. A gateway message is a form signed the same way
+//! (`notify_id`, `utc_timestamp`, `msg_method`, `app_id`, `version`, `charset`, `biz_content`),
+//! and each kind is taken only on its own route.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,6 +35,7 @@ pub mod cert_sn;
 pub mod content;
 mod explain;
 pub mod settings;
+pub mod transfer;
 mod verify;
 mod wire;
 
@@ -38,8 +43,12 @@ pub use api::{AlipayApi, CertSn, GATEWAY};
 pub use settings::{AlipayApp, AlipaySettings};
 pub use wire::string_to_sign;
 
-/// The notify route: every kind of notification (payments, refunds, closes) comes here.
+/// The notify route: every kind of trade notification (payments, refunds, closes) comes here.
 pub const NOTIFY_ROUTE: &str = "/notify/alipay";
+
+/// The app gateway (应用网关): Open Platform messages, such as a transfer's
+/// `alipay.fund.trans.order.changed`, come here. Set it in the Open Platform console.
+pub const GATEWAY_ROUTE: &str = "/notify/alipay/gateway";
 
 /// A configured Alipay app.
 pub struct App {
@@ -110,7 +119,8 @@ impl Alipay {
             .and_then(|id| std::str::from_utf8(id).ok())
             .and_then(|id| self.apps.get(id))
             .ok_or_else(|| Rejection::BadSignature("unknown app_id".into()))?;
-        read_fields(app, form)
+        let kind = wire::Kind::of_form(&form);
+        read_fields(app, kind, form)
             .and_then(|v| self.decode(v))
             .and_then(|n| n.checked().map_err(Rejection::BadRequest))
     }
@@ -132,13 +142,27 @@ impl Alipay {
 #[allow(dead_code)]
 fn alipay() {}
 
-/// The OpenAPI description of the notify route.
+// The OpenAPI text of `GATEWAY_ROUTE`, as above.
+#[utoipa::path(post, path = "/notify/alipay/gateway", tag = "notify",
+    description = "Alipay Open Platform messages to the app gateway (应用网关): `alipay.fund.trans.order.changed` moves a merchant transfer; any other verified `msg_method` is acknowledged with `success`, logged, and nothing is applied. Verified exactly like `/notify/alipay` (RSA2 `sign` over the sorted fields but `sign` and `sign_type`; `app_id` picks the app and its Alipay key); `utc_timestamp` is not checked for freshness, as `notify_time` is not. A trade notification posted here is refused (`wrong_event_type`), as a message posted to `/notify/alipay` is.",
+    request_body(content = String, content_type = "application/x-www-form-urlencoded"),
+    responses(
+        (status = 200, description = "`success`: applied, duplicate, recorded TRANSFER_ANOMALY (an unknown out_biz_no, another amount or app), or a msg_method not acted on", content_type = "text/plain", body = String),
+        (status = 400, description = "`fail`: malformed form or biz_content, repeated field, bad amount, a trade notification (wrong_event_type)", content_type = "text/plain", body = String),
+        (status = 401, description = "`fail`: bad or missing sign, unknown app_id", content_type = "text/plain", body = String),
+        (status = 413, description = "`fail`: body too large", content_type = "text/plain", body = String),
+        (status = 503, description = "`fail`: database unavailable", content_type = "text/plain", body = String)))]
+#[allow(dead_code)]
+fn alipay_gateway() {}
+
+/// The OpenAPI description of the notify routes.
 #[derive(OpenApi)]
-#[openapi(paths(alipay))]
+#[openapi(paths(alipay, alipay_gateway))]
 pub struct NotifyApi;
 
-/// Loads the apps' keys (once, at start-up) and mounts the notify route; with API
-/// credentials, the API client asks about trades and fetches the daily bills.
+/// Loads the apps' keys (once, at start-up) and mounts the notify route and the app gateway;
+/// with API credentials, the API client asks about trades and transfers, sends transfers
+/// and fetches the daily bills.
 pub fn mount(
     settings: &AlipaySettings,
     client: &ClientSettings,
@@ -149,10 +173,16 @@ pub fn mount(
     let client = AlipayApi::from_settings(&built, settings, client, now)?.map(Arc::new);
     let api = client.clone().map(|c| c as Arc<dyn ProviderApi>);
     let bills = client.map(|c| c as Arc<dyn super::bill::BillSource>);
-    let routes = vec![super::NotifyRoute {
-        path: NOTIFY_ROUTE,
-        channel: built,
-    }];
+    let routes = vec![
+        super::NotifyRoute {
+            path: NOTIFY_ROUTE,
+            channel: built.clone(),
+        },
+        super::NotifyRoute {
+            path: GATEWAY_ROUTE,
+            channel: built,
+        },
+    ];
     Ok(Mounted {
         routes,
         provider,
@@ -407,5 +437,159 @@ mod tests {
             Some(Timestamp::new(at + chrono::Duration::milliseconds(123)))
         );
         assert_eq!(beijing_time("2026-11-30T11:00:00"), None);
+    }
+
+    /// The channel with one app, and Alipay's side of it.
+    fn one_app() -> (Alipay, crate::qa::forge::alipay::Sandbox) {
+        let (private_key, key) = key_pair();
+        let app = App {
+            app_id: "2021000000000002".into(),
+            seller_id: "2088000000000002".into(),
+            key,
+        };
+        let sandbox = crate::qa::forge::alipay::Sandbox {
+            app_id: app.app_id.clone(),
+            seller_id: app.seller_id.clone(),
+            private_key,
+        };
+        let apps = HashMap::from([(app.app_id.clone(), Arc::new(app))]);
+        (Alipay { apps }, sandbox)
+    }
+
+    fn admitted(
+        alipay: &Alipay,
+        body: &[u8],
+        route: Option<&str>,
+    ) -> Result<crate::notice::Notice, crate::channel::Rejection> {
+        let headers = actix_web::http::header::HeaderMap::new();
+        let request = crate::channel::Inbound {
+            headers: &headers,
+            body,
+            now: Timestamp::new(chrono::Utc::now()),
+            route,
+        };
+        Provider::admit(alipay, &request)
+    }
+
+    #[test]
+    fn a_transfer_message_is_the_transfer_it_names_as_its_app_s() {
+        use crate::qa::forge::alipay::{FundOrder, transfer_changed};
+        use crate::transfer::TransferState;
+
+        let (alipay, sandbox) = one_app();
+        let order = FundOrder {
+            out_biz_no: "T1".into(),
+            order_id: "20261130110070000002".into(),
+            amount_fen: 12345,
+            status: "SUCCESS".into(),
+            error_code: None,
+        };
+        let message = sandbox
+            .notification(transfer_changed(&sandbox, &order), false)
+            .expect("forge");
+        let notice = admitted(&alipay, &message.body, Some(GATEWAY_ROUTE)).expect("admitted");
+        let NoticeKind::Transfer(seen) = &notice.kind else {
+            panic!("a transfer: {notice:?}");
+        };
+        assert_eq!(seen.out_bill_no, "T1");
+        assert_eq!(
+            seen.provider_bill_no.as_deref(),
+            Some("20261130110070000002")
+        );
+        assert_eq!(seen.state, TransferState::Success);
+        assert_eq!(seen.provider_state.as_deref(), Some("SUCCESS"));
+        assert_eq!(seen.amount_fen, Some(12345));
+        assert_eq!(seen.account, sandbox.app_id);
+        assert_eq!(seen.occurred_at, beijing_time("2026-11-30 11:00:01"));
+        assert_eq!(notice.out_trade_no, "T1");
+        assert_eq!(notice.transaction_id, "20261130110070000002");
+        assert_eq!(notice.amount_fen, 12345);
+        assert_eq!(notice.merchant.merchant_id, sandbox.app_id);
+        assert_eq!(
+            notice.merchant.app_id.as_deref(),
+            Some(sandbox.app_id.as_str())
+        );
+        assert!(notice.merchant_matches);
+
+        let failed = FundOrder {
+            status: "FAIL".into(),
+            error_code: Some("PAYEE_ACCOUNT_STATUS_ERROR".into()),
+            ..order
+        };
+        let message = sandbox
+            .notification(transfer_changed(&sandbox, &failed), false)
+            .expect("forge");
+        let notice = admitted(&alipay, &message.body, Some(GATEWAY_ROUTE)).expect("admitted");
+        let NoticeKind::Transfer(seen) = &notice.kind else {
+            panic!("a transfer: {notice:?}");
+        };
+        assert_eq!(seen.state, TransferState::Fail);
+        assert_eq!(
+            seen.fail_reason.as_deref(),
+            Some("PAYEE_ACCOUNT_STATUS_ERROR")
+        );
+    }
+
+    #[test]
+    fn each_kind_of_form_is_taken_on_its_own_route_only() {
+        use crate::channel::Rejection;
+        use crate::qa::forge::alipay::{gateway_message, payment};
+
+        let (alipay, sandbox) = one_app();
+        let other = sandbox
+            .notification(
+                gateway_message(
+                    &sandbox,
+                    "alipay.open.app.notify.test",
+                    &serde_json::json!({"x": 1}),
+                ),
+                false,
+            )
+            .expect("forge");
+        let trade = sandbox
+            .notification(
+                payment(&sandbox, "O1", "2026O1", 100, "TRADE_SUCCESS"),
+                false,
+            )
+            .expect("forge");
+        let notice = admitted(&alipay, &other.body, Some(GATEWAY_ROUTE)).expect("admitted");
+        assert_eq!(
+            notice.kind,
+            NoticeKind::Other {
+                status: "alipay.open.app.notify.test".into()
+            }
+        );
+        assert_eq!(notice.out_trade_no, "");
+        assert!(matches!(
+            admitted(&alipay, &trade.body, Some(GATEWAY_ROUTE)),
+            Err(Rejection::WrongEventType(_))
+        ));
+        assert!(matches!(
+            admitted(&alipay, &other.body, Some(NOTIFY_ROUTE)),
+            Err(Rejection::WrongEventType(_))
+        ));
+        assert_eq!(
+            admitted(&alipay, &trade.body, Some(NOTIFY_ROUTE)).map(|n| n.kind),
+            Ok(NoticeKind::Paid)
+        );
+        // A receipt stored before routes were kept: either kind is taken.
+        assert!(admitted(&alipay, &trade.body, None).is_ok());
+        assert!(admitted(&alipay, &other.body, None).is_ok());
+        // A message that does not verify is refused before its kind is looked at.
+        let mut forged = sandbox
+            .notification(
+                gateway_message(
+                    &sandbox,
+                    "alipay.open.app.notify.test",
+                    &serde_json::json!({}),
+                ),
+                false,
+            )
+            .expect("forge");
+        forged.body.extend_from_slice(b"&extra=1");
+        assert!(matches!(
+            admitted(&alipay, &forged.body, Some(NOTIFY_ROUTE)),
+            Err(Rejection::BadSignature(_))
+        ));
     }
 }

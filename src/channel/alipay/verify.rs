@@ -1,15 +1,17 @@
-//! Verifying and decoding a notification: the `Channel` side of Alipay, and the walk of
-//! its checks that verification and `explain` share.
+//! Verifying and decoding a notification or an app gateway message: the `Channel` side of
+//! Alipay, and the walk of its checks that verification and `explain` share.
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 
 use super::Alipay;
-use super::wire::{Form, Verified, read_fields};
+use super::transfer::{FundOrder, ORDER_CHANGED};
+use super::wire::{Form, Kind, Verified, read_fields};
 use crate::channel::{
     Answer, Channel, Halt, Inbound, Rejection, Reply, SIGNATURE, Signed, Standing, Trail,
 };
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
+use crate::time::Timestamp;
 
 impl Alipay {
     /// Every check of a notification, in the order Alipay's rules need them, each reported
@@ -100,9 +102,103 @@ impl Alipay {
         trail.pass(SIGNATURE, || {
             format!("verifies with the Alipay public key of app {}", app.app_id)
         });
-        read_fields(app, form)
+        let kind = check_kind(&form, request.route, trail)?;
+        read_fields(app, kind, form)
             .map_err(|why| trail.stop("decoded fields", why, Rejection::to_string))
     }
+}
+
+/// The check that a signed form came to the route of its kind: a trade notification at the
+/// app gateway, or a gateway message at the notify URL, is a URL registered in the wrong
+/// place, and must be loud rather than silently working.
+fn check_kind(form: &Form, route: Option<&str>, trail: &mut impl Trail) -> Result<Kind, Rejection> {
+    const CHECK: &str = "kind";
+    let kind = Kind::of_form(form);
+    let Some(route) = route else {
+        trail.pass(CHECK, || {
+            format!("{}; the route it came to is not known (a receipt stored before routes were kept): either kind is taken", kind.name())
+        });
+        return Ok(kind);
+    };
+    match Kind::of_route(route) {
+        None => trail.pass(CHECK, || {
+            format!(
+                "{}; {route} is not an Alipay notify route: either kind is taken",
+                kind.name()
+            )
+        }),
+        Some(takes) if takes == kind => {
+            trail.pass(CHECK, || format!("{}, which {route} takes", kind.name()))
+        }
+        Some(takes) => {
+            let why = format!(
+                "this is {}; it came to {route}, which takes {}; {} must end in {}",
+                kind.name(),
+                takes.name(),
+                kind.registered(),
+                kind.route()
+            );
+            trail.fail(CHECK, Rejection::WrongEventType(why.clone()), |_| why)?;
+        }
+    }
+    Ok(kind)
+}
+
+/// An Open Platform message's notice. `alipay.fund.trans.order.changed`: the transfer its
+/// `biz_content` names, as the app `app_id` names (whose key verified it: the form's
+/// `app_id` chose the key). Any other `msg_method` is acknowledged and changes nothing.
+///
+/// Like a trade notification, a message is not refused for its age: `utc_timestamp` is not
+/// checked (Alipay retries one for 25 hours, and a replay applies nothing twice).
+fn message_notice(v: Verified) -> Result<Notice, Rejection> {
+    let app_id = v.required("app_id")?.to_owned();
+    let msg_method = v.required("msg_method")?.to_owned();
+    let merchant_matches = app_id == v.app.app_id;
+    let merchant = MerchantIds {
+        merchant_id: app_id.clone(),
+        app_id: Some(app_id.clone()),
+    };
+    if msg_method != ORDER_CHANGED {
+        tracing::info!(
+            app_id,
+            msg_method,
+            notify_id = v.field("notify_id").unwrap_or("-"),
+            "an Alipay gateway message this service does not act on: acknowledged, nothing applied"
+        );
+        return Ok(Notice {
+            channel: ChannelId::Alipay,
+            kind: NoticeKind::Other { status: msg_method },
+            out_trade_no: String::new(),
+            transaction_id: String::new(),
+            amount_fen: 0,
+            currency: String::new(),
+            merchant,
+            merchant_matches,
+            occurred_at: None,
+        });
+    }
+    let order: FundOrder = serde_json::from_str(v.required("biz_content")?)
+        .map_err(|e| Rejection::BadRequest(format!("biz_content: {e}")))?;
+    let utc_timestamp = v
+        .field("utc_timestamp")
+        .and_then(|ms| ms.parse::<i64>().ok())
+        .and_then(chrono::DateTime::from_timestamp_millis)
+        .map(Timestamp::new);
+    let mut seen = order
+        .seen(&app_id)
+        .map_err(|why| Rejection::BadRequest(format!("biz_content: {why}")))?;
+    seen.occurred_at = seen.occurred_at.or(utc_timestamp);
+    Ok(Notice {
+        channel: ChannelId::Alipay,
+        out_trade_no: seen.out_bill_no.clone(),
+        transaction_id: seen.provider_bill_no.clone().unwrap_or_default(),
+        amount_fen: seen.amount_fen.unwrap_or(0),
+        currency: "CNY".to_owned(),
+        merchant,
+        merchant_matches,
+        occurred_at: seen.occurred_at,
+        kind: NoticeKind::Transfer(Box::new(seen)),
+    })
 }
 
 impl Channel for Alipay {
@@ -123,6 +219,9 @@ impl Channel for Alipay {
     }
 
     fn decode(&self, v: Verified) -> Result<Notice, Rejection> {
+        if v.kind == Kind::Message {
+            return message_notice(v);
+        }
         let out_trade_no = v.required("out_trade_no")?.to_owned();
         let trade_no = v.required("trade_no")?.to_owned();
         let status = v.required("trade_status")?.to_owned();

@@ -1,11 +1,12 @@
-//! The notification on the wire: the form, its charset and the string Alipay signs.
+//! The notification on the wire: the form, its charset, the string Alipay signs, and which of
+//! Alipay's two kinds of post it is.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{FixedOffset, NaiveDateTime, TimeZone};
 
-use super::App;
+use super::{App, GATEWAY_ROUTE, NOTIFY_ROUTE};
 use crate::channel::Rejection;
 use crate::money::yuan_to_fen;
 use crate::time::Timestamp;
@@ -76,10 +77,64 @@ pub fn string_to_sign(body: &[u8]) -> Result<Vec<u8>, Rejection> {
     Ok(Form::parse(body)?.sign_content(false))
 }
 
-/// What verification hands to decoding: the app and the fields as text.
+/// The two kinds of form Alipay posts, each to its own URL, both signed alike (rsaCheckV1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A trade's asynchronous notification (`trade_status_sync`: payments, refunds, closes),
+    /// sent to the `notify_url` of the trade's request.
+    Trade,
+    /// An Open Platform message (`msg_method`, `biz_content`, `utc_timestamp`), sent to the
+    /// app gateway (应用网关) set in the Open Platform console: `alipay.fund.trans.order.changed`.
+    Message,
+}
+
+impl Kind {
+    /// A form with `msg_method` is a message; every other one a trade's notification.
+    pub(super) fn of_form(form: &Form) -> Self {
+        if form.get("msg_method").is_some() {
+            Self::Message
+        } else {
+            Self::Trade
+        }
+    }
+
+    /// The kind the notify route `route` takes; `None` for a path that is not one of ours.
+    pub(super) fn of_route(route: &str) -> Option<Self> {
+        match route {
+            NOTIFY_ROUTE => Some(Self::Trade),
+            GATEWAY_ROUTE => Some(Self::Message),
+            _ => None,
+        }
+    }
+
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Self::Trade => "a trade notification (notify_type trade_status_sync)",
+            Self::Message => "an Open Platform message (msg_method)",
+        }
+    }
+
+    pub(super) fn route(self) -> &'static str {
+        match self {
+            Self::Trade => NOTIFY_ROUTE,
+            Self::Message => GATEWAY_ROUTE,
+        }
+    }
+
+    /// Where Alipay is told the URL of this kind.
+    pub(super) fn registered(self) -> &'static str {
+        match self {
+            Self::Trade => "the notify_url of the trade's request",
+            Self::Message => "the app gateway (应用网关) in the Open Platform console",
+        }
+    }
+}
+
+/// What verification hands to decoding: the app, the kind of form and its fields as text.
 #[derive(Debug)]
 pub struct Verified {
     pub(super) app: Arc<App>,
+    pub(super) kind: Kind,
     pub(super) fields: HashMap<String, String>,
 }
 
@@ -130,7 +185,7 @@ pub(super) fn text(bytes: &[u8], gbk: bool) -> Option<String> {
 }
 
 /// A form whose signature verified, read as text in the charset Alipay signed it in.
-pub(super) fn read_fields(app: &Arc<App>, form: Form) -> Result<Verified, Rejection> {
+pub(super) fn read_fields(app: &Arc<App>, kind: Kind, form: Form) -> Result<Verified, Rejection> {
     // Now read the values as text, in the charset Alipay signed.
     let charset = form
         .get("charset")
@@ -158,6 +213,7 @@ pub(super) fn read_fields(app: &Arc<App>, form: Form) -> Result<Verified, Reject
     }
     Ok(Verified {
         app: Arc::clone(app),
+        kind,
         fields,
     })
 }
