@@ -1,10 +1,12 @@
 //! What the tests stand on, not tests themselves: the service on a test database of its own
 //! (`helpers`), the providers' stand-ins (`provider`, their bills in `wechat_bill` and
-//! `alipay_bill`, their refund creates in `refunds`, WeChat's transfers in `wechat_transfer`), a test channel with its own signature
-//! (`test_channel`), throw-away keys (`keys`) and the agreement of verify and explain (`agree`).
+//! `alipay_bill`, their refund creates in `refunds`, the transfers in `wechat_transfer` and
+//! `alipay_transfer`), a test channel with its own signature (`test_channel`), throw-away
+//! keys (`keys`) and the agreement of verify and explain (`agree`).
 
 pub mod agree;
 pub mod alipay_bill;
+pub mod alipay_transfer;
 pub mod browser;
 pub mod helpers;
 pub mod keys;

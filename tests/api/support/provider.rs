@@ -18,6 +18,7 @@ use paynotify::time::{Clock, ManualClock};
 use serde_json::{Value, json};
 
 use crate::support::alipay_bill;
+use crate::support::alipay_transfer;
 use crate::support::keys::{public_key_path, rsa_key};
 use crate::support::refunds;
 use crate::support::wechat_bill;
@@ -210,8 +211,10 @@ pub struct Fake {
     /// Alipay certificate mode: the `(app_cert_sn, alipay_root_cert_sn)` every request must
     /// carry; a request without them or with others is refused as Alipay's gateway refuses it.
     pub expect_cert_sn: Mutex<Option<(String, String)>>,
-    /// `(call, out_trade_no)` of every request, in order.
+    /// `(call, out_trade_no)` of every request, in order (transfers: `out_biz_no`).
     pub calls: Mutex<Vec<(String, String)>>,
+    /// Alipay transfers, by `out_biz_no` (`support/alipay_transfer.rs`).
+    pub alipay_transfers: Mutex<alipay_transfer::Transfers>,
     /// The provider's own clock and how far it moves after each answer (a backlog whose
     /// calls are spread over minutes); without it, answers are stamped with the request's
     /// timestamp.
@@ -476,6 +479,7 @@ impl FakeProvider {
             refused: AtomicUsize::new(0),
             arrivals: Mutex::new(Vec::new()),
             calls: Mutex::new(Vec::new()),
+            alipay_transfers: Mutex::new(alipay_transfer::Transfers::default()),
             expect_cert_sn: Mutex::new(None),
             clock: Mutex::new(None),
             mchid: mchid.to_owned(),
@@ -779,7 +783,7 @@ fn alipay_request(body: &[u8], fake: &Fake) -> Option<HashMap<String, String>> {
 /// 公钥证书序列号), `40002 isv.app-cert-not-exist` (应用公钥证书不存在) for an SN it does not
 /// know, `40002 isv.invalid-alipay-root-cert-sn` (无效支付宝根证书序列号); and, by analogy, `40001
 /// isv.missing-alipay-root-cert-sn` for a missing root SN.
-fn cert_sn_refusal(fake: &Fake, params: &HashMap<String, String>) -> Option<Value> {
+pub(super) fn cert_sn_refusal(fake: &Fake, params: &HashMap<String, String>) -> Option<Value> {
     let (app, root) = fake.expected_cert_sn()?;
     let given = |k: &str| params.get(k).filter(|v| !v.is_empty());
     let refusal = |code: &str, msg: &str, sub_code: &str, sub_msg: &str| json!({"code": code, "msg": msg, "sub_code": sub_code, "sub_msg": sub_msg});
@@ -854,6 +858,9 @@ async fn alipay(fake: &Fake, body: &[u8], req: &HttpRequest) -> HttpResponse {
         return alipay_signed(fake, "error", &value);
     };
     let method = params.get("method").cloned().unwrap_or_default();
+    if method.starts_with("alipay.fund.trans.") {
+        return alipay_transfer::answer(fake, &method, &params).await;
+    }
     if let Some(refusal) = cert_sn_refusal(fake, &params) {
         fake.refused.fetch_add(1, Ordering::SeqCst);
         return alipay_signed(fake, &method, &refusal);
