@@ -14,9 +14,9 @@ use crate::support::helpers::{
 use crate::support::keys::{certificate, public_key_path, rsa_key};
 use crate::support::provider::FakeProvider;
 
-const APP: &str = "2021000000000001";
+pub(crate) const APP: &str = "2021000000000001";
 const SELLER: &str = "2088000000000001";
-const CERT_APP: &str = "2021000000000002";
+pub(crate) const CERT_APP: &str = "2021000000000002";
 const CERT_SELLER: &str = "2088000000000002";
 
 pub(crate) type Fields = Vec<(String, String)>;
@@ -676,7 +676,7 @@ fn alipay_cert_sns_are_the_sdks_md5_of_issuer_and_decimal_serial() {
 }
 
 /// The stand-in gateway for the certificate-mode app, checking both SNs.
-async fn cert_gateway() -> FakeProvider {
+pub(crate) async fn cert_gateway() -> FakeProvider {
     let platform = crate::wechat::sandbox('A');
     let fake = FakeProvider::start(
         (
@@ -699,7 +699,7 @@ async fn cert_gateway() -> FakeProvider {
 /// App 2021000000000002 in certificate mode with API credentials at `url`: answers are
 /// verified with the key of its `alipay_cert_file` (the stand-in's Alipay key), requests carry
 /// the SNs of `app_cert_file` and of `root`.
-fn cert_mode(s: &mut paynotify::config::Settings, url: &str, root: &std::path::Path) {
+pub(crate) fn cert_mode(s: &mut paynotify::config::Settings, url: &str, root: &std::path::Path) {
     use crate::support::keys::{certificate_over, private_key_path};
     s.alipay = settings();
     let a = &mut s.alipay.apps[1];

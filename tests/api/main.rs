@@ -2,6 +2,8 @@
 
 mod alipay;
 mod alipay_bill;
+mod alipay_gateway_notify;
+mod alipay_transfer_calls;
 mod alipay_vectors;
 mod amqp;
 mod archive;
