@@ -283,3 +283,29 @@ async fn an_app_in_public_key_mode_cannot_transfer() {
     );
     assert_eq!(desk.fake.state.alipay_transfers_created(), 0);
 }
+
+/// Through the service: `POST /transfers` from an app in public-key mode is `422
+/// ACCOUNT_CANNOT_TRANSFER`, nothing recorded, nothing sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_refuses_a_transfer_from_an_app_in_public_key_mode() {
+    let fake = crate::reconcile::fake().await;
+    let app =
+        crate::transfers::app_with(crate::support::helpers::Backend::Sqlite, &fake, |_| {}).await;
+    let body = serde_json::json!({
+        "out_bill_no": "TPK1", "channel": "alipay", "account": APP,
+        "amount_fen": 100, "remark": "活动奖励",
+        "payee": {"identity": "2088000000000099", "identity_type": "ALIPAY_USER_ID"}
+    });
+    let (status, answer) = crate::transfers::start(&app, &body).await;
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(answer["code"], "ACCOUNT_CANNOT_TRANSFER");
+    assert!(
+        answer["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("certificate mode")),
+        "{answer}"
+    );
+    assert_eq!(crate::transfers::recorded(&app).await, 0);
+    assert!(fake.state.calls().is_empty(), "{:?}", fake.state.calls());
+    assert_eq!(fake.state.alipay_transfers_created(), 0);
+}

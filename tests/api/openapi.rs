@@ -61,6 +61,7 @@ async fn every_endpoint_is_documented_and_the_document_is_served() {
             "/healthz",
             "/metrics",
             "/notify/alipay",
+            "/notify/alipay/gateway",
             "/notify/wechat/pay",
             "/notify/wechat/refund",
             "/notify/wechat/transfer",
