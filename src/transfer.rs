@@ -151,6 +151,9 @@ pub struct TransferSeen {
 pub mod max_len {
     /// `out_bill_no`: 1 to 32 of A-Z a-z 0-9 (WeChat's limit; Alipay's `out_biz_no` allows 64).
     pub const OUT_BILL_NO: usize = 32;
+    /// An `out_bill_no` a provider names: Alipay's `out_biz_no` allows 64, and one longer than
+    /// ours is money out never started here (`UNKNOWN_TRANSFER`), not a malformed message.
+    pub const SEEN_OUT_BILL_NO: usize = 64;
     /// WeChat `transfer_bill_no`, Alipay `order_id`.
     pub const PROVIDER_BILL_NO: usize = 64;
     pub const FAIL_REASON: usize = 64;
@@ -161,7 +164,11 @@ impl TransferSeen {
     /// Longer ids than the table holds are refused where they arrive.
     pub fn check_lengths(&self) -> Result<(), String> {
         let fields = [
-            ("out_bill_no", Some(&self.out_bill_no), max_len::OUT_BILL_NO),
+            (
+                "out_bill_no",
+                Some(&self.out_bill_no),
+                max_len::SEEN_OUT_BILL_NO,
+            ),
             (
                 "provider bill no",
                 self.provider_bill_no.as_ref(),

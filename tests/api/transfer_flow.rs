@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::reconcile::fake;
 use crate::support::helpers::{Backend, TestApp, post_delivery};
 use crate::support::provider::{FakeProvider, Signing};
-use crate::support::wechat_transfer::{self, BillState, Kind, NewBill};
+use crate::support::wechat_transfer::{self, Kind, NewBill};
 use crate::transfers::{MCHID, app_with, get, post, recorded, start, wechat_body};
 
 crate::on_every_backend!(
@@ -23,6 +23,8 @@ crate::on_every_backend!(
     answers_that_are_not_the_providers_move_nothing,
     notifications_that_must_not_move_a_transfer_raise_one_anomaly,
     two_followers_of_one_transfer_emit_one_final_event,
+    an_alipay_transfer_is_final_in_its_answer_and_its_message_is_a_duplicate,
+    an_alipay_refusal_fails_and_a_hang_is_sent_again_until_final,
 );
 
 /// `[transfers]` timings in these tests (the defaults).
@@ -373,17 +375,117 @@ async fn two_followers_of_one_transfer_emit_one_final_event(backend: Backend) {
     }
     app.clock.advance(QUERY_AFTER_SECS);
     // Two instances' jobs at once, and the notifications racing them.
-    let (a, b, c) = tokio::join!(drive(&app), drive(&app), async {
+    let (a, b, ()) = tokio::join!(drive(&app), drive(&app), async {
         for i in 0..5 {
             notify_finished(&app, &fake, &format!("TTWO{i}")).await;
         }
     });
-    let _ = c;
     assert!(a + b <= 5, "each transfer is taken once: {a} + {b}");
     assert!(fake.state.wechat_transfers.calls(Kind::Query) <= 5);
     assert_eq!(app.messages("TRANSFER_SUCCEEDED").await, 5);
     for i in 0..5 {
         assert_eq!(shown(&app, &format!("TTWO{i}")).await["status"], "SUCCESS");
     }
-    let _ = BillState::Success;
+}
+
+/// Alipay: the certificate-mode app of the stand-in gateway, transfers on.
+async fn alipay_app(backend: Backend, fake: &FakeProvider) -> TestApp {
+    let url = fake.url.clone();
+    let root = crate::support::keys::alipay_certs(crate::support::provider::APP_KEY)
+        .root
+        .clone();
+    crate::support::helpers::spawn_app_with(backend, move |s| {
+        crate::alipay::cert_mode(s, &url, &root);
+        s.provider_api.timeout_ms = 1000;
+        s.transfers.enabled = true;
+    })
+    .await
+}
+
+fn alipay_body(no: &str, fen: i64) -> Value {
+    json!({
+        "out_bill_no": no, "channel": "alipay", "account": crate::alipay::CERT_APP,
+        "amount_fen": fen, "remark": "返利",
+        "payee": {"identity": "2088000000000099", "identity_type": "ALIPAY_USER_ID"}
+    })
+}
+
+fn alipay_final(app: &TestApp, result: &str) -> u64 {
+    Metrics::count(&app.metrics.transfers_final, &["alipay", result])
+}
+
+async fn an_alipay_transfer_is_final_in_its_answer_and_its_message_is_a_duplicate(
+    backend: Backend,
+) {
+    let fake = crate::alipay::cert_gateway().await;
+    let app = alipay_app(backend, &fake).await;
+    let (status, t) = start(&app, &alipay_body("TALI1", 1050)).await;
+    assert_eq!(status, 202, "{t}");
+    assert_eq!(
+        (&t["status"], &t["provider_state"]),
+        (&json!("SUCCESS"), &json!("SUCCESS"))
+    );
+    let held = fake.state.alipay_transfer("TALI1").expect("held");
+    assert_eq!(held.amount_fen, 1050);
+    assert_eq!(t["provider_bill_no"], held.order_id.as_str());
+    assert_eq!(
+        t["payee"],
+        json!({"identity": "2088000000000099", "identity_type": "ALIPAY_USER_ID"})
+    );
+    assert_eq!(alipay_final(&app, "success"), 1);
+    // Its message at the app gateway: acknowledged, a duplicate.
+    let message = crate::support::alipay_transfer::order_changed(
+        &fake.state,
+        &crate::alipay::sandbox(),
+        "TALI1",
+    );
+    let answered = post_delivery(&app, "/notify/alipay/gateway", &message).await;
+    assert_eq!(answered, (200, "success".to_owned()));
+    assert_eq!(app.messages("TRANSFER_SUCCEEDED").await, 1);
+    assert_eq!(app.messages("TRANSFER_ANOMALY").await, 0);
+    // Alipay transfers cannot be cancelled.
+    assert_eq!(
+        post(&app, "/transfers/TALI1/cancel", &json!({})).await.0,
+        409
+    );
+    // An app without certificate-mode API credentials cannot transfer.
+    let mut other = alipay_body("TALI2", 100);
+    other["account"] = json!(crate::alipay::APP);
+    let (status, answer) = start(&app, &other).await;
+    assert_eq!(
+        (status, &answer["code"]),
+        (422, &json!("ACCOUNT_CANNOT_TRANSFER")),
+        "{answer}"
+    );
+    assert_eq!(fake.state.alipay_transfers_created(), 1);
+}
+
+async fn an_alipay_refusal_fails_and_a_hang_is_sent_again_until_final(backend: Backend) {
+    use crate::support::alipay_transfer::NewTransfer;
+    let fake = crate::alipay::cert_gateway().await;
+    let app = alipay_app(backend, &fake).await;
+    fake.state
+        .new_alipay_transfers(NewTransfer::Refused("PAYEE_NOT_EXIST"));
+    let (status, t) = start(&app, &alipay_body("TALIX1", 100)).await;
+    assert_eq!(status, 202, "{t}");
+    assert_eq!(
+        (&t["status"], &t["fail_reason"]),
+        (&json!("FAIL"), &json!("PAYEE_NOT_EXIST"))
+    );
+    assert_eq!(app.messages("TRANSFER_FAILED").await, 1);
+    assert_eq!(alipay_final(&app, "fail"), 1);
+    // The create hangs after Alipay made the transfer: unknown, sent again, one transfer.
+    fake.state.new_alipay_transfers(NewTransfer::Success);
+    fake.state.hang_alipay_transfers(1);
+    let (status, t) = start(&app, &alipay_body("TALIX2", 100)).await;
+    assert_eq!(status, 202, "{t}");
+    assert_eq!(
+        (&t["status"], &t["provider_state"]),
+        (&json!("PROCESSING"), &Value::Null)
+    );
+    app.clock.advance(60);
+    assert_eq!(drive(&app).await, 1);
+    assert_eq!(shown(&app, "TALIX2").await["status"], "SUCCESS");
+    assert_eq!(fake.state.alipay_transfers_created(), 1);
+    assert_eq!(app.messages("TRANSFER_SUCCEEDED").await, 1);
 }
