@@ -149,6 +149,20 @@ impl Metrics {
             .inc();
     }
 
+    /// Starts `channel`'s transfer-anomaly series at 0 for every reason a transfer can have:
+    /// a series born at 1 shows no `increase()`, and the first `UNKNOWN_TRANSFER` must alert.
+    pub fn transfer_anomalies_from_zero(&self, channel: ChannelId) {
+        for reason in [
+            AnomalyReason::UnknownTransfer,
+            AnomalyReason::AmountMismatch,
+            AnomalyReason::MerchantMismatch,
+        ] {
+            self.transfer_anomalies
+                .with_label_values(&[channel.as_str(), reason.as_str()])
+                .inc_by(0);
+        }
+    }
+
     /// Counts a `TRANSFER_ANOMALY` raised, from a notification or a signed answer.
     pub fn transfer_anomaly(&self, channel: ChannelId, reason: AnomalyReason) {
         self.transfer_anomalies

@@ -208,6 +208,9 @@ impl Transfers {
         settings: &TransferSettings,
         call_timeout: std::time::Duration,
     ) -> Self {
+        for accounts in &channels {
+            metrics.transfer_anomalies_from_zero(accounts.channel);
+        }
         Self {
             channels,
             store,

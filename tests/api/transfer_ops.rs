@@ -1,5 +1,6 @@
 //! What operators watch of transfers: the age of the oldest one not final (the "stuck"
-//! alert's gauge), per channel and status, as the transfer job reads it. Transfers are
+//! alert's gauge), per channel and status, as the transfer job reads it; the anomaly
+//! counter's series from 0. Transfers are
 //! recorded straight into the store and moved through the ledger path, so nothing here
 //! depends on what a provider answers; the providers' API is a closed port.
 
@@ -206,4 +207,12 @@ async fn the_oldest_open_transfer_per_channel_and_status_is_measured(backend: Ba
         ),
         "{scrape}"
     );
+    // The anomaly series exist from the start, at 0: the first UNKNOWN_TRANSFER is an
+    // increase the alert sees.
+    for channel in ["wechat", "alipay"] {
+        let zero = format!(
+            r#"paynotify_transfer_anomalies_total{{channel="{channel}",reason="UNKNOWN_TRANSFER"}} 0"#
+        );
+        assert!(scrape.contains(&zero), "{zero}: {scrape}");
+    }
 }
