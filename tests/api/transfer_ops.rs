@@ -1,10 +1,12 @@
 //! What operators watch of transfers: the age of the oldest one not final (the "stuck"
 //! alert's gauge), per channel and status, as the transfer job reads it; the anomaly
-//! counter's series from 0. Transfers are
-//! recorded straight into the store and moved through the ledger path, so nothing here
-//! depends on what a provider answers; the providers' API is a closed port.
+//! counter's series from 0, and a transfer notification's anomaly counted apart from the
+//! payments'. For the gauge, transfers are recorded straight into the store and moved
+//! through the ledger path, so nothing depends on what a provider answers (its API is a
+//! closed port); the anomalies arrive signed at `/notify/wechat/transfer` from the stand-in.
 
 use paynotify::config::Settings;
+use paynotify::metrics::Metrics;
 use paynotify::notice::{ChannelId, Outcome};
 use paynotify::time::Clock;
 use paynotify::transfer::{
@@ -12,9 +14,10 @@ use paynotify::transfer::{
 };
 use paynotify::transfers::store::{NewTransfer, Recorded};
 
-use crate::reconcile::configure;
-use crate::support::helpers::{Backend, TestApp, spawn_app_with};
-use crate::transfers::{APPID, MCHID};
+use crate::reconcile::{configure, fake};
+use crate::support::helpers::{Backend, TestApp, post_delivery, spawn_app_with};
+use crate::support::wechat_transfer;
+use crate::transfers::{APPID, MCHID, start, wechat_body};
 
 crate::on_every_backend!(the_oldest_open_transfer_per_channel_and_status_is_measured);
 
@@ -215,4 +218,38 @@ async fn the_oldest_open_transfer_per_channel_and_status_is_measured(backend: Ba
         );
         assert!(scrape.contains(&zero), "{zero}: {scrape}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_notifications_anomaly_is_counted_apart_from_the_payments() {
+    let fake = fake().await;
+    let app = crate::transfers::app_with(Backend::Sqlite, &fake, |_| {}).await;
+    assert_eq!(start(&app, &wechat_body("TCOUNT1", 100)).await.0, 202);
+    let s = crate::wechat::sandbox('A');
+    let now = app.clock.now().unix_seconds();
+    let notify = |d| {
+        let app = &app;
+        async move { post_delivery(app, "/notify/wechat/transfer", &d).await.0 }
+    };
+    // Another amount, twice (the repeat is a duplicate), then money never started here.
+    let other_amount =
+        wechat_transfer::finished(&s, "TCOUNT1", "1330TCOUNT1", "SUCCESS", 101, None, now);
+    assert_eq!(notify(other_amount.clone()).await, 204);
+    assert_eq!(notify(other_amount).await, 204);
+    let nobody =
+        wechat_transfer::finished(&s, "TNOBODY9", "1330TNOBODY9", "SUCCESS", 5000, None, now);
+    assert_eq!(notify(nobody).await, 204);
+    let transfers =
+        |reason: &str| Metrics::count(&app.metrics.transfer_anomalies, &["wechat", reason]);
+    assert_eq!(transfers("AMOUNT_MISMATCH"), 1);
+    assert_eq!(transfers("UNKNOWN_TRANSFER"), 1);
+    // Not money in: the payments' counter (and its alert) stays quiet.
+    assert_eq!(
+        Metrics::count(&app.metrics.anomalies, &["wechat", "AMOUNT_MISMATCH"]),
+        0
+    );
+    assert_eq!(
+        Metrics::count(&app.metrics.notifications, &["wechat", "anomaly"]),
+        2
+    );
 }
