@@ -156,11 +156,11 @@ impl Intake {
         let result = match settled {
             Ok(Settled::Cached) => {
                 // The same content was applied before: the same answer, no database.
-                self.metrics.notified(id, Counted::DuplicateCached);
+                self.count(notice, Counted::DuplicateCached);
                 return (Counted::DuplicateCached, Reply::Success);
             }
             Ok(Settled::Busy) => {
-                self.metrics.notified(id, Counted::InFlight);
+                self.count(notice, Counted::InFlight);
                 return (
                     Counted::InFlight,
                     Reply::Failure {
@@ -174,7 +174,7 @@ impl Intake {
         };
         match result {
             Ok(outcome) => {
-                self.metrics.notified(id, Counted::Ledger(outcome));
+                self.count(notice, Counted::Ledger(outcome));
                 tracing::info!(
                     channel = %id,
                     out_trade_no = %notice.out_trade_no,
@@ -202,10 +202,19 @@ impl Intake {
                 } else {
                     (Counted::DbError, 500, "internal error")
                 };
-                self.metrics.notified(id, counted);
+                self.count(notice, counted);
                 tracing::error!(channel = %id, out_trade_no = %notice.out_trade_no, error = %e, "notification not stored; the provider will retry");
                 (counted, Reply::Failure { status, message })
             }
+        }
+    }
+
+    /// Counts what became of a verified notice: a transfer's anomaly apart from a payment's.
+    fn count(&self, notice: &Notice, counted: Counted) {
+        if let NoticeKind::Transfer(_) = notice.kind {
+            self.metrics.transfer_notified(notice.channel, counted);
+        } else {
+            self.metrics.notified(notice.channel, counted);
         }
     }
 

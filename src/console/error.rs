@@ -9,6 +9,7 @@ use super::html::{bare, sign_in_page};
 use crate::certificates::NotRefreshed;
 use crate::reconcile::ReconcileOrderError;
 use crate::store::StoreError;
+use crate::transfers::CancelError;
 
 /// Why a console request was not answered with its page. The statuses and messages are the
 /// internal API's for the same cause.
@@ -56,6 +57,22 @@ impl From<ReconcileOrderError> for ConsoleError {
 impl From<NotRefreshed> for ConsoleError {
     fn from(e: NotRefreshed) -> Self {
         Self::Unavailable(e.to_string())
+    }
+}
+
+impl From<CancelError> for ConsoleError {
+    fn from(e: CancelError) -> Self {
+        match e {
+            CancelError::Disabled => {
+                Self::Forbidden("transfers are off (transfers.enabled = false)")
+            }
+            CancelError::Unknown => Self::NotFound(e.to_string()),
+            CancelError::NotCancellable(_) | CancelError::Refused { .. } => {
+                Self::Conflict(e.to_string())
+            }
+            CancelError::Unavailable(why) => Self::Unavailable(why),
+            CancelError::Store(e) => Self::Database(e),
+        }
     }
 }
 

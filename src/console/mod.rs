@@ -1,6 +1,7 @@
 //! The console: a few server-rendered pages for the on-call engineer under `/admin/console`
 //! — refused deliveries with their `explain` and a re-apply, anomalies, dead letters with a
-//! redrive, recent orders by status, the bill and query reconciliation, the platform keys.
+//! redrive, recent orders by status, merchant transfers with a cancel, the bill and query
+//! reconciliation, the platform keys.
 //!
 //! No JavaScript and nothing from elsewhere: the binary serves every byte, the pages are HTML
 //! forms, every value is escaped by the templates (`maud`), and the answers carry a strict

@@ -71,6 +71,12 @@ pub struct Metrics {
     /// provider's answer brought them, by result.
     pub transfers_started: IntCounterVec,
     pub transfers_final: IntCounterVec,
+    /// `TRANSFER_ANOMALY` raised, by channel and reason (`UNKNOWN_TRANSFER`: money out that
+    /// paynotify did not send), apart from the payments' [`Metrics::anomalies`].
+    pub transfer_anomalies: IntCounterVec,
+    /// How long the oldest transfer of each channel and not-final status has waited since it
+    /// was recorded (0: none), as the transfer job last read it.
+    pub transfers_open_oldest_seconds: IntGaugeVec,
     /// What became of expired orders, by [`ExpiryResult`].
     pub expiry: IntCounterVec,
     /// Changes of the database's writer noticed; orders rechecked after them, by result
@@ -268,6 +274,22 @@ impl Metrics {
             "Transfers that a provider's answer made final: success, fail, cancelled (a notification counts in paynotify_notifications_total)",
             &["channel", "result"],
         );
+        let transfer_anomalies = counter(
+            "paynotify_transfer_anomalies_total",
+            "Transfer notifications and answers recorded as TRANSFER_ANOMALY, by channel and reason (UNKNOWN_TRANSFER: money out paynotify did not send)",
+            &["channel", "reason"],
+        );
+        let transfers_open_oldest_seconds = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "paynotify_transfers_open_oldest_seconds",
+                    "Age of the oldest transfer not final, by channel and status (0: none), as the transfer job last read it",
+                ),
+                &["channel", "status"],
+            )
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+        );
         let payments_recovered = counter(
             "paynotify_payments_recovered_total",
             "Payments applied from a provider's signed answer: notifications that never came",
@@ -329,6 +351,8 @@ impl Metrics {
             refunds_final,
             transfers_started,
             transfers_final,
+            transfer_anomalies,
+            transfers_open_oldest_seconds,
             expiry,
             notifications,
             rejections,

@@ -133,6 +133,18 @@ impl Metrics {
         }
     }
 
+    /// Counts a verified transfer notification; its anomaly goes to
+    /// `paynotify_transfer_anomalies_total`, not the payments' (an `AMOUNT_MISMATCH` of a
+    /// transfer is money out, not in).
+    pub fn transfer_notified(&self, channel: ChannelId, counted: Counted) {
+        self.notifications
+            .with_label_values(&[channel.as_str(), counted.label()])
+            .inc();
+        if let Counted::Ledger(Outcome::Anomaly(reason)) = counted {
+            self.transfer_anomaly(channel, reason);
+        }
+    }
+
     /// Counts a notification refused before the ledger.
     pub fn refused(&self, channel: ChannelId, why: Refusal) {
         self.rejections
@@ -154,5 +166,30 @@ impl Metrics {
         self.receipts
             .with_label_values(&[result.label()])
             .inc_by(n as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::notice::AnomalyReason;
+
+    #[test]
+    fn a_transfer_anomaly_is_counted_apart_from_the_payments() {
+        let m = Metrics::new();
+        let anomaly = Counted::Ledger(Outcome::Anomaly(AnomalyReason::AmountMismatch));
+        m.notified(ChannelId::Wechat, anomaly);
+        m.transfer_notified(ChannelId::Wechat, anomaly);
+        m.transfer_notified(
+            ChannelId::Alipay,
+            Counted::Ledger(Outcome::Anomaly(AnomalyReason::UnknownTransfer)),
+        );
+        let payments = |c: &str, r: &str| Metrics::count(&m.anomalies, &[c, r]);
+        let transfers = |c: &str, r: &str| Metrics::count(&m.transfer_anomalies, &[c, r]);
+        assert_eq!(payments("wechat", "AMOUNT_MISMATCH"), 1);
+        assert_eq!(transfers("wechat", "AMOUNT_MISMATCH"), 1);
+        assert_eq!(transfers("alipay", "UNKNOWN_TRANSFER"), 1);
+        assert_eq!(payments("alipay", "UNKNOWN_TRANSFER"), 0);
+        assert_eq!(Metrics::count(&m.notifications, &["wechat", "anomaly"]), 2);
     }
 }

@@ -1,7 +1,8 @@
 //! Calls to a provider's API and the jobs built on them: queries, closes, refunds,
 //! certificate downloads, bill reports and the expiry job.
 
-use crate::notice::ChannelId;
+use crate::notice::{AnomalyReason, ChannelId};
+use crate::transfer::TransferStatus;
 
 use super::Metrics;
 
@@ -146,6 +147,35 @@ impl Metrics {
         self.transfers_final
             .with_label_values(&[channel.as_str(), result])
             .inc();
+    }
+
+    /// Starts `channel`'s transfer-anomaly series at 0 for every reason a transfer can have:
+    /// a series born at 1 shows no `increase()`, and the first `UNKNOWN_TRANSFER` must alert.
+    pub fn transfer_anomalies_from_zero(&self, channel: ChannelId) {
+        for reason in [
+            AnomalyReason::UnknownTransfer,
+            AnomalyReason::AmountMismatch,
+            AnomalyReason::MerchantMismatch,
+        ] {
+            self.transfer_anomalies
+                .with_label_values(&[channel.as_str(), reason.as_str()])
+                .inc_by(0);
+        }
+    }
+
+    /// Counts a `TRANSFER_ANOMALY` raised, from a notification or a signed answer.
+    pub fn transfer_anomaly(&self, channel: ChannelId, reason: AnomalyReason) {
+        self.transfer_anomalies
+            .with_label_values(&[channel.as_str(), reason.as_str()])
+            .inc();
+    }
+
+    /// Sets how long the oldest transfer of `channel` in `status` (not final) has waited:
+    /// `seconds`, 0 when there is none.
+    pub fn transfers_open_oldest(&self, channel: ChannelId, status: TransferStatus, seconds: i64) {
+        self.transfers_open_oldest_seconds
+            .with_label_values(&[channel.as_str(), status.as_str()])
+            .set(seconds);
     }
 
     pub fn payment_recovered(&self, channel: ChannelId) {

@@ -208,6 +208,9 @@ impl Transfers {
         settings: &TransferSettings,
         call_timeout: std::time::Duration,
     ) -> Self {
+        for accounts in &channels {
+            metrics.transfer_anomalies_from_zero(accounts.channel);
+        }
         Self {
             channels,
             store,
@@ -516,7 +519,27 @@ impl Transfers {
 
     /// The job: every due transfer, one call each. Returns how many it called about.
     pub async fn drive_due(&self) -> Result<usize, StoreError> {
-        follow_due(self, self.clock.now(), i64::from(self.settings.batch)).await
+        let called = follow_due(self, self.clock.now(), i64::from(self.settings.batch)).await?;
+        self.measure_open().await?;
+        Ok(called)
+    }
+
+    /// `paynotify_transfers_open_oldest_seconds`: the age of each channel's oldest transfer
+    /// per not-final status, read after each run (a transfer stuck a day is alerted on).
+    async fn measure_open(&self) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        for accounts in &self.channels {
+            for status in [TransferStatus::Processing, TransferStatus::WaitUserConfirm] {
+                let oldest = self
+                    .store
+                    .oldest_open_transfer(accounts.channel.as_str(), status)
+                    .await?;
+                let age = oldest.map_or(0, |t| (now.unix_seconds() - t.unix_seconds()).max(0));
+                self.metrics
+                    .transfers_open_oldest(accounts.channel, status, age);
+            }
+        }
+        Ok(())
     }
 
     /// Sends (or sends again) one recorded transfer, exactly as it was recorded, and applies
@@ -633,6 +656,7 @@ impl Transfers {
                 }
             }
             Outcome::Anomaly(reason) => {
+                self.metrics.transfer_anomaly(channel, reason);
                 tracing::error!(out_bill_no = %row.out_bill_no, reason = reason.as_str(), "a signed answer about the transfer does not match it; TRANSFER_ANOMALY raised, the transfer did not move");
             }
             _ => {}

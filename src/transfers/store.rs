@@ -6,7 +6,9 @@ use chrono::{FixedOffset, TimeZone};
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use crate::store::schema::{transfer, transfer_account};
+use crate::store::outbox::StoredMessage;
+use crate::store::schema::{local_message, transfer, transfer_account, transfer_anomaly};
+use crate::store::types::Payload;
 use crate::store::{Store, StoreError, with_conn};
 use crate::time::Timestamp;
 use crate::transfer::TransferStatus;
@@ -47,6 +49,16 @@ impl TransferRow {
     pub fn answered(&self) -> bool {
         self.provider_state.is_some()
     }
+}
+
+/// A `TRANSFER_ANOMALY` as recorded (`transfer_anomaly`).
+#[derive(Debug, Clone, Queryable, Selectable)]
+#[diesel(table_name = transfer_anomaly)]
+pub struct TransferAnomaly {
+    pub biz_key: String,
+    pub out_bill_no: String,
+    pub payload: Payload,
+    pub created_at: Timestamp,
 }
 
 /// A transfer to record.
@@ -269,6 +281,77 @@ impl Store {
                 query = query.filter(transfer::status.eq(status.as_str()));
             }
             Ok(query.load(conn).await?)
+        })
+    }
+
+    /// When the oldest transfer of `channel` in `status` was recorded (`transfer_status`
+    /// reads it as one index entry per status).
+    pub async fn oldest_open_transfer(
+        &self,
+        channel: &str,
+        status: TransferStatus,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        with_conn!(self, conn => {
+            Ok(transfer::table
+                .filter(transfer::status.eq(status.as_str()))
+                .filter(transfer::channel.eq(channel))
+                .order(transfer::created_at.asc())
+                .select(transfer::created_at)
+                .first(conn)
+                .await
+                .optional()?)
+        })
+    }
+
+    /// The outbox messages of one transfer, oldest first: its final event
+    /// (`{out_bill_no}:{channel}`) and its anomalies (that, then `:` and the provider's bill
+    /// number). None is written before the transfer was recorded at `since` (an hour earlier
+    /// is read, for another instance's clock), so only the day partitions from then on are
+    /// read; sent ones are gone after `retention.keep_days`.
+    pub async fn transfer_events(
+        &self,
+        out_bill_no: &str,
+        channel: &str,
+        since: Timestamp,
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        let key = format!("{out_bill_no}:{channel}");
+        // `out_bill_no` is letters and digits only: nothing in it is a LIKE wildcard. SQLite's
+        // LIKE ignores case, so what it finds is checked again here.
+        let anomalies = format!("{key}:%");
+        let prefix = format!("{key}:");
+        let found: Vec<StoredMessage> = with_conn!(self, conn => {
+            local_message::table
+                .filter(local_message::created_at.ge(since.plus_seconds(-3600)))
+                .filter(
+                    local_message::biz_key
+                        .eq(&key)
+                        .or(local_message::biz_key.like(&anomalies)),
+                )
+                .order(local_message::id.asc())
+                .limit(100)
+                .select(StoredMessage::as_select())
+                .load(conn)
+                .await?
+        });
+        Ok(found
+            .into_iter()
+            .filter(|m| m.biz_key == key || m.biz_key.starts_with(&prefix))
+            .collect())
+    }
+
+    /// The newest transfer anomalies; `UNKNOWN_TRANSFER` ones have no transfer to be shown
+    /// with. The table holds one row per anomaly: few.
+    pub async fn recent_transfer_anomalies(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<TransferAnomaly>, StoreError> {
+        with_conn!(self, conn => {
+            Ok(transfer_anomaly::table
+                .select(TransferAnomaly::as_select())
+                .order(transfer_anomaly::created_at.desc())
+                .limit(limit)
+                .load(conn)
+                .await?)
         })
     }
 

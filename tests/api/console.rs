@@ -1,6 +1,7 @@
 //! The console (`/admin/console`): every page on every backend with its rows escaped, the
 //! sign-in and its cookie, the CSRF token and the cross-site check on every form, the open
-//! console of a loopback service without a token, re-apply and redrive through it; and in a
+//! console of a loopback service without a token, re-apply and redrive through it, the
+//! transfers by status with a transfer's events and its cancel; and in a
 //! real browser (headless Chromium through chromedriver), a receipt whose body is an XSS
 //! payload rendered inert, with a screenshot of each page.
 
@@ -11,6 +12,8 @@ use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
 
 use crate::support::browser::Browser;
 use crate::support::helpers::{Backend, TestApp, spawn_app_with};
+use crate::transfer_ops;
+use crate::transfers::MCHID;
 use crate::wechat::{paid, pay, sandbox, settings};
 
 /// What a forger puts wherever the console might show it.
@@ -239,9 +242,245 @@ async fn the_console_re_applies_refused_receipts_once_the_key_is_fixed(backend: 
     assert_eq!(app.messages("ORDER_PAID").await, 3, "applied once");
 }
 
+/// A transfer in every state the page tells apart, the payload in its payee and its
+/// `package_info`; an anomaly about one of them and one about a transfer never started here.
+async fn seeded_transfers(app: &TestApp) {
+    use paynotify::notice::ChannelId::{Alipay, Wechat};
+    use paynotify::transfer::TransferState as S;
+    for (no, channel) in [
+        ("TC1", Wechat),
+        ("TC2", Wechat),
+        ("TC3", Wechat),
+        ("TC30", Wechat),
+        ("TC4", Alipay),
+        ("TC5", Wechat),
+        ("TC6", Wechat),
+    ] {
+        transfer_ops::record(app, no, channel, 300, XSS).await;
+    }
+    let bill = "1330000071100999991182020050700019480001";
+    let mut confirm = transfer_ops::seen(
+        "TC2",
+        S::WaitUserConfirm,
+        "WAIT_USER_CONFIRM",
+        300,
+        MCHID,
+        bill,
+    );
+    confirm.package_info = Some(XSS.to_owned());
+    let moves = [
+        (Wechat, confirm),
+        // Another amount under another bill number: an anomaly, the transfer not moved.
+        (
+            Wechat,
+            transfer_ops::seen("TC3", S::Success, "SUCCESS", 999, MCHID, "BILL-OTHER"),
+        ),
+        (
+            Wechat,
+            transfer_ops::seen("TC3", S::Success, "SUCCESS", 300, MCHID, bill),
+        ),
+        (
+            Wechat,
+            transfer_ops::seen("TC30", S::Fail, "FAIL", 300, MCHID, bill),
+        ),
+        (
+            Alipay,
+            transfer_ops::seen(
+                "TC4",
+                S::Processing,
+                "DEALING",
+                300,
+                transfer_ops::APP_ID,
+                bill,
+            ),
+        ),
+        (
+            Wechat,
+            transfer_ops::seen("TC5", S::Transfering, "TRANSFERING", 300, MCHID, bill),
+        ),
+        (
+            Wechat,
+            transfer_ops::seen("TC6", S::Cancelled, "CANCELLED", 300, MCHID, bill),
+        ),
+        (
+            Wechat,
+            transfer_ops::seen(
+                "TNOBODY1",
+                S::Success,
+                "SUCCESS",
+                5000,
+                MCHID,
+                "BILL-NOBODY",
+            ),
+        ),
+    ];
+    for (channel, seen) in &moves {
+        transfer_ops::apply(app, *channel, seen).await;
+    }
+}
+
+async fn post_cancel(app: &TestApp, no: &str) -> (StatusCode, String, String) {
+    let response = no_redirects()
+        .post(app.url(&format!("/admin/console/transfers/{no}/cancel")))
+        .bearer_auth(&app.api_token)
+        .form_of(&[("csrf", "")])
+        .send()
+        .await
+        .expect("cancel");
+    let status = response.status();
+    let location = response
+        .headers()
+        .get(LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    (status, location, response.text().await.expect("body"))
+}
+
+async fn the_transfers_page_filters_by_status_and_a_transfer_shows_its_events_and_cancel(
+    backend: Backend,
+) {
+    let app = transfer_ops::app_with(backend, |_| {}).await;
+    seeded_transfers(&app).await;
+    let pages = [
+        (
+            "/admin/console/transfers",
+            vec!["TC1", "TC2", "TC4", "TC6", "&lt;script&gt;"],
+        ),
+        ("/admin/console/transfers?status=", vec!["TC1", "TC6"]),
+        (
+            "/admin/console/transfers?status=WAIT_USER_CONFIRM",
+            vec!["TC2"],
+        ),
+        ("/admin/console/transfers?status=CANCELLED", vec!["TC6"]),
+        (
+            "/admin/console/transfers?out_bill_no=TC4",
+            vec!["TC4", "DEALING"],
+        ),
+        (
+            "/admin/console/transfers/TC1",
+            vec![
+                "the provider has not answered",
+                r#"action="/admin/console/transfers/TC1/cancel""#,
+            ],
+        ),
+        (
+            "/admin/console/transfers/TC2",
+            vec![
+                "WAIT_USER_CONFIRM",
+                "&lt;img src=x",
+                r#"action="/admin/console/transfers/TC2/cancel""#,
+            ],
+        ),
+        (
+            "/admin/console/transfers/TC3",
+            vec![
+                "TRANSFER_SUCCEEDED",
+                "TRANSFER_ANOMALY",
+                "AMOUNT_MISMATCH",
+                "TC3:wechat:BILL-OTHER",
+                "No cancel: the transfer is SUCCESS: final",
+            ],
+        ),
+        (
+            "/admin/console/transfers/TC4",
+            vec!["No cancel: only WeChat transfers can be cancelled"],
+        ),
+        (
+            "/admin/console/transfers/TC5",
+            vec!["No cancel: the user confirmed"],
+        ),
+        (
+            "/admin/console/anomalies",
+            vec![
+                "transfer-anomalies",
+                "UNKNOWN_TRANSFER",
+                "TNOBODY1",
+                "AMOUNT_MISMATCH",
+            ],
+        ),
+    ];
+    for (path, expected) in &pages {
+        let (status, _, html) = get(&app, path).await;
+        assert_eq!(status, 200, "{path}: {html}");
+        for e in expected {
+            assert!(html.contains(e), "{path} lacks {e:?}: {html}");
+        }
+        assert!(
+            html.contains(r#"href="/admin/console/transfers""#),
+            "{path}: in the nav"
+        );
+        assert_inert(path, &html);
+    }
+    let (_, _, waiting) = get(&app, "/admin/console/transfers?status=WAIT_USER_CONFIRM").await;
+    assert!(
+        !waiting.contains(">TC1<") && !waiting.contains(">TC6<"),
+        "{waiting}"
+    );
+    // A transfer's events are its own: not TC30's, whose number starts with TC3.
+    let (_, _, tc3) = get(&app, "/admin/console/transfers/TC3").await;
+    assert!(
+        !tc3.contains("TC30:wechat") && !tc3.contains("TRANSFER_FAILED"),
+        "{tc3}"
+    );
+    assert!(
+        !tc3.contains("/cancel"),
+        "no cancel button for a final transfer"
+    );
+    let (status, _, html) = get(&app, "/admin/console/transfers?status=<b>").await;
+    assert_eq!(status, 400);
+    assert!(!html.contains("<b>\""), "{html}");
+    assert_eq!(get(&app, "/admin/console/transfers/TNOSUCH").await.0, 404);
+
+    // Cancel: refused without asking WeChat where the contract says so, already done, and
+    // WeChat out of reach (a closed port): the same answers as the JSON API's.
+    for (no, status, says) in [
+        ("TC3", 409, "final"),
+        ("TC4", 409, "only WeChat"),
+        ("TC5", 409, "the user confirmed"),
+        ("TNOSUCH", 404, "no such transfer"),
+        ("TC2", 503, "did not answer the cancel usably"),
+    ] {
+        let (answered, _, html) = post_cancel(&app, no).await;
+        assert_eq!(answered.as_u16(), status, "{no}: {html}");
+        assert!(html.contains(says), "{no}: {html}");
+    }
+    let (status, location, _) = post_cancel(&app, "TC6").await;
+    assert_eq!(status, 303);
+    assert_eq!(location, "/admin/console/transfers/TC6?cancel=already");
+    let (_, _, html) = get(&app, &location).await;
+    assert!(html.contains("Already CANCELLED"), "{html}");
+    // From another site: refused before anything is asked.
+    let cross = no_redirects()
+        .post(app.url("/admin/console/transfers/TC2/cancel"))
+        .bearer_auth(&app.api_token)
+        .header("sec-fetch-site", "cross-site")
+        .form_of(&[("csrf", "")])
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(cross.status(), 403);
+    let tc2 = app.transfers.get("TC2").await.expect("get").expect("TC2");
+    assert_eq!(tc2.provider_state.as_deref(), Some("WAIT_USER_CONFIRM"));
+
+    // Transfers off: the page still shows them, the cancel is refused.
+    let url = transfer_ops::closed_port();
+    let off = app
+        .rebuild(move |s| {
+            crate::reconcile::configure(s, &url);
+            s.transfers.enabled = false;
+        })
+        .await;
+    assert_eq!(get(&off, "/admin/console/transfers/TC2").await.0, 200);
+    let (status, _, html) = post_cancel(&off, "TC2").await;
+    assert_eq!(status, 403, "{html}");
+    assert!(html.contains("transfers.enabled"), "{html}");
+}
+
 crate::on_every_backend!(
     every_console_page_shows_its_rows_escaped,
     the_console_re_applies_refused_receipts_once_the_key_is_fixed,
+    the_transfers_page_filters_by_status_and_a_transfer_shows_its_events_and_cancel,
 );
 
 /// Signs in with `token` through the form: the answer.

@@ -9,6 +9,7 @@ use paynotify::metrics::{
     Counted, ExpiryResult, GateResult, ProviderCall, ReceiptResult, RefreshResult, Refusal,
 };
 use paynotify::notice::{AnomalyReason, ChannelId, Outcome};
+use paynotify::transfer::TransferStatus;
 
 use crate::support::helpers::{Backend, spawn_app};
 
@@ -68,6 +69,10 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_exported() {
     m.refund_started("wechat");
     m.refund_final("wechat", "SUCCESS");
     m.payment_recovered(ChannelId::Wechat);
+    m.transfer_started(ChannelId::Wechat);
+    m.transfer_final(ChannelId::Wechat, "success");
+    m.transfer_anomaly(ChannelId::Wechat, AnomalyReason::UnknownTransfer);
+    m.transfers_open_oldest(ChannelId::Wechat, TransferStatus::Processing, 0);
     m.expired(ExpiryResult::ClosedLocally);
     m.gate_result(GateResult::Hit);
     // A notify route's latency, as the providers meet it.

@@ -42,6 +42,7 @@ mod service;
 mod shutdown;
 mod support;
 mod transfer_flow;
+mod transfer_ops;
 mod transfers;
 mod wechat;
 mod wechat_bill;

@@ -7,19 +7,21 @@ mod orders;
 mod receipt;
 mod reconcile;
 mod refused;
+mod transfers;
 
 use actix_web::{HttpResponse, web};
 
 use super::auth::{Viewer, see_other};
 
 /// The navigation, in the order on-call looks: is anything refused, is money arriving that
-/// no order expects, is the outbox draining, what orders did, did the day balance, are the
-/// keys fresh.
+/// no order expects (or leaving that no transfer sent), is the outbox draining, what orders
+/// and transfers did, did the day balance, are the keys fresh.
 pub const NAV: &[(&str, &str)] = &[
     (refused::PATH, refused::TITLE),
     (anomalies::PATH, anomalies::TITLE),
     (dead::PATH, dead::TITLE),
     (orders::PATH, orders::TITLE),
+    (transfers::PATH, transfers::TITLE),
     (reconcile::PATH, reconcile::TITLE),
     (certificates::PATH, certificates::TITLE),
 ];
@@ -31,6 +33,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     anomalies::routes(cfg);
     dead::routes(cfg);
     orders::routes(cfg);
+    transfers::routes(cfg);
     reconcile::routes(cfg);
     certificates::routes(cfg);
 }
