@@ -9,7 +9,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use chrono::{FixedOffset, NaiveDateTime, TimeZone};
 use serde::Deserialize;
 
-use super::{Alipay, AlipayApp, AlipaySettings, App, cert_sn, transfer};
+use super::{Alipay, AlipayApp, AlipaySettings, App, cert_sn};
 use crate::channel::api::{
     Account, Accounts, CancelReply, CloseAnswer, Failure, Miss, ProviderClient, RefundAnswer,
     RefundCall, RefundReply, RefundState, TradeAnswer, TransferAnswer, TransferReply,
@@ -460,7 +460,7 @@ impl ProviderClient for AlipayApi {
     }
 
     fn transfer_apps(&self, a: &ApiApp) -> Result<Vec<String>, String> {
-        transfer::transfer_apps(a)
+        Self::transfer_apps_of(a)
     }
 
     async fn transfer(

@@ -28,13 +28,15 @@ pub const BIZ_SCENE: &str = "DIRECT_TRANSFER";
 
 /// Whether app `a` may send transfers: only in certificate mode. Its payees belong to no app
 /// of ours (an Alipay user id or logon id), so the list is empty.
-pub(super) fn transfer_apps(a: &ApiApp) -> Result<Vec<String>, String> {
-    match a.cert_sn {
-        Some(_) => Ok(Vec::new()),
-        None => Err(format!(
-            "app {} signs in public-key mode: Alipay's fund-out APIs ({TRANSFER_METHOD}) take certificate mode only",
-            a.app.app_id
-        )),
+impl AlipayApi {
+    pub(super) fn transfer_apps_of(a: &ApiApp) -> Result<Vec<String>, String> {
+        match a.cert_sn {
+            Some(_) => Ok(Vec::new()),
+            None => Err(format!(
+                "app {} signs in public-key mode: Alipay's fund-out APIs ({TRANSFER_METHOD}) take certificate mode only",
+                a.app.app_id
+            )),
+        }
     }
 }
 
