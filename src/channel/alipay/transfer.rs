@@ -112,6 +112,10 @@ impl FundOrder {
             }
             Some(other) => return Err(format!("trans_amount is not an amount: {other}")),
         };
+        // A transfer moves at least 0.1 yuan: none at all is not an amount Alipay writes.
+        if amount_fen.is_some_and(|fen| fen <= 0) {
+            return Err("trans_amount must be positive".to_owned());
+        }
         // The code fits the column; Alipay's own words are cut to it.
         let fail_reason = given(self.error_code)
             .or_else(|| given(self.fail_reason))
@@ -480,5 +484,23 @@ mod tests {
             query_answer(APP, "T1", busy),
             Err(Miss::Failed(Failure::Unreachable(_)))
         ));
+    }
+
+    #[test]
+    fn a_fund_order_of_no_money_says_nothing_usable() {
+        let order = |amount: Value| -> FundOrder {
+            serde_json::from_value(json!({
+                "out_biz_no": "T1", "order_id": "20261130110070000006", "status": "SUCCESS",
+                "trans_amount": amount
+            }))
+            .expect("a fund order")
+        };
+        assert_eq!(
+            order(json!("10.50")).seen(APP).map(|s| s.amount_fen),
+            Ok(Some(1050))
+        );
+        for nothing in [json!("0"), json!("0.00"), json!(0)] {
+            assert!(order(nothing.clone()).seen(APP).is_err(), "{nothing}");
+        }
     }
 }
