@@ -26,6 +26,7 @@ use actix_web::http::header::HeaderMap;
 use crate::notice::{ChannelId, Digest, Notice};
 use crate::time::Timestamp;
 
+pub mod accounts;
 pub mod alipay;
 pub mod api;
 pub mod bill;
