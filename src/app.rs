@@ -196,7 +196,7 @@ impl App {
                 .iter()
                 .map(|p| ChannelAccounts {
                     channel: p.channel(),
-                    configured: p.accounts(),
+                    provider: Arc::clone(p),
                     api: apis.iter().find(|a| a.channel() == p.channel()).cloned(),
                 })
                 .collect(),

@@ -150,6 +150,9 @@ pub async fn refresh_certificates(certificates: &Arc<Certificates>) {
 
 /// The refund job: refunds without an answer sent again, refunds not final queried.
 pub async fn drive_refunds(refunds: &Refunds) {
+    if !refunds.sends() {
+        return;
+    }
     match refunds.drive_due().await {
         Ok(0) => {}
         Ok(n) => tracing::info!(refunds = n, "refunds followed up"),
@@ -159,6 +162,9 @@ pub async fn drive_refunds(refunds: &Refunds) {
 
 /// The transfer job: transfers without an answer sent again, transfers not final queried.
 pub async fn drive_transfers(transfers: &Transfers) {
+    if !transfers.follows() {
+        return;
+    }
     match transfers.drive_due().await {
         Ok(0) => {}
         Ok(n) => tracing::info!(transfers = n, "transfers followed up"),
@@ -358,23 +364,23 @@ fn entries(
             })
         },
     ));
-    if reconciler.asks_providers() {
-        let (r, c) = (reconciler, Arc::clone(&clock));
-        entries.push(Entry::new(
-            "reconcile",
-            Schedule::Every(RECONCILE_EVERY),
-            move || {
-                let (r, c) = (Arc::clone(&r), Arc::clone(&c));
-                Box::pin(async move {
-                    match r.reconcile_due(c.now()).await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(recovered = n, "payments recovered by query"),
-                        Err(e) => tracing::warn!(error = %e, "reconcile failed; next run retries"),
-                    }
-                })
-            },
-        ));
-    }
+    // Always: accounts with credentials may be added while the service runs; a run with
+    // none asks nothing.
+    let (r, c) = (reconciler, Arc::clone(&clock));
+    entries.push(Entry::new(
+        "reconcile",
+        Schedule::Every(RECONCILE_EVERY),
+        move || {
+            let (r, c) = (Arc::clone(&r), Arc::clone(&c));
+            Box::pin(async move {
+                match r.reconcile_due(c.now()).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(recovered = n, "payments recovered by query"),
+                    Err(e) => tracing::warn!(error = %e, "reconcile failed; next run retries"),
+                }
+            })
+        },
+    ));
     if certificates.downloads() {
         // Once now (a merchant that never downloaded has only its configured keys), then
         // every certificates.refresh_secs.
@@ -387,21 +393,17 @@ fn entries(
             })
         });
     }
-    if refunds.sends() {
-        let every = refunds.scan_every();
-        entries.push(Entry::new("refunds", Schedule::Every(every), move || {
-            let refunds = Arc::clone(&refunds);
-            Box::pin(async move { drive_refunds(&refunds).await })
-        }));
-    }
-    if transfers.follows() {
-        // Whether or not transfers.enabled: a transfer started before must still finish.
-        let every = transfers.scan_every();
-        entries.push(Entry::new("transfers", Schedule::Every(every), move || {
-            let transfers = Arc::clone(&transfers);
-            Box::pin(async move { drive_transfers(&transfers).await })
-        }));
-    }
+    let every = refunds.scan_every();
+    entries.push(Entry::new("refunds", Schedule::Every(every), move || {
+        let refunds = Arc::clone(&refunds);
+        Box::pin(async move { drive_refunds(&refunds).await })
+    }));
+    // Whether or not transfers.enabled: a transfer started before must still finish.
+    let every = transfers.scan_every();
+    entries.push(Entry::new("transfers", Schedule::Every(every), move || {
+        let transfers = Arc::clone(&transfers);
+        Box::pin(async move { drive_transfers(&transfers).await })
+    }));
     if let Some((bills, cron)) = bills {
         // At bills.run_at in bills.timezone; the lease of each (date, channel) makes one
         // instance do it.

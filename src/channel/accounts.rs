@@ -40,6 +40,10 @@ impl Mode {
 /// The settings of an account that are not keys, stored in clear.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AccountSettings {
+    /// What its keys are (serials, flags), as [`AccountBook::check`] found them when they
+    /// were stored: the view shows them without opening any key.
+    #[serde(default)]
+    pub facts: Facts,
     /// WeChat: the apps (`appid`s, a sub-merchant's `sub_appid`s) whose payments are ours.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub appids: Vec<String>,
@@ -96,11 +100,14 @@ impl Invalid {
 }
 
 /// What the view shows of an account's keys: serials and flags, never a key.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Facts {
     /// The platform keys' serials (WeChat), sorted.
+    #[serde(default)]
     pub platform_serials: Vec<String>,
+    #[serde(default)]
     pub has_api_credentials: bool,
+    #[serde(default)]
     pub has_app_auth_token: bool,
 }
 
@@ -108,8 +115,8 @@ pub struct Facts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfiguredAccount {
     pub account: String,
+    /// With the facts of its keys.
     pub settings: AccountSettings,
-    pub facts: Facts,
 }
 
 /// One change to a channel's live accounts.

@@ -13,6 +13,7 @@ use crate::config::value::{ConfigError, invalid};
 use crate::time::Timestamp;
 
 /// An RSA public key that checks RSASSA-PKCS1-v1_5 / SHA-256 signatures.
+#[derive(Clone)]
 pub struct RsaVerifier(UnparsedPublicKey<Vec<u8>>);
 
 impl RsaVerifier {
@@ -34,19 +35,12 @@ impl RsaVerifier {
     }
 
     /// From SPKI DER (the form in PEM files and certificates); ring wants PKCS#1 inside it.
-    fn from_spki(key: &str, path: &Path, spki_der: &[u8]) -> Result<Self, ConfigError> {
-        let public = rsa::PublicKey::from_public_key_der(spki_der).map_err(|e| {
-            invalid(
-                key,
-                format!("{}: not an RSA public key: {e}", path.display()),
-            )
-        })?;
-        let der = public.to_pkcs1_der().map_err(|e| {
-            invalid(
-                key,
-                format!("{}: cannot encode the key: {e}", path.display()),
-            )
-        })?;
+    fn from_spki(spki_der: &[u8]) -> Result<Self, String> {
+        let public = rsa::PublicKey::from_public_key_der(spki_der)
+            .map_err(|e| format!("not an RSA public key: {e}"))?;
+        let der = public
+            .to_pkcs1_der()
+            .map_err(|e| format!("cannot encode the key: {e}"))?;
         Ok(Self(UnparsedPublicKey::new(
             &RSA_PKCS1_2048_8192_SHA256,
             der.as_bytes().to_vec(),
@@ -91,16 +85,15 @@ fn read(key: &str, path: &Path) -> Result<String, ConfigError> {
 /// the Alipay console hands it out.
 pub fn public_key_file(key: &str, path: &Path) -> Result<RsaVerifier, ConfigError> {
     let text = read(key, path)?;
+    public_key_text(&text).map_err(|e| invalid(key, format!("{}: {e}", path.display())))
+}
+
+/// A public key as [`public_key_file`] reads one, from its text; says why not, in words.
+pub fn public_key_text(text: &str) -> Result<RsaVerifier, String> {
     let der = if text.contains("-----BEGIN") {
-        let public = rsa::PublicKey::from_public_key_pem(&text).map_err(|e| {
-            invalid(
-                key,
-                format!("{}: not an SPKI RSA public key: {e}", path.display()),
-            )
-        })?;
-        let der = public
-            .to_pkcs1_der()
-            .map_err(|e| invalid(key, e.to_string()))?;
+        let public = rsa::PublicKey::from_public_key_pem(text)
+            .map_err(|e| format!("not an SPKI RSA public key: {e}"))?;
+        let der = public.to_pkcs1_der().map_err(|e| e.to_string())?;
         return Ok(RsaVerifier(UnparsedPublicKey::new(
             &RSA_PKCS1_2048_8192_SHA256,
             der.as_bytes().to_vec(),
@@ -109,9 +102,9 @@ pub fn public_key_file(key: &str, path: &Path) -> Result<RsaVerifier, ConfigErro
         let compact: String = text.split_whitespace().collect();
         BASE64
             .decode(compact)
-            .map_err(|_| invalid(key, format!("{}: neither PEM nor base64", path.display())))?
+            .map_err(|_| "neither PEM nor base64".to_owned())?
     };
-    RsaVerifier::from_spki(key, path, &der)
+    RsaVerifier::from_spki(&der)
 }
 
 /// A certificate file: its serial (upper-case hex, no leading zero byte) and its key.
@@ -253,14 +246,19 @@ impl RsaSigner {
 /// A private key file: PKCS#8 or PKCS#1 PEM, or the bare base64 of either's DER as the
 /// Alipay key tool writes it.
 pub fn private_key_file(key: &str, path: &Path) -> Result<RsaSigner, ConfigError> {
+    let text = read(key, path)?;
+    private_key_text(&text).map_err(|e| invalid(key, format!("{}: {e}", path.display())))
+}
+
+/// A private key as [`private_key_file`] reads one, from its text; says why not, in words.
+pub fn private_key_text(text: &str) -> Result<RsaSigner, String> {
     use rsa::pkcs1::DecodeRsaPrivateKey;
     use rsa::pkcs8::DecodePrivateKey;
 
-    let text = read(key, path)?;
     let parsed = if text.contains("-----BEGIN RSA PRIVATE KEY") {
-        rsa::PrivateKey::from_pkcs1_pem(&text).map_err(|e| e.to_string())
+        rsa::PrivateKey::from_pkcs1_pem(text).map_err(|e| e.to_string())
     } else if text.contains("-----BEGIN") {
-        rsa::PrivateKey::from_pkcs8_pem(&text).map_err(|e| e.to_string())
+        rsa::PrivateKey::from_pkcs8_pem(text).map_err(|e| e.to_string())
     } else {
         let compact: String = text.split_whitespace().collect();
         match BASE64.decode(compact) {
@@ -270,12 +268,9 @@ pub fn private_key_file(key: &str, path: &Path) -> Result<RsaSigner, ConfigError
             Err(_) => Err("neither PEM nor base64".to_owned()),
         }
     };
-    parsed.and_then(|k| RsaSigner::new(&k)).map_err(|e| {
-        invalid(
-            key,
-            format!("{}: not an RSA private key: {e}", path.display()),
-        )
-    })
+    parsed
+        .and_then(|k| RsaSigner::new(&k))
+        .map_err(|e| format!("not an RSA private key: {e}"))
 }
 
 /// Every certificate of a PEM file, in file order (a bundle such as `alipayRootCert.crt`;
@@ -285,40 +280,35 @@ pub fn certificates_file(
     key: &str,
     path: &Path,
 ) -> Result<Vec<x509_cert::Certificate>, ConfigError> {
+    let text = read(key, path)?;
+    certificates_text(&text).map_err(|e| invalid(key, format!("{}: {e}", path.display())))
+}
+
+/// Every certificate of a PEM bundle, as [`certificates_file`] reads one, from its text.
+pub fn certificates_text(text: &str) -> Result<Vec<x509_cert::Certificate>, String> {
     use x509_cert::der::DecodePem;
 
     const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
     const END: &str = "-----END CERTIFICATE-----";
-    let text = read(key, path)?;
     let mut certs = Vec::new();
-    let mut rest = text.as_str();
+    let mut rest = text;
     while let Some(start) = rest.find(BEGIN) {
         let block = &rest[start..];
         let Some(end) = block.find(END) else {
-            return Err(invalid(
-                key,
-                format!("{}: a certificate without its END line", path.display()),
-            ));
+            return Err("a certificate without its END line".to_owned());
         };
         let pem = &block[..end + END.len()];
         let cert = x509_cert::Certificate::from_pem(pem.as_bytes()).map_err(|e| {
-            invalid(
-                key,
-                format!(
-                    "{}: certificate {} is not a PEM certificate: {e}",
-                    path.display(),
-                    certs.len() + 1
-                ),
+            format!(
+                "certificate {} is not a PEM certificate: {e}",
+                certs.len() + 1
             )
         })?;
         certs.push(cert);
         rest = &block[end + END.len()..];
     }
     if certs.is_empty() {
-        return Err(invalid(
-            key,
-            format!("{}: no PEM certificate in the file", path.display()),
-        ));
+        return Err("no PEM certificate in the text".to_owned());
     }
     Ok(certs)
 }

@@ -430,6 +430,10 @@ pub trait Provider: Send + Sync + 'static {
     /// `POST /orders` may name.
     fn accounts(&self) -> Vec<String>;
 
+    /// Whether `id` is one of [`Provider::accounts`] now: a hash lookup, however many
+    /// accounts there are.
+    fn has_account(&self, id: &str) -> bool;
+
     /// The `POST /orders` field that names one of [`Provider::accounts`] for an order
     /// (`wechat_mchid`): the account stored for the order on this provider's channel.
     fn order_field(&self) -> &'static str;
@@ -505,6 +509,8 @@ pub struct Mounted {
     pub keys: Option<std::sync::Arc<dyn platform::KeySource>>,
     /// The provider's daily bills, when some merchant/app has API credentials.
     pub bills: Option<std::sync::Arc<dyn bill::BillSource>>,
+    /// Its live accounts, which `/admin/merchants` changes.
+    pub accounts: std::sync::Arc<dyn accounts::AccountBook>,
 }
 
 /// A notice's business content as its provider defines it: the neutral content

@@ -112,9 +112,9 @@ impl Reconciler {
         &self.store
     }
 
-    /// Whether any merchant/app has API credentials.
+    /// Whether any merchant/app has API credentials now.
     pub fn asks_providers(&self) -> bool {
-        !self.apis.is_empty()
+        self.apis.iter().any(|a| a.has_accounts())
     }
 
     /// The provider accounts to ask about `order`: those it names, else every one with
@@ -235,7 +235,7 @@ impl Reconciler {
     /// `every_secs`, oldest first, one batch, for at most `max_run_secs` from `now` (the rest
     /// are the next run's). Returns how many payments it recovered.
     pub async fn reconcile_due(&self, now: Timestamp) -> Result<usize, StoreError> {
-        if self.apis.is_empty() {
+        if !self.asks_providers() {
             return Ok(0);
         }
         let due = self

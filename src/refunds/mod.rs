@@ -143,9 +143,9 @@ impl Refunds {
         }
     }
 
-    /// Whether any merchant/app has API credentials (the job runs only then).
+    /// Whether any merchant/app has API credentials now (the job works only then).
     pub fn sends(&self) -> bool {
-        !self.apis.is_empty()
+        self.apis.iter().any(|a| a.has_accounts())
     }
 
     pub fn scan_every(&self) -> std::time::Duration {

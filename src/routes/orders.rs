@@ -77,7 +77,7 @@ impl CreateOrderRequest {
             let Some(id) = id else { continue };
             let provider = providers.iter().find(|p| p.order_field() == field);
             match provider {
-                Some(p) if p.accounts().contains(id) => accounts.push((p.channel(), id.clone())),
+                Some(p) if p.has_account(id) => accounts.push((p.channel(), id.clone())),
                 Some(p) => {
                     return Err(ApiError::BadRequest(format!(
                         "{field}: {id} is not a configured {} merchant/app",

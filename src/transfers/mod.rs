@@ -135,11 +135,11 @@ pub enum CancelError {
     Store(#[from] StoreError),
 }
 
-/// The accounts of one channel: every configured one, and its API client.
+/// The accounts of one channel: every enabled one, and its API client.
 pub struct ChannelAccounts {
     pub channel: ChannelId,
-    /// Every configured merchant/app (what `account` may name).
-    pub configured: Vec<String>,
+    /// Every enabled merchant/app, file or database (what `account` may name).
+    pub provider: Arc<dyn crate::channel::Provider>,
     /// The client, when some of them have API credentials.
     pub api: Option<Arc<dyn ProviderApi>>,
 }
@@ -186,9 +186,11 @@ impl Transfers {
         self.settings.enabled
     }
 
-    /// Whether any account can be asked (the job runs only then).
+    /// Whether any account can be asked now (the job works only then).
     pub fn follows(&self) -> bool {
-        self.channels.iter().any(|c| c.api.is_some())
+        self.channels
+            .iter()
+            .any(|c| c.api.as_ref().is_some_and(|a| a.has_accounts()))
     }
 
     pub fn scan_every(&self) -> std::time::Duration {
@@ -215,7 +217,7 @@ impl Transfers {
         let api = accounts.and_then(|c| c.api.as_ref());
         let account = match &ask.account {
             Some(named) => {
-                if !accounts.is_some_and(|c| c.configured.contains(named)) {
+                if !accounts.is_some_and(|c| c.provider.has_account(named)) {
                     return Err(StartError::UnknownAccount {
                         channel,
                         account: named.clone(),

@@ -233,13 +233,14 @@ pub(super) fn beijing(at: Timestamp) -> String {
 }
 
 impl AlipayApi {
-    /// `None` when no app has an app private key.
+    /// The client of the file's apps with an app private key (apps added through
+    /// `/admin/merchants` join it later).
     pub(super) fn from_settings(
         channel: &Alipay,
         settings: &AlipaySettings,
         client: &ClientSettings,
         now: Timestamp,
-    ) -> Result<Option<Self>, ConfigError> {
+    ) -> Result<Self, ConfigError> {
         let mut apps = Vec::new();
         for (i, a) in settings.apps.iter().enumerate() {
             let prefix = format!("alipay.apps[{i}]");
@@ -256,20 +257,20 @@ impl AlipayApi {
             let key = keys::private_key_file(&format!("{prefix}.app_private_key_file"), path)?;
             let gateway = a.gateway.clone().unwrap_or_else(|| GATEWAY.to_owned());
             crate::https::provider_url(&format!("{prefix}.gateway"), &gateway)?;
-            let Some(app) = channel.apps.get(&a.app_id) else {
+            let Some(app) = channel.app(&a.app_id) else {
                 return Err(invalid(format!("{prefix}.app_id"), "not loaded"));
             };
             apps.push(ApiApp {
-                app: Arc::clone(app),
+                app,
                 key,
                 gateway,
                 cert_sn,
             });
         }
-        Ok(Accounts::new(apps, client)?.map(|apps| Self {
-            apps,
+        Ok(Self {
+            apps: Accounts::new(apps, client)?,
             bill_hosts: settings.bill_hosts.clone(),
-        }))
+        })
     }
 
     /// Calls `method` and returns its verified `…_response` value, read as a trade call's

@@ -36,7 +36,8 @@ impl Alipay {
                 }
             }
         }
-        let mut others: Vec<&str> = self
+        let book = self.book();
+        let mut others: Vec<&str> = book
             .apps
             .values()
             .filter(|other| other.app_id != app.app_id)
@@ -68,9 +69,20 @@ impl Provider for Alipay {
     }
 
     fn accounts(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.apps.keys().cloned().collect();
+        let book = self.book();
+        let mut ids: Vec<String> = book
+            .apps
+            .keys()
+            .chain(book.authorized.keys())
+            .cloned()
+            .collect();
         ids.sort();
         ids
+    }
+
+    fn has_account(&self, id: &str) -> bool {
+        let book = self.book();
+        book.apps.contains_key(id) || book.authorized.contains_key(id)
     }
 
     fn order_field(&self) -> &'static str {

@@ -12,7 +12,7 @@
 //! and each kind is taken only on its own route.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use utoipa::OpenApi;
 
@@ -29,6 +29,7 @@ use crate::time::Timestamp;
 #[cfg(feature = "fuzzing")]
 use wire::{Form, read_fields};
 
+mod accounts;
 mod api;
 pub mod bill;
 pub mod cert_sn;
@@ -50,23 +51,72 @@ pub const NOTIFY_ROUTE: &str = "/notify/alipay";
 /// `alipay.fund.trans.order.changed`, come here. Set it in the Open Platform console.
 pub const GATEWAY_ROUTE: &str = "/notify/alipay/gateway";
 
-/// A configured Alipay app.
+/// An Alipay app with its own keys.
 pub struct App {
     pub app_id: String,
     pub seller_id: String,
     key: RsaVerifier,
 }
 
-/// The Alipay channel: every configured app, keyed by `app_id`.
+/// A merchant that authorised an ISV's app (`partner_sub`): its `auth_app_id`.
+#[derive(Debug)]
+pub struct AuthorizedApp {
+    pub auth_app_id: String,
+    /// The ISV's app.
+    pub isv_app_id: String,
+    /// The merchant's PID, checked when set.
+    pub seller_id: Option<String>,
+}
+
+/// What the channel knows at one moment, swapped whole when an app changes.
+#[derive(Clone, Default)]
+pub(super) struct Book {
+    pub(super) apps: HashMap<String, Arc<App>>,
+    pub(super) authorized: HashMap<String, Arc<AuthorizedApp>>,
+}
+
+/// The Alipay channel: every app, file and database, keyed by `app_id`.
 pub struct Alipay {
-    apps: HashMap<String, Arc<App>>,
+    book: RwLock<Arc<Book>>,
+    /// The apps of the configuration file, in its order.
+    pub(super) file: Vec<String>,
 }
 
 impl std::fmt::Debug for Alipay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut ids: Vec<_> = self.apps.keys().collect();
+        let book = self.book();
+        let mut ids: Vec<_> = book.apps.keys().collect();
         ids.sort();
         f.debug_struct("Alipay").field("apps", &ids).finish()
+    }
+}
+
+impl Alipay {
+    /// What the channel knows now (an `Arc`, never waiting for a change being built).
+    pub(super) fn book(&self) -> Arc<Book> {
+        Arc::clone(
+            &self
+                .book
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// Builds the next book from the current one and swaps it in.
+    pub(super) fn change<T>(&self, edit: impl FnOnce(&mut Book) -> T) -> T {
+        let mut book = self
+            .book
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut next = Book::clone(&book);
+        let out = edit(&mut next);
+        *book = Arc::new(next);
+        out
+    }
+
+    /// The enabled app `app_id` with its own keys.
+    pub fn app(&self, app_id: &str) -> Option<Arc<App>> {
+        self.book().apps.get(app_id).cloned()
     }
 }
 
@@ -104,7 +154,15 @@ impl Alipay {
                 ));
             }
         }
-        Ok(Self { apps })
+        let mut file: Vec<String> = settings.apps.iter().map(|a| a.app_id.clone()).collect();
+        file.dedup();
+        Ok(Self {
+            book: RwLock::new(Arc::new(Book {
+                apps,
+                authorized: HashMap::new(),
+            })),
+            file,
+        })
     }
 }
 
@@ -117,10 +175,10 @@ impl Alipay {
         let app = form
             .get("app_id")
             .and_then(|id| std::str::from_utf8(id).ok())
-            .and_then(|id| self.apps.get(id))
+            .and_then(|id| self.app(id))
             .ok_or_else(|| Rejection::BadSignature("unknown app_id".into()))?;
         let kind = wire::Kind::of_form(&form);
-        read_fields(app, kind, form)
+        read_fields(&app, kind, form)
             .and_then(|v| self.decode(v))
             .and_then(|n| n.checked().map_err(Rejection::BadRequest))
     }
@@ -170,9 +228,13 @@ pub fn mount(
 ) -> Result<Mounted, ConfigError> {
     let built = Arc::new(Alipay::from_settings(settings, now)?);
     let provider: Arc<dyn Provider> = built.clone();
-    let client = AlipayApi::from_settings(&built, settings, client, now)?.map(Arc::new);
-    let api = client.clone().map(|c| c as Arc<dyn ProviderApi>);
-    let bills = client.map(|c| c as Arc<dyn super::bill::BillSource>);
+    let client = Arc::new(AlipayApi::from_settings(&built, settings, client, now)?);
+    let api: Arc<dyn ProviderApi> = client.clone();
+    let bills: Arc<dyn super::bill::BillSource> = client.clone();
+    let accounts = Arc::new(accounts::AlipayBook {
+        channel: Arc::clone(&built),
+        api: client,
+    });
     let routes = vec![
         super::NotifyRoute {
             path: NOTIFY_ROUTE,
@@ -186,9 +248,10 @@ pub fn mount(
     Ok(Mounted {
         routes,
         provider,
-        api,
+        api: Some(api),
         keys: None,
-        bills,
+        bills: Some(bills),
+        accounts,
     })
 }
 
@@ -453,7 +516,15 @@ mod tests {
             private_key,
         };
         let apps = HashMap::from([(app.app_id.clone(), Arc::new(app))]);
-        (Alipay { apps }, sandbox)
+        let book = Book {
+            apps,
+            authorized: HashMap::new(),
+        };
+        let alipay = Alipay {
+            book: RwLock::new(Arc::new(book)),
+            file: Vec::new(),
+        };
+        (alipay, sandbox)
     }
 
     fn admitted(

@@ -52,14 +52,18 @@ impl Alipay {
         };
         let Some(app) = std::str::from_utf8(app_id)
             .ok()
-            .and_then(|id| self.apps.get(id))
+            .and_then(|id| self.app(id))
         else {
             let app_id = String::from_utf8_lossy(app_id);
             let why = Rejection::BadSignature(format!("unknown app_id {app_id}"));
             return Err(trail.stop("app_id", why, |_| {
-                let mut known: Vec<&String> = self.apps.keys().collect();
+                let book = self.book();
+                let mut known: Vec<&String> = book.apps.keys().collect();
                 known.sort();
-                format!("{app_id} is not a configured app (configured: {known:?}): add it to alipay.apps")
+                let shown = &known[..known.len().min(10)];
+                let more = known.len() - shown.len();
+                let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+                format!("{app_id} is not an enabled app (known: {shown:?}{more}): add it to alipay.apps or POST /admin/merchants")
             }));
         };
         trail.pass("app_id", || format!("{} is configured", app.app_id));
@@ -96,14 +100,14 @@ impl Alipay {
         if !verified {
             let why = Rejection::BadSignature("signature does not verify".into());
             return Err(trail.stop(SIGNATURE, why, |_| {
-                self.why_unsigned(app, &form, &signature)
+                self.why_unsigned(&app, &form, &signature)
             }));
         }
         trail.pass(SIGNATURE, || {
             format!("verifies with the Alipay public key of app {}", app.app_id)
         });
         let kind = check_kind(&form, request.route, trail)?;
-        read_fields(app, kind, form)
+        read_fields(&app, kind, form)
             .map_err(|why| trail.stop("decoded fields", why, Rejection::to_string))
     }
 }
@@ -291,7 +295,7 @@ impl Channel for Alipay {
         Standing {
             keyed: app_id
                 .and_then(|id| std::str::from_utf8(id).ok())
-                .is_some_and(|id| self.apps.contains_key(id)),
+                .is_some_and(|id| self.book().apps.contains_key(id)),
             shaped: app_id.is_some() && form.get("sign").is_some(),
         }
     }

@@ -97,12 +97,13 @@ pub(super) const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_A
     .remove(b'*');
 
 impl WechatApi {
-    /// `None` when no merchant has API credentials.
+    /// The client of the file's merchants with API credentials (merchants added through
+    /// `/admin/merchants` join it later).
     pub(super) fn from_settings(
         channel: Arc<WechatPay>,
         settings: &WechatSettings,
         reconcile: &ClientSettings,
-    ) -> Result<Option<Self>, ConfigError> {
+    ) -> Result<Self, ConfigError> {
         let mut merchants = Vec::new();
         for (i, m) in settings.merchants.iter().enumerate() {
             let prefix = format!("wechat.merchants[{i}]");
@@ -126,7 +127,7 @@ impl WechatApi {
             let base = m.api_base.clone().unwrap_or_else(|| API_BASE.to_owned());
             let base = base.trim_end_matches('/').to_owned();
             crate::https::provider_url(&format!("{prefix}.api_base"), &base)?;
-            let Some(merchant) = channel.merchant(&m.mchid).map(Arc::clone) else {
+            let Some(merchant) = channel.merchant(&m.mchid) else {
                 return Err(invalid(
                     format!("{prefix}.mchid"),
                     "not a configured merchant",
@@ -140,7 +141,10 @@ impl WechatApi {
                 downloads: m.downloads(),
             });
         }
-        Ok(Accounts::new(merchants, reconcile)?.map(|merchants| Self { channel, merchants }))
+        Ok(Self {
+            channel,
+            merchants: Accounts::new(merchants, reconcile)?,
+        })
     }
 
     /// Sends one signed request. WeChat Pay v3: the string to sign is

@@ -158,7 +158,7 @@ fn open(m: &ApiMerchant, entry: &Entry, now: Timestamp) -> Result<Opened, String
 /// watched, and downloaded for the merchants with API credentials set to download.
 pub struct WechatKeys {
     pub(super) channel: Arc<WechatPay>,
-    pub(super) api: Option<Arc<WechatApi>>,
+    pub(super) api: Arc<WechatApi>,
 }
 
 impl KeySource for WechatKeys {
@@ -167,10 +167,8 @@ impl KeySource for WechatKeys {
     }
 
     fn downloading(&self) -> Vec<String> {
-        let Some(api) = &self.api else {
-            return Vec::new();
-        };
-        api.merchants
+        self.api
+            .merchants
             .list()
             .iter()
             .filter(|m| m.downloads)
@@ -184,11 +182,8 @@ impl KeySource for WechatKeys {
         now: Timestamp,
     ) -> ApiFuture<'a, Result<Download, Failure>> {
         Box::pin(async move {
-            let api = self.api.as_ref().ok_or_else(|| {
-                Failure::Unexpected(format!("no API credentials for mchid {account}"))
-            })?;
-            let m = api.merchants.get(account)?;
-            api.fetch_certificates(m, now).await
+            let m = self.api.merchants.get(account)?;
+            self.api.fetch_certificates(&m, now).await
         })
     }
 
@@ -216,7 +211,7 @@ impl KeySource for WechatKeys {
             }
             let key = PlatformVerifier {
                 key: parsed.key,
-                merchant: Arc::clone(merchant),
+                merchant,
                 origin: KeyOrigin::Downloaded,
                 effective_at: Some(parsed.not_before),
                 expire_at: Some(parsed.not_after),

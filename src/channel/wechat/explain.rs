@@ -93,7 +93,7 @@ impl WechatPay {
             );
         }
         let merchants: Vec<String> = self
-            .merchants
+            .merchants()
             .iter()
             .map(|m| {
                 let refreshed = self.last_refresh(&m.mchid).map_or_else(
@@ -120,9 +120,20 @@ impl Provider for WechatPay {
     }
 
     fn accounts(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.merchants.iter().map(|m| m.mchid.clone()).collect();
+        let book = self.book();
+        let mut ids: Vec<String> = book
+            .merchants
+            .keys()
+            .chain(book.subs.keys())
+            .cloned()
+            .collect();
         ids.sort();
         ids
+    }
+
+    fn has_account(&self, id: &str) -> bool {
+        let book = self.book();
+        book.merchants.contains_key(id) || book.subs.contains_key(id)
     }
 
     fn order_field(&self) -> &'static str {
@@ -208,8 +219,8 @@ impl WechatPay {
             key.open_in_place(nonce, Aad::from(r.associated_data.as_bytes()), &mut sealed)
                 .is_ok()
         };
-        let mut others: Vec<&str> = self
-            .merchants
+        let merchants = self.merchants();
+        let mut others: Vec<&str> = merchants
             .iter()
             .filter(|m| m.mchid != merchant.mchid && opens(&m.apiv3_key))
             .map(|m| m.mchid.as_str())

@@ -26,6 +26,7 @@ use crate::https::ClientSettings;
 use crate::notice::Notice;
 use crate::time::Timestamp;
 
+mod accounts;
 mod api;
 pub mod bill;
 mod certificates;
@@ -52,12 +53,24 @@ pub const REFUND_ROUTE: &str = "/notify/wechat/refund";
 /// The notify route of merchant transfers (`MCHTRANSFER.BILL.FINISHED`).
 pub const TRANSFER_ROUTE: &str = "/notify/wechat/transfer";
 
-/// A configured merchant: its ids and its APIv3 decryption key.
+/// A merchant with its own keys: its ids and its APIv3 decryption key.
 pub struct Merchant {
     pub mchid: String,
     /// Every app bound to this mchid; a payment from any of them is ours.
     pub appids: Vec<String>,
     apiv3_key: LessSafeKey,
+}
+
+impl Merchant {
+    /// `None` when `apiv3_key` is not exactly 32 bytes.
+    pub(super) fn new(mchid: String, appids: Vec<String>, apiv3_key: &[u8]) -> Option<Self> {
+        let key = UnboundKey::new(&AES_256_GCM, apiv3_key).ok()?;
+        Some(Self {
+            mchid,
+            appids,
+            apiv3_key: LessSafeKey::new(key),
+        })
+    }
 }
 
 impl std::fmt::Debug for Merchant {
@@ -88,14 +101,38 @@ impl PlatformVerifier {
     }
 }
 
-/// The WeChat Pay channel: every configured merchant, and the platform keys it verifies
-/// with, by serial: those configured, and those downloaded since start-up or read from
-/// `platform_certificate` (`crate::certificates` adds them while the service runs).
+/// The WeChat Pay channel: every merchant, file and database, and the platform keys it
+/// verifies with, by serial: those configured, and those downloaded since start-up or read
+/// from `platform_certificate` (`crate::certificates` adds them while the service runs). All
+/// of it is one immutable [`Book`], swapped whole when an account or a key changes.
 pub struct WechatPay {
-    pub(super) merchants: Vec<Arc<Merchant>>,
-    keys: RwLock<HashMap<String, Arc<PlatformVerifier>>>,
+    book: RwLock<Arc<Book>>,
+    /// The merchants of the configuration file, in its order.
+    pub(super) file: Vec<String>,
     /// When each merchant's certificates were last downloaded (`explain` says so).
     refreshed: RwLock<HashMap<String, Timestamp>>,
+}
+
+/// What the channel knows at one moment. Lookups by mchid, serial and sub-merchant are hash
+/// lookups, however many accounts there are.
+#[derive(Clone, Default)]
+pub(super) struct Book {
+    /// Every enabled merchant with its own keys.
+    pub(super) merchants: HashMap<String, Arc<Merchant>>,
+    /// Every platform key by upper-case serial.
+    pub(super) keys: HashMap<String, Arc<PlatformVerifier>>,
+    /// Every enabled sub-merchant (`partner_sub`) by `sub_mchid`.
+    pub(super) subs: HashMap<String, Arc<SubMerchant>>,
+}
+
+/// A sub-merchant (特约商户) served by a service provider's keys.
+#[derive(Debug)]
+pub struct SubMerchant {
+    pub sub_mchid: String,
+    /// The service provider's `mchid`.
+    pub sp_mchid: String,
+    /// Its `sub_appid`s.
+    pub appids: Vec<String>,
 }
 
 impl std::fmt::Debug for WechatPay {
@@ -120,14 +157,32 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 }
 
 impl WechatPay {
+    /// What the channel knows now: an `Arc` taken in nanoseconds, never waiting for a change
+    /// being built.
+    pub(super) fn book(&self) -> Arc<Book> {
+        Arc::clone(&read(&self.book))
+    }
+
+    /// Builds the next book from the current one and swaps it in. Changes are rare (an
+    /// account added, a key downloaded); the maps hold `Arc`s, so the copy is shallow.
+    pub(super) fn change<T>(&self, edit: impl FnOnce(&mut Book) -> T) -> T {
+        let mut book = write(&self.book);
+        let mut next = Book::clone(&book);
+        let out = edit(&mut next);
+        *book = Arc::new(next);
+        out
+    }
+
     /// The platform key `serial` names (any case), usable or not.
     pub(super) fn key(&self, serial: &str) -> Option<Arc<PlatformVerifier>> {
-        read(&self.keys).get(&serial.to_ascii_uppercase()).cloned()
+        self.book().keys.get(&serial.to_ascii_uppercase()).cloned()
     }
 
     /// Every platform key by serial, sorted.
     pub(super) fn all_keys(&self) -> Vec<(String, Arc<PlatformVerifier>)> {
-        let mut all: Vec<(String, Arc<PlatformVerifier>)> = read(&self.keys)
+        let mut all: Vec<(String, Arc<PlatformVerifier>)> = self
+            .book()
+            .keys
             .iter()
             .map(|(s, p)| (s.clone(), Arc::clone(p)))
             .collect();
@@ -163,26 +218,32 @@ impl WechatPay {
             })
     }
 
-    pub(super) fn merchant(&self, mchid: &str) -> Option<&Arc<Merchant>> {
-        self.merchants.iter().find(|m| m.mchid == mchid)
+    pub(super) fn merchant(&self, mchid: &str) -> Option<Arc<Merchant>> {
+        self.book().merchants.get(mchid).cloned()
+    }
+
+    /// Every enabled merchant with its own keys, by mchid.
+    pub(super) fn merchants(&self) -> Vec<Arc<Merchant>> {
+        let mut all: Vec<Arc<Merchant>> = self.book().merchants.values().cloned().collect();
+        all.sort_by(|a, b| a.mchid.cmp(&b.mchid));
+        all
     }
 
     /// Adds (or replaces) a downloaded key; whether its serial was not known before. A
     /// configured key with the same serial stays: configuration wins.
     pub(super) fn learn(&self, serial: &str, key: PlatformVerifier) -> bool {
-        let mut keys = write(&self.keys);
         let serial = serial.to_ascii_uppercase();
-        match keys.get(&serial) {
+        self.change(|book| match book.keys.get(&serial) {
             Some(known) if known.origin == KeyOrigin::Configured => false,
             Some(_) => {
-                keys.insert(serial, Arc::new(key));
+                book.keys.insert(serial, Arc::new(key));
                 false
             }
             None => {
-                keys.insert(serial, Arc::new(key));
+                book.keys.insert(serial, Arc::new(key));
                 true
             }
-        }
+        })
     }
 
     /// Records a download of `mchid`'s certificates at `at` (the latest one counts).
@@ -224,8 +285,6 @@ impl WechatPay {
         let mut merchants = Vec::new();
         for (i, m) in settings.merchants.iter().enumerate() {
             let prefix = format!("wechat.merchants[{i}]");
-            let apiv3_key = UnboundKey::new(&AES_256_GCM, m.apiv3_key.expose().as_bytes())
-                .map_err(|_| invalid(format!("{prefix}.apiv3_key"), "must be exactly 32 bytes"))?;
             let appids = m.all_appids();
             if appids.iter().all(|id| id.is_empty()) {
                 return Err(invalid(
@@ -242,11 +301,9 @@ impl WechatPay {
                     format!("{} is configured twice", m.mchid),
                 ));
             }
-            let merchant = Arc::new(Merchant {
-                mchid: m.mchid.clone(),
-                appids,
-                apiv3_key: LessSafeKey::new(apiv3_key),
-            });
+            let merchant = Merchant::new(m.mchid.clone(), appids, m.apiv3_key.expose().as_bytes())
+                .map(Arc::new)
+                .ok_or_else(|| invalid(format!("{prefix}.apiv3_key"), "must be exactly 32 bytes"))?;
             merchants.push(Arc::clone(&merchant));
             if m.platform_keys.is_empty() && !m.downloads() {
                 return Err(invalid(
@@ -323,8 +380,15 @@ impl WechatPay {
             }
         }
         Ok(Self {
-            merchants,
-            keys: RwLock::new(keys),
+            file: merchants.iter().map(|m| m.mchid.clone()).collect(),
+            book: RwLock::new(Arc::new(Book {
+                merchants: merchants
+                    .into_iter()
+                    .map(|m| (m.mchid.clone(), m))
+                    .collect(),
+                keys,
+                subs: HashMap::new(),
+            })),
             refreshed: RwLock::new(HashMap::new()),
         })
     }
@@ -416,15 +480,21 @@ pub fn mount(
 ) -> Result<Mounted, ConfigError> {
     let built = Arc::new(WechatPay::from_settings(settings, now)?);
     let provider: Arc<dyn Provider> = built.clone();
-    let client = WechatApi::from_settings(Arc::clone(&built), settings, reconcile)?.map(Arc::new);
+    let client = Arc::new(WechatApi::from_settings(
+        Arc::clone(&built),
+        settings,
+        reconcile,
+    )?);
     let keys = Arc::new(certificates::WechatKeys {
         channel: Arc::clone(&built),
-        api: client.clone(),
+        api: Arc::clone(&client),
     });
-    let bills = client
-        .clone()
-        .map(|api| api as Arc<dyn super::bill::BillSource>);
-    let api = client.map(|api| api as Arc<dyn ProviderApi>);
+    let bills: Arc<dyn super::bill::BillSource> = client.clone();
+    let api: Arc<dyn ProviderApi> = client.clone();
+    let accounts = Arc::new(accounts::WechatBook {
+        channel: Arc::clone(&built),
+        api: client,
+    });
     let channel: Arc<dyn super::Endpoint> = built;
     let routes = [PAY_ROUTE, REFUND_ROUTE, TRANSFER_ROUTE]
         .into_iter()
@@ -436,8 +506,9 @@ pub fn mount(
     Ok(Mounted {
         routes,
         provider,
-        api,
+        api: Some(api),
         keys: Some(keys),
-        bills,
+        bills: Some(bills),
+        accounts,
     })
 }

@@ -27,11 +27,11 @@ impl BillSource for AlipayApi {
     /// The first app (configuration order) of each seller: Alipay's bill is the seller's,
     /// the same file whichever of its apps asks.
     fn accounts(&self) -> Vec<String> {
-        let mut sellers: Vec<&str> = Vec::new();
+        let mut sellers: Vec<String> = Vec::new();
         let mut first = Vec::new();
         for a in self.apps.list() {
-            if !sellers.contains(&a.app.seller_id.as_str()) {
-                sellers.push(&a.app.seller_id);
+            if !sellers.contains(&a.app.seller_id) {
+                sellers.push(a.app.seller_id.clone());
                 first.push(a.app.app_id.clone());
             }
         }
@@ -68,7 +68,7 @@ impl BillSource for AlipayApi {
                 "bill_type": "trade",
                 "bill_date": date.format("%Y-%m-%d").to_string(),
             });
-            let r = self.call(a, METHOD, &biz, now).await?;
+            let r = self.call(&a, METHOD, &biz, now).await?;
             if r.code != "10000" {
                 return match r.sub_code.as_deref() {
                     Some(NO_BILL) => Ok(Fetched::NoBill(format!(

@@ -39,14 +39,14 @@ impl BillSource for WechatApi {
     ) -> ApiFuture<'a, Result<Fetched, BillError>> {
         Box::pin(async move {
             let m = self.merchants.get(account)?;
-            let Some(answer) = self.apply(m, date, now).await? else {
+            let Some(answer) = self.apply(&m, date, now).await? else {
                 return Ok(Fetched::NoBill(format!(
                     "NO_STATEMENT_EXIST: WeChat has no bill of {date} for merchant {account}"
                 )));
             };
             let (path, url) = same_origin(&m.base, &answer.download_url)?;
             // WeChat signs the download like any GET: the download URL's path and query.
-            let authorization = Self::authorization(m, "GET", &path, "", now)?;
+            let authorization = Self::authorization(&m, "GET", &path, "", now)?;
             let request = self
                 .merchants
                 .plumbing()

@@ -9,51 +9,18 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
 
-use crate::config::value::ConfigError;
-use crate::https::{ClientSettings, http_client};
 use crate::notice::{ChannelId, Notice};
 use crate::time::Timestamp;
 use crate::transfer::{TransferCall, TransferSeen};
 
+mod plumbing;
+
+pub use plumbing::{Account, Accounts, Failure, Plumbing, RateLimiter, Received};
+
 /// What a provider client's calls return: boxed, so the trait stays usable as `dyn`.
 pub type ApiFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Why a call gave no usable answer. Never evidence of anything: the caller retries later.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
-    /// No answer: connection refused, timeout, 5xx, rate limited, "system busy".
-    Unreachable(String),
-    /// An answer that does not verify with the provider's key (or carries no signature):
-    /// ignored and counted.
-    BadSignature(String),
-    /// A signed answer naming a key this client does not know (WeChat `Wechatpay-Serial`):
-    /// counted as `bad_signature`; the keys are refreshed and the call made again once.
-    UnknownKey(String),
-    /// A verified answer that says something this client does not act on.
-    Unexpected(String),
-}
-
-impl Failure {
-    /// The `result` label of the query metrics.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Self::Unreachable(_) => "unreachable",
-            Self::BadSignature(_) | Self::UnknownKey(_) => "bad_signature",
-            Self::Unexpected(_) => "unexpected",
-        }
-    }
-
-    pub fn detail(&self) -> &str {
-        match self {
-            Self::Unreachable(d)
-            | Self::BadSignature(d)
-            | Self::UnknownKey(d)
-            | Self::Unexpected(d) => d,
-        }
-    }
-}
 
 /// A provider's answer to "what became of this trade?".
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -264,8 +231,15 @@ impl CancelReply {
 pub trait ProviderApi: Send + Sync + 'static {
     fn channel(&self) -> ChannelId;
 
-    /// The merchants/apps this client can ask, in configuration order.
+    /// The merchants/apps this client can ask now, file accounts first in configuration
+    /// order.
     fn accounts(&self) -> Vec<String>;
+
+    /// Whether any account can be asked now (accounts come and go through
+    /// `/admin/merchants`).
+    fn has_accounts(&self) -> bool {
+        !self.accounts().is_empty()
+    }
 
     fn query<'a>(
         &'a self,
@@ -414,55 +388,6 @@ impl From<Miss> for RefundAnswer {
     }
 }
 
-/// One merchant or app with API credentials.
-pub trait Account: Send + Sync + 'static {
-    /// What the calls name it by: a WeChat `mchid`, an Alipay `app_id`.
-    fn id(&self) -> &str;
-    /// What a call for an account without credentials lacks, in its failure's words.
-    const MISSING: &'static str;
-}
-
-/// A provider client's accounts, in configuration order, and the plumbing they share.
-#[derive(Debug)]
-pub struct Accounts<A> {
-    list: Vec<A>,
-    plumbing: Plumbing,
-}
-
-impl<A: Account> Accounts<A> {
-    /// `None` when no account has API credentials: that provider has no client, and its HTTPS
-    /// client is never built.
-    pub fn new(list: Vec<A>, settings: &ClientSettings) -> Result<Option<Self>, ConfigError> {
-        if list.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(Self {
-            list,
-            plumbing: Plumbing::new(settings)?,
-        }))
-    }
-
-    pub fn get(&self, id: &str) -> Result<&A, Failure> {
-        self.list
-            .iter()
-            .find(|a| a.id() == id)
-            .ok_or_else(|| Failure::Unexpected(format!("no {} {id}", A::MISSING)))
-    }
-
-    /// Every account, in configuration order.
-    pub fn list(&self) -> &[A] {
-        &self.list
-    }
-
-    pub fn ids(&self) -> Vec<String> {
-        self.list.iter().map(|a| a.id().to_owned()).collect()
-    }
-
-    pub fn plumbing(&self) -> &Plumbing {
-        &self.plumbing
-    }
-}
-
 /// A provider's API client as each provider writes it: plain async calls about one account
 /// it has credentials for, that may stop at a [`Miss`]. Every such client is a
 /// [`ProviderApi`]: the account is looked up and the call boxed in one place.
@@ -528,6 +453,23 @@ pub trait ProviderClient: Send + Sync + 'static {
 
 /// One [`ProviderApi`] call of a [`ProviderClient`]: they differ only in their name, the
 /// ids after the account and their answer.
+/// Looks the account `$id` up and makes the call with it (bound to `$a`): the call's answer,
+/// or the answer its miss stands for. The account is the snapshot's `Arc`, held for the call.
+macro_rules! with_account {
+    ($client:expr, $id:expr, |$a:ident| $call:expr) => {
+        Box::pin(async move {
+            let answer = match ProviderClient::accounts($client).get($id) {
+                Ok(account) => {
+                    let $a = &*account;
+                    $call.await
+                }
+                Err(failure) => Err(failure.into()),
+            };
+            answer.unwrap_or_else(From::from)
+        })
+    };
+}
+
 macro_rules! forward {
     ($call:ident($($id:ident),+) -> $answer:ty) => {
         fn $call<'a>(
@@ -536,9 +478,7 @@ macro_rules! forward {
             $($id: &'a str,)+
             now: Timestamp,
         ) -> ApiFuture<'a, $answer> {
-            Box::pin(with_account(self, account, move |a| {
-                ProviderClient::$call(self, a, $($id,)+ now)
-            }))
+            with_account!(self, account, |a| ProviderClient::$call(self, a, $($id,)+ now))
         }
     };
 }
@@ -552,6 +492,10 @@ impl<C: ProviderClient> ProviderApi for C {
         ProviderClient::accounts(self).ids()
     }
 
+    fn has_accounts(&self) -> bool {
+        !ProviderClient::accounts(self).is_empty()
+    }
+
     forward!(query(out_trade_no) -> TradeAnswer);
     forward!(close(out_trade_no) -> CloseAnswer);
     forward!(refund_query(out_trade_no, out_refund_no) -> RefundAnswer);
@@ -560,7 +504,7 @@ impl<C: ProviderClient> ProviderApi for C {
 
     fn transfer_apps(&self, account: &str) -> Result<Vec<String>, String> {
         match ProviderClient::accounts(self).get(account) {
-            Ok(a) => ProviderClient::transfer_apps(self, a),
+            Ok(a) => ProviderClient::transfer_apps(self, &a),
             Err(failure) => Err(failure.detail().to_owned()),
         }
     }
@@ -571,9 +515,7 @@ impl<C: ProviderClient> ProviderApi for C {
         call: &'a TransferCall,
         now: Timestamp,
     ) -> ApiFuture<'a, TransferReply> {
-        Box::pin(with_account(self, account, move |a| {
-            ProviderClient::transfer(self, a, call, now)
-        }))
+        with_account!(self, account, |a| ProviderClient::transfer(self, a, call, now))
     }
 
     fn refund<'a>(
@@ -582,146 +524,7 @@ impl<C: ProviderClient> ProviderApi for C {
         call: &'a RefundCall,
         now: Timestamp,
     ) -> ApiFuture<'a, RefundReply> {
-        Box::pin(with_account(self, account, move |a| {
-            ProviderClient::refund(self, a, call, now)
-        }))
+        with_account!(self, account, |a| ProviderClient::refund(self, a, call, now))
     }
 }
 
-/// Looks the account `id` up and makes `call` with it: the call's answer, or the answer its
-/// miss stands for.
-async fn with_account<'a, C, A, F>(
-    client: &'a C,
-    id: &str,
-    call: impl FnOnce(&'a C::Account) -> F,
-) -> A
-where
-    C: ProviderClient,
-    A: From<Miss>,
-    F: Future<Output = Result<A, Miss>>,
-{
-    let answer = match ProviderClient::accounts(client).get(id) {
-        Ok(account) => call(account).await,
-        Err(failure) => Err(failure.into()),
-    };
-    answer.unwrap_or_else(A::from)
-}
-
-/// At most `max_qps` requests a second: each caller takes the next free slot and waits for
-/// it, so a burst is spread out instead of refused.
-#[derive(Debug)]
-pub struct RateLimiter {
-    interval: Duration,
-    next: tokio::sync::Mutex<tokio::time::Instant>,
-}
-
-impl RateLimiter {
-    pub fn per_second(max_qps: u32) -> Self {
-        Self {
-            interval: Duration::from_secs(1) / max_qps.max(1),
-            next: tokio::sync::Mutex::new(tokio::time::Instant::now()),
-        }
-    }
-
-    /// Waits for this caller's slot.
-    pub async fn acquire(&self) {
-        let slot = {
-            let mut next = self.next.lock().await;
-            let slot = (*next).max(tokio::time::Instant::now());
-            *next = slot + self.interval;
-            slot
-        };
-        tokio::time::sleep_until(slot).await;
-    }
-}
-
-/// A provider's answer as received: status, the headers a client reads, the raw body.
-#[derive(Debug)]
-pub struct Received {
-    pub status: u16,
-    pub headers: reqwest::header::HeaderMap,
-    pub body: Vec<u8>,
-}
-
-impl Received {
-    /// The one value of a header, if present and visible ASCII.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-}
-
-/// What every provider client shares: the HTTPS client and that provider's rate limit.
-#[derive(Debug)]
-pub struct Plumbing {
-    client: reqwest::Client,
-    limiter: RateLimiter,
-}
-
-impl Plumbing {
-    pub fn new(settings: &ClientSettings) -> Result<Self, ConfigError> {
-        Ok(Self {
-            client: http_client(settings)?,
-            limiter: RateLimiter::per_second(settings.max_qps),
-        })
-    }
-
-    pub fn client(&self) -> &reqwest::Client {
-        &self.client
-    }
-
-    /// Waits for this provider's next rate-limit slot.
-    pub async fn acquire(&self) {
-        self.limiter.acquire().await;
-    }
-
-    /// Sends `request` in its rate-limit slot; no answer at all is [`Failure::Unreachable`].
-    pub async fn send(&self, request: reqwest::RequestBuilder) -> Result<Received, Failure> {
-        self.limiter.acquire().await;
-        let response = request
-            .send()
-            .await
-            .map_err(|e| Failure::Unreachable(error_chain(&e)))?;
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| Failure::Unreachable(error_chain(&e)))?
-            .to_vec();
-        Ok(Received {
-            status,
-            headers,
-            body,
-        })
-    }
-}
-
-/// An error with its causes, on one line (reqwest's own message hides the TLS reason).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn the_rate_limit_spreads_a_burst() {
-        let limiter = RateLimiter::per_second(20);
-        let started = tokio::time::Instant::now();
-        for _ in 0..11 {
-            limiter.acquire().await;
-        }
-        // 11 slots 50 ms apart: the last one 500 ms after the first.
-        let elapsed = started.elapsed();
-        assert!(elapsed >= Duration::from_millis(500), "{elapsed:?}");
-        assert!(elapsed < Duration::from_millis(900), "{elapsed:?}");
-    }
-}
