@@ -14,6 +14,7 @@ pub mod gate;
 pub mod https;
 pub mod intake;
 pub mod jobs;
+pub mod merchants;
 pub mod metrics;
 pub mod money;
 pub mod money_out;

@@ -46,6 +46,9 @@ enum Command {
     /// Orders past `retention.orders_keep_days`, in the archive the retention job writes.
     #[command(subcommand)]
     Archive(ArchiveCommand),
+    /// The master key that seals stored provider keys (`secrets.master_key`).
+    #[command(subcommand)]
+    Secrets(SecretsCommand),
     /// QA: forge one signed notification per order into a file of raw HTTP requests, for a
     /// load generator to replay (`bench/run.sh`).
     Forge(ForgeArgs),
@@ -93,6 +96,19 @@ enum ArchiveCommand {
         /// The archive directory; default: `retention.archive_dir` of the configuration.
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum SecretsCommand {
+    /// Seal every stored account's keys again under a new master key, in one transaction.
+    /// Then set `secrets.master_key` to the new key and restart every instance.
+    Rotate {
+        /// A file whose first line is the new key: base64 of 32 random bytes.
+        #[arg(long, value_name = "FILE")]
+        new_key_file: PathBuf,
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -221,6 +237,10 @@ fn main() -> ExitCode {
             on_runtime(Some(settings.server.runtime_threads()), serve(settings))
         }),
         Command::Migrate { config } => on_runtime(None, migrate(config)),
+        Command::Secrets(SecretsCommand::Rotate {
+            new_key_file,
+            config,
+        }) => on_runtime(None, rotate_secrets(new_key_file, config)),
         Command::Replay(args) => on_runtime(None, replay(args)),
         Command::Explain(args) => on_runtime(None, explain(args)),
         Command::Forge(args) => on_runtime(None, async move { forge(args) }),
@@ -335,6 +355,37 @@ async fn migrate(config: Option<PathBuf>) -> anyhow::Result<()> {
         "{} migration(s) applied on {}",
         applied.len(),
         store.backend()
+    );
+    Ok(())
+}
+
+/// `paynotify secrets rotate`: the accounts resealed under the key of `new_key_file`.
+async fn rotate_secrets(new_key_file: PathBuf, config: Option<PathBuf>) -> anyhow::Result<()> {
+    use paynotify::merchants::seal::MasterKey;
+    let settings = load_settings(config.as_deref())?;
+    let old = MasterKey::from_settings(&settings.secrets)?.context(
+        "secrets.master_key is not set: the current key is needed to open the stored keys",
+    )?;
+    let text = std::fs::read_to_string(&new_key_file)
+        .with_context(|| format!("cannot read {}", new_key_file.display()))?;
+    let new = MasterKey::from_base64("--new-key-file", text.lines().next().unwrap_or_default())
+        .map_err(|e| match e {
+            paynotify::config::ConfigError::Invalid { message, .. } => {
+                anyhow::anyhow!("--new-key-file {}: {message}", new_key_file.display())
+            }
+            other => other.into(),
+        })?;
+    let store = Store::connect(&settings.database)?;
+    let resealed = match paynotify::merchants::rotate::rotate(&store, &old, &new).await {
+        Ok(n) => n,
+        Err(paynotify::merchants::rotate::RotateError::Reseal(
+            paynotify::merchants::store::ResealError::Store(e),
+        )) => return Err(paynotify::startup::explain(&store, e).await.into()),
+        Err(e) => return Err(e.into()),
+    };
+    println!(
+        "resealed {resealed} accounts under key id {}; set secrets.master_key to the new key and restart",
+        new.id()
     );
     Ok(())
 }

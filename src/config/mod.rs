@@ -59,6 +59,10 @@ pub struct Settings {
     /// `[transfers]`: merchant transfers started through paynotify, their caps, followed to
     /// the end (src/transfers).
     pub transfers: crate::transfers::settings::TransferSettings,
+    /// `[merchants]`: provider accounts added through `/admin/merchants` (src/merchants).
+    pub merchants: crate::merchants::settings::MerchantSettings,
+    /// `[secrets]`: the master key that seals their keys at rest (src/merchants/seal.rs).
+    pub secrets: crate::merchants::settings::SecretsSettings,
     pub log: LogSettings,
     /// The old key names this configuration used, filled in by [`Settings::load_from`]
     /// (see `Settings::deprecations`).
@@ -70,7 +74,7 @@ impl Settings {
     /// Every section with its name, in the order of the fields: what [`Settings::validate`]
     /// checks and what a mistyped environment variable is matched against. A new section
     /// (a provider's, say) is its field above and one line here.
-    pub(crate) fn sections(&self) -> [(&'static str, &dyn value::Validate); 17] {
+    pub(crate) fn sections(&self) -> [(&'static str, &dyn value::Validate); 19] {
         [
             ("server", &self.server),
             ("database", &self.database),
@@ -88,6 +92,8 @@ impl Settings {
             ("bills", &self.bills),
             ("refunds", &self.refunds),
             ("transfers", &self.transfers),
+            ("merchants", &self.merchants),
+            ("secrets", &self.secrets),
             ("log", &self.log),
         ]
     }

@@ -311,7 +311,30 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::store::types::UtcTs;
+
+    /// Provider accounts added through `/admin/merchants` (src/merchants/store.rs).
+    merchant_account (channel, account) {
+        channel -> Text,
+        account -> Text,
+        mode -> Text,
+        sp_account -> Nullable<Text>,
+        /// `AccountSettings` as JSON: no keys.
+        settings -> Text,
+        status -> Text,
+        keys_version -> BigInt,
+        key_id -> Text,
+        /// Base64 of the sealed `keys` object (src/merchants/seal.rs).
+        sealed_keys -> Text,
+        created_at -> UtcTs,
+        updated_at -> UtcTs,
+    }
+}
+
 diesel::allow_tables_to_appear_in_same_query!(
+    merchant_account,
     transfer,
     transfer_account,
     transfer_anomaly,

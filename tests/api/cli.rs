@@ -311,3 +311,93 @@ fn serve_runs_the_threads_its_configuration_asks_for() {
     assert!(line.contains("io_threads=2"), "{line}");
     assert_eq!(http, 3, "HTTP worker threads");
 }
+
+#[test]
+fn secrets_rotate_reseals_every_stored_account_under_the_new_key() {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use paynotify::notice::ChannelId;
+
+    use crate::merchant_store::{account, key};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = sqlite_config(dir.path());
+    let migrated = Command::new(BIN)
+        .args(["migrate", "--config"])
+        .arg(&config)
+        .output()
+        .expect("migrate runs");
+    assert!(migrated.status.success(), "{}", stderr(&migrated));
+    let (old, new) = (key(1), key(2));
+    let url = format!("sqlite://{}", dir.path().join("data/p.db").display());
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let store = runtime.block_on(async {
+        let store = paynotify::store::Store::connect(
+            &crate::support::helpers::test_settings(&url).database,
+        )
+        .expect("store");
+        for id in ["1900000101", "1900000102"] {
+            let stored = account(
+                &old,
+                ChannelId::Wechat,
+                id,
+                paynotify::time::Timestamp::new(chrono::Utc::now()),
+            );
+            assert!(store.insert_merchant(&stored).await.expect("insert"));
+        }
+        store
+    });
+    let new_key_file = dir.path().join("new.key");
+    std::fs::write(&new_key_file, format!("{}\n", STANDARD.encode([2u8; 32]))).expect("key file");
+    let rotate = |current: Option<&str>| {
+        let mut command = Command::new(BIN);
+        command
+            .args(["secrets", "rotate", "--new-key-file"])
+            .arg(&new_key_file)
+            .arg("--config")
+            .arg(&config)
+            .env_remove("PAYNOTIFY__SECRETS__MASTER_KEY");
+        if let Some(current) = current {
+            command.env("PAYNOTIFY__SECRETS__MASTER_KEY", current);
+        }
+        command.output().expect("rotate runs")
+    };
+
+    // Without the current key nothing can be opened.
+    let out = rotate(None);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("secrets.master_key"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = rotate(Some(&STANDARD.encode([1u8; 32])));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end(),
+        format!(
+            "resealed 2 accounts under key id {}; set secrets.master_key to the new key and restart",
+            new.id()
+        )
+    );
+    runtime.block_on(async {
+        for a in store.all_merchants().await.expect("read") {
+            assert!(
+                new.open(a.channel, &a.account, &a.sealed).is_ok(),
+                "{}",
+                a.account
+            );
+            assert!(
+                old.open(a.channel, &a.account, &a.sealed).is_err(),
+                "{}",
+                a.account
+            );
+        }
+    });
+
+    // The new key as the current one: nothing to rotate.
+    let out = rotate(Some(&STANDARD.encode([2u8; 32])));
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains(new.id()), "{}", stderr(&out));
+}

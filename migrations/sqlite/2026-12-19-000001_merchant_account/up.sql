@@ -1,0 +1,28 @@
+-- Provider accounts added through /admin/merchants (src/merchants), beside those of the
+-- configuration file. Rows are never deleted: a disabled account's orders, callbacks and
+-- reports stay readable.
+CREATE TABLE merchant_account (
+    channel      VARCHAR(16)  NOT NULL,
+    -- The WeChat mchid (a sub-merchant's sub_mchid) or Alipay app_id (a partner_sub's
+    -- auth_app_id).
+    account      VARCHAR(64)  NOT NULL,
+    mode         VARCHAR(16)  NOT NULL CHECK (mode IN ('direct', 'partner_sub')),
+    -- A partner_sub's service provider (mchid) or ISV app (app_id); NULL for direct.
+    sp_account   VARCHAR(64),
+    -- The settings that are not keys, as JSON (appids, seller_id, api_base, certificates).
+    settings     TEXT         NOT NULL,
+    status       VARCHAR(16)  NOT NULL CHECK (status IN ('enabled', 'disabled')),
+    -- Bumped by every change: an update names the version it read (optimistic).
+    keys_version BIGINT       NOT NULL,
+    -- The keys object, AES-256-GCM under secrets.master_key: base64 of nonce, ciphertext and
+    -- tag; key_id is the first 8 hex digits of SHA-256 of the key that sealed it.
+    key_id       VARCHAR(8)   NOT NULL,
+    sealed_keys  TEXT         NOT NULL,
+    created_at   TEXT         NOT NULL,
+    updated_at   TEXT         NOT NULL,
+    PRIMARY KEY (channel, account)
+);
+-- Each instance's reload: the rows changed since its last read.
+CREATE INDEX merchant_account_updated ON merchant_account (updated_at);
+-- A service provider's sub-merchants.
+CREATE INDEX merchant_account_sp ON merchant_account (channel, sp_account);

@@ -1,0 +1,146 @@
+//! `[merchants]` and `[secrets]`: how often each instance reads the accounts changed through
+//! `/admin/merchants`, and the master key their stored keys are sealed under.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::config::value::{ConfigError, Secret, Validate, invalid};
+use crate::merchants::seal::MasterKey;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MerchantSettings {
+    /// Each instance reads the accounts changed since its last read this often.
+    pub reload_secs: u64,
+}
+
+impl Default for MerchantSettings {
+    fn default() -> Self {
+        Self { reload_secs: 5 }
+    }
+}
+
+impl Validate for MerchantSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=300).contains(&self.reload_secs) {
+            return Err(invalid(
+                "merchants.reload_secs",
+                "must be between 1 and 300",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecretsSettings {
+    /// Base64 of exactly 32 random bytes: the AES-256-GCM key that seals stored keys. Given
+    /// as `PAYNOTIFY__SECRETS__MASTER_KEY`, not in the file.
+    pub master_key: Secret,
+    /// Or a file whose first line is that base64 (mode 0600); `""` in the file: none.
+    #[serde(deserialize_with = "empty_is_none")]
+    pub master_key_file: Option<PathBuf>,
+}
+
+impl Validate for SecretsSettings {
+    /// Everything a start-up with this key would find: both set, a value that is not a key,
+    /// a file that cannot be read.
+    fn validate(&self) -> Result<(), ConfigError> {
+        MasterKey::from_settings(self).map(|_| ())
+    }
+}
+
+/// A path where `""` means none, as the shipped file writes an unset one.
+fn empty_is_none<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+    let path = Option::<PathBuf>::deserialize(d)?;
+    Ok(path.filter(|p| !p.as_os_str().is_empty()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::io::Write;
+
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+
+    use super::*;
+    use crate::config::Settings;
+
+    fn load(contents: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let mut f = tempfile::NamedTempFile::new().expect("temp file");
+        f.write_all(contents.as_bytes()).expect("write temp file");
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Settings::load_from(f.path(), env)
+    }
+
+    #[test]
+    fn the_defaults_reload_every_five_seconds_without_a_key() {
+        let s = load("", &[]).expect("defaults");
+        assert_eq!(s.merchants.reload_secs, 5);
+        assert!(s.secrets.master_key.is_empty());
+        assert!(s.secrets.master_key_file.is_none());
+        let s = load(
+            "[secrets]\nmaster_key = \"\"\nmaster_key_file = \"\"\n",
+            &[],
+        )
+        .expect("empty strings are unset");
+        assert!(s.secrets.master_key_file.is_none());
+    }
+
+    #[test]
+    fn reload_secs_outside_1_to_300_names_its_key() {
+        for bad in ["0", "301"] {
+            let err = load(&format!("[merchants]\nreload_secs = {bad}\n"), &[])
+                .expect_err(bad)
+                .to_string();
+            assert!(err.contains("merchants.reload_secs"), "{err}");
+        }
+        let s = load("[merchants]\nreload_secs = 300\n", &[]).expect("300");
+        assert_eq!(s.merchants.reload_secs, 300);
+    }
+
+    #[test]
+    fn the_master_key_comes_from_the_environment() {
+        let key = STANDARD.encode([5u8; 32]);
+        let s = load("", &[("PAYNOTIFY__SECRETS__MASTER_KEY", &key)]).expect("from env");
+        assert_eq!(s.secrets.master_key.expose(), key);
+        assert!(!format!("{s:?}").contains(&key));
+        let s = load("", &[("PAYNOTIFY__MERCHANTS__RELOAD_SECS", "30")]).expect("from env");
+        assert_eq!(s.merchants.reload_secs, 30);
+
+        let short = STANDARD.encode([5u8; 31]);
+        let err = load("", &[("PAYNOTIFY__SECRETS__MASTER_KEY", &short)])
+            .expect_err("31 bytes")
+            .to_string();
+        assert!(err.contains("secrets.master_key"), "{err}");
+        assert!(err.contains("PAYNOTIFY__SECRETS__MASTER_KEY"), "{err}");
+        assert!(!err.contains(&short), "{err}");
+    }
+
+    #[test]
+    fn a_key_and_a_key_file_together_name_the_file() {
+        let mut file = tempfile::NamedTempFile::new().expect("temp file");
+        writeln!(file, "{}", STANDARD.encode([5u8; 32])).expect("write");
+        let config = format!(
+            "[secrets]\nmaster_key_file = \"{}\"\n",
+            file.path().display()
+        );
+        assert!(load(&config, &[]).is_ok());
+        let err = load(
+            &config,
+            &[(
+                "PAYNOTIFY__SECRETS__MASTER_KEY",
+                &STANDARD.encode([5u8; 32]),
+            )],
+        )
+        .expect_err("both")
+        .to_string();
+        assert!(err.contains("secrets.master_key_file"), "{err}");
+    }
+}
