@@ -12,6 +12,8 @@ use crate::channel::{NotifyRoute, Provider};
 use crate::config::{ConfigError, Secret, Settings};
 use crate::gate::Gate;
 use crate::intake::Intake;
+use crate::merchants::live::{LoadError, Merchants};
+use crate::merchants::seal::MasterKey;
 use crate::metrics::Metrics;
 use crate::providers;
 use crate::receipts::Receipts;
@@ -95,6 +97,8 @@ pub struct App {
     pub refunds: Arc<Refunds>,
     /// Merchant transfers started through paynotify (`[transfers]`).
     pub transfers: Arc<Transfers>,
+    /// The accounts stored through `/admin/merchants`, live in every channel.
+    pub merchants: Arc<Merchants>,
     /// `server.api_token`: who may use `/orders` and `/admin`.
     pub api_token: Secret,
     /// `orders.expire_after_secs`: an order's default lifetime.
@@ -113,7 +117,9 @@ impl App {
         let mut apis = Vec::new();
         let mut key_sources = Vec::new();
         let mut bill_sources = Vec::new();
+        let mut books = Vec::new();
         for mounted in providers::mount_all(settings, clock.now())? {
+            books.push(mounted.accounts);
             notify_routes.extend(mounted.routes);
             operated.push(mounted.provider);
             apis.extend(mounted.api);
@@ -145,6 +151,22 @@ impl App {
         )?);
 
         let metrics = Arc::new(Metrics::new());
+        // The accounts stored through /admin/merchants, before the certificates stored for
+        // them are read (those of an account not installed would be skipped).
+        let merchants = Arc::new(Merchants::new(
+            store.clone(),
+            books,
+            MasterKey::from_settings(&settings.secrets)?,
+            Arc::clone(&metrics),
+            Arc::clone(&clock),
+            settings.merchants.reload_secs,
+        ));
+        match merchants.load().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(accounts = n, "stored accounts loaded"),
+            Err(LoadError::Config(e)) => return Err(e.into()),
+            Err(LoadError::Store(e)) => return Err(explain(&store, e).await),
+        }
         // Every certificate a previous run (or another instance) downloaded: a restart
         // needs no network.
         let certificates = Certificates::new(
@@ -244,6 +266,7 @@ impl App {
             bills,
             refunds,
             transfers,
+            merchants,
             api_token: settings.server.api_token.clone(),
             expire_after_secs: settings.orders.expire_after_secs,
         })

@@ -233,6 +233,8 @@ pub struct Work {
     pub refunds: Arc<Refunds>,
     /// Transfers started through paynotify: sent again, queried (`[transfers]`).
     pub transfers: Arc<Transfers>,
+    /// The stored accounts, reloaded every `merchants.reload_secs`.
+    pub merchants: Arc<crate::merchants::live::Merchants>,
 }
 
 /// The running jobs: the relay loop on its own tokio interval (any period, to the
@@ -347,8 +349,24 @@ fn entries(
         bills,
         refunds,
         transfers,
+        merchants,
     } = work;
     let mut entries = Vec::new();
+    let every = merchants.reload_every();
+    entries.push(Entry::new(
+        "account reload",
+        Schedule::Every(every),
+        move || {
+            let merchants = Arc::clone(&merchants);
+            Box::pin(async move {
+                match merchants.reload().await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(accounts = n, "stored accounts reloaded"),
+                    Err(e) => tracing::warn!(error = %e, "account reload failed; next run retries"),
+                }
+            })
+        },
+    ));
     let (r, c) = (Arc::clone(&reconciler), Arc::clone(&clock));
     entries.push(Entry::new(
         "order expiry",

@@ -182,6 +182,11 @@ impl Application {
         Arc::clone(&self.app.transfers)
     }
 
+    /// The accounts stored through `/admin/merchants`.
+    pub fn merchants(&self) -> Arc<crate::merchants::live::Merchants> {
+        Arc::clone(&self.app.merchants)
+    }
+
     /// The provider queries and closes the reconcile and expiry jobs run.
     pub fn reconciler(&self) -> Arc<Reconciler> {
         Arc::clone(&self.app.reconciler)
@@ -216,6 +221,7 @@ impl Application {
                 bills: self.daily_bills(settings)?,
                 refunds: Arc::clone(&self.app.refunds),
                 transfers: Arc::clone(&self.app.transfers),
+                merchants: Arc::clone(&self.app.merchants),
             },
             relay,
             settings.relay.interval(),

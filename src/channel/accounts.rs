@@ -109,6 +109,10 @@ pub struct Facts {
     pub has_api_credentials: bool,
     #[serde(default)]
     pub has_app_auth_token: bool,
+    /// Where its API calls go (WeChat `api_base`, Alipay `gateway`, the default when none
+    /// was given); `None` without API credentials.
+    #[serde(default)]
+    pub api_base: Option<String>,
 }
 
 /// An account of the configuration file, as `GET /admin/merchants` lists it.

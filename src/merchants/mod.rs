@@ -1,6 +1,9 @@
-//! Provider accounts as data: those added through `/admin/merchants`, stored with their keys sealed.
+//! Provider accounts as data: those added through `/admin/merchants`, stored with their keys
+//! sealed, live in every channel without a restart.
 
+pub mod live;
 pub mod rotate;
 pub mod seal;
 pub mod settings;
 pub mod store;
+pub mod view;

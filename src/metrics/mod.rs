@@ -98,6 +98,13 @@ pub struct Metrics {
     pub bill_runs: IntCounterVec,
     /// Differences the bill reports found, by channel and item type (`MISSING_HERE`, …).
     pub bill_items: IntCounterVec,
+    /// Provider accounts by channel, mode, source (`config`, `api`) and status.
+    pub accounts: IntGaugeVec,
+    /// Reloads of the stored accounts by result (`ok`, `failed`): `failed` when the database
+    /// could not be read or a changed account did not open or build.
+    pub account_reload: IntCounterVec,
+    /// Seconds since this instance last read the stored accounts without error.
+    pub account_reload_lag_seconds: IntGauge,
 }
 
 fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
@@ -332,8 +339,35 @@ impl Metrics {
             "paynotify_failover_recheck_forgotten_total",
             "Acknowledged orders forgotten before database.failover_recheck_secs passed (too many remembered)",
         );
+        let accounts = register(
+            &registry,
+            IntGaugeVec::new(
+                Opts::new(
+                    "paynotify_accounts",
+                    "Provider accounts (WeChat merchants, Alipay apps) by channel, mode, source (config, api) and status",
+                ),
+                &["channel", "mode", "source", "status"],
+            )
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+        );
+        let account_reload = counter(
+            "paynotify_account_reload_total",
+            "Reloads of the accounts stored through /admin/merchants, by result (ok, failed)",
+            &["result"],
+        );
+        let account_reload_lag_seconds = register(
+            &registry,
+            IntGauge::new(
+                "paynotify_account_reload_lag_seconds",
+                "Seconds since this instance last read the stored accounts without error",
+            )
+            .unwrap_or_else(|e| unreachable!("static metric definition: {e}")),
+        );
         Self {
             registry,
+            accounts,
+            account_reload,
+            account_reload_lag_seconds,
             database_failovers,
             failover_rechecks,
             failover_recheck_forgotten,

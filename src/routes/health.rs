@@ -84,6 +84,7 @@ pub async fn readyz(state: web::Data<App>) -> HttpResponse {
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
 pub async fn metrics(state: web::Data<App>) -> HttpResponse {
     let m = &state.metrics;
+    state.merchants.observe().await;
     let store = state.store.clone();
     // The outbox's statement is the scrape's database check, as `/readyz`'s ping is its own.
     match state

@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod bills;
 pub mod health;
+pub mod merchants;
 pub mod notify;
 pub mod openapi;
 pub mod orders;
@@ -76,6 +77,20 @@ pub fn configure(
             "/admin/orders/{order_no}/reconcile",
             web::post().to(admin::reconcile),
         )
+        .route("/admin/merchants", web::post().to(merchants::create))
+        .route("/admin/merchants", web::get().to(merchants::list))
+        .route(
+            "/admin/merchants/{channel}/{account}",
+            web::get().to(merchants::get),
+        )
+        .route(
+            "/admin/merchants/{channel}/{account}",
+            web::patch().to(merchants::update),
+        )
+        .route(
+            "/admin/merchants/{channel}/{account}",
+            web::delete().to(merchants::disable),
+        )
         .route("/admin/certificates", web::get().to(admin::certificates))
         .route(
             "/admin/certificates/refresh",
@@ -121,6 +136,9 @@ pub enum ApiError {
     /// A provider could not be asked; the caller may try again.
     #[error("{0}")]
     Unavailable(String),
+    /// Something of this process failed (its random generator); logged where it happened.
+    #[error("{0}")]
+    Internal(String),
     /// Answered 503 when the database is out of reach, 500 when a statement failed; the
     /// cause is logged, never sent.
     #[error("{}", if .0.is_unavailable() { "database unavailable" } else { "internal error" })]
@@ -137,6 +155,7 @@ impl ResponseError for ApiError {
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Database(e) if e.is_unavailable() => StatusCode::SERVICE_UNAVAILABLE,
             Self::Database(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

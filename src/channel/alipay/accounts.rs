@@ -254,6 +254,7 @@ impl AccountBook for AlipayBook {
             },
             Built::Direct { api, .. } => Facts {
                 has_api_credentials: api.is_some(),
+                api_base: api.as_ref().map(|a| a.gateway.clone()),
                 ..Facts::default()
             },
         })
@@ -327,6 +328,7 @@ impl AccountBook for AlipayBook {
                             platform_serials: Vec::new(),
                             has_api_credentials: api.is_some(),
                             has_app_auth_token: false,
+                            api_base: api.as_ref().map(|a| a.gateway.clone()),
                         },
                     },
                 })

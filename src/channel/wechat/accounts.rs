@@ -401,6 +401,7 @@ impl AccountBook for WechatBook {
                             platform_serials: serials(&book, mchid),
                             has_api_credentials: api.is_some(),
                             has_app_auth_token: false,
+                            api_base: api.as_ref().map(|a| a.base.clone()),
                         },
                     },
                 })
@@ -429,6 +430,7 @@ fn facts_of(built: &Built) -> Facts {
                 platform_serials,
                 has_api_credentials: api.is_some(),
                 has_app_auth_token: false,
+                api_base: api.as_ref().map(|a| a.base.clone()),
             }
         }
     }
