@@ -24,6 +24,7 @@ mod gate_sentinel;
 mod health;
 mod imports;
 mod ledger;
+mod merchants;
 mod migrations;
 mod notify;
 mod openapi;
