@@ -25,6 +25,7 @@ mod health;
 mod imports;
 mod ledger;
 mod merchant_store;
+mod merchants;
 mod migrations;
 mod notify;
 mod openapi;

@@ -555,6 +555,9 @@ pub struct TestApp {
     pub refunds: Arc<paynotify::refunds::Refunds>,
     /// Transfers started through paynotify (the job's work: `transfers.drive_due()`).
     pub transfers: Arc<paynotify::transfers::Transfers>,
+    /// The provider accounts of the file and of `/admin/merchants` (a second instance's
+    /// reload: `merchants.reload()`).
+    pub merchants: Arc<paynotify::merchants::Merchants>,
     handle: ServerHandle,
     /// The relay, expiry and retention jobs, when the test asked for them.
     jobs: Option<Jobs>,
@@ -659,6 +662,7 @@ async fn spawn_on(
     let bills = app.bills();
     let refunds = app.refunds();
     let transfers = app.transfers();
+    let merchants = app.merchants();
     let handle = app.handle();
     let jobs = if with_jobs {
         Some(
@@ -682,6 +686,7 @@ async fn spawn_on(
         bills,
         refunds,
         transfers,
+        merchants,
         handle,
         jobs,
     }
@@ -693,6 +698,17 @@ impl TestApp {
     pub async fn rebuild(self, customise: impl FnOnce(&mut Settings)) -> TestApp {
         self.handle.stop(true).await;
         spawn_on(Arc::clone(&self.db), customise, false).await
+    }
+
+    /// Another instance of the service on the same database, this one still running (two
+    /// instances behind one load balancer).
+    pub async fn spawn_beside(&self, customise: impl FnOnce(&mut Settings)) -> TestApp {
+        spawn_on(Arc::clone(&self.db), customise, false).await
+    }
+
+    /// [`TestApp::spawn_beside`], with the jobs `paynotify serve` runs.
+    pub async fn spawn_beside_with_jobs(&self, customise: impl FnOnce(&mut Settings)) -> TestApp {
+        spawn_on(Arc::clone(&self.db), customise, true).await
     }
 
     /// Waits (up to 10 s) until `notify_receipt` holds at least `n` rows; returns the count.
