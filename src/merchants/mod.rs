@@ -7,3 +7,5 @@ pub mod seal;
 pub mod settings;
 pub mod store;
 pub mod view;
+
+pub use live::Merchants;
