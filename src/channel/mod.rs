@@ -43,7 +43,8 @@ pub struct Inbound<'a> {
     pub now: Timestamp,
     /// The notify route it came to (`/notify/wechat/refund`): a provider with one route per
     /// kind of notification takes on each only its own kinds. `None` when not known (a
-    /// receipt stored before routes were kept): every kind of the channel is taken.
+    /// receipt stored before routes were kept): every kind of the channel is taken. A
+    /// per-account route comes with its account (`/notify/wechat/pay/1900000101`).
     pub route: Option<&'a str>,
 }
 
@@ -60,6 +61,12 @@ pub enum Rejection {
     /// Timestamp outside the provider's window: 401.
     #[error("stale: {0}")]
     Stale(String),
+    /// Verified, but for an account that is not enabled here: a sub-merchant (WeChat
+    /// `sub_mchid`, Alipay `auth_app_id`) not registered under the account that verified it,
+    /// or the account a per-account notify path names: 401, so the provider retries and
+    /// registering it in time recovers the payment.
+    #[error("unknown merchant: {0}")]
+    UnknownMerchant(String),
     /// Missing header, malformed body, missing field, bad amount: 400.
     #[error("bad request: {0}")]
     BadRequest(String),
@@ -77,7 +84,10 @@ impl Rejection {
     /// The HTTP status the provider is answered with.
     pub fn status(&self) -> u16 {
         match self {
-            Self::BadSignature(_) | Self::UnknownSerial(_) | Self::Stale(_) => 401,
+            Self::BadSignature(_)
+            | Self::UnknownSerial(_)
+            | Self::Stale(_)
+            | Self::UnknownMerchant(_) => 401,
             Self::BadRequest(_) | Self::WrongEventType(_) => 400,
             Self::Undecryptable(_) => 500,
         }
@@ -89,6 +99,7 @@ impl Rejection {
             Self::BadSignature(_) => "bad_signature",
             Self::UnknownSerial(_) => "unknown_serial",
             Self::Stale(_) => "stale",
+            Self::UnknownMerchant(_) => "unknown_merchant",
             Self::BadRequest(_) => "bad_request",
             Self::WrongEventType(_) => "wrong_event_type",
             Self::Undecryptable(_) => "undecryptable",
@@ -544,6 +555,7 @@ impl From<&Rejection> for crate::metrics::Refusal {
             Rejection::BadSignature(_) => Self::BadSignature,
             Rejection::UnknownSerial(_) => Self::UnknownSerial,
             Rejection::Stale(_) => Self::Stale,
+            Rejection::UnknownMerchant(_) => Self::UnknownMerchant,
             Rejection::BadRequest(_) => Self::BadRequest,
             Rejection::WrongEventType(_) => Self::WrongEventType,
             Rejection::Undecryptable(_) => Self::Undecryptable,

@@ -44,6 +44,8 @@ pub enum Refusal {
     /// The key named is not known (a rotation not yet downloaded, or not configured).
     UnknownSerial,
     Stale,
+    /// Verified, for an account not enabled here (a sub-merchant not registered).
+    UnknownMerchant,
     BadRequest,
     /// A signed notification of a kind another of the provider's notify routes takes.
     WrongEventType,
@@ -59,6 +61,7 @@ impl Refusal {
             Self::BadSignature => "bad_signature",
             Self::UnknownSerial => "unknown_serial",
             Self::Stale => "stale",
+            Self::UnknownMerchant => "unknown_merchant",
             Self::BadRequest => "bad_request",
             Self::WrongEventType => "wrong_event_type",
             Self::Undecryptable => "undecryptable",

@@ -79,6 +79,20 @@ impl Disposition {
     }
 }
 
+/// The route as registered, with the account of a per-account route filled in
+/// (`/notify/wechat/pay/{account}` → `/notify/wechat/pay/1900000101`): a re-apply and
+/// `explain` then check the same account.
+fn route_of(request: &HttpRequest) -> Option<String> {
+    let pattern = request.match_pattern()?;
+    match (
+        pattern.strip_suffix("/{account}"),
+        request.match_info().get("account"),
+    ) {
+        (Some(base), Some(account)) => Some(format!("{base}/{account}")),
+        _ => Some(pattern),
+    }
+}
+
 /// Handles `POST` on a provider's notify URL. The body arrives as raw bytes, bounded by
 /// `server.max_body_bytes` (413 in the provider's shape when larger). What arrived and what
 /// it was answered goes to the receipt queue (`receipts.store`) without waiting.
@@ -94,7 +108,7 @@ pub async fn notify(
     let bytes: &[u8] = body.as_ref().map_or(&[], |b| b.as_ref());
     // The route as registered (a percent-encoded path names the same one), kept with the
     // receipt so a re-apply and `explain` check the event type against it too.
-    let pattern = request.match_pattern();
+    let pattern = route_of(&request);
     let inbound = Inbound {
         headers: request.headers(),
         body: bytes,

@@ -260,13 +260,37 @@ impl Channel for Alipay {
             },
         };
         let occurred_at = v.time("gmt_refund").or_else(|| v.time("gmt_payment"));
+        // A third-party call (an ISV's app for a merchant that authorised it): `app_id` is
+        // the ISV's, which verified; `auth_app_id` the merchant's, whose order it is.
+        let (account, seller_matches) = match v.field("auth_app_id").filter(|a| *a != app_id) {
+            Some(auth_app_id) => {
+                let authorized = self
+                    .book()
+                    .authorized
+                    .get(auth_app_id)
+                    .filter(|a| a.isv_app_id == v.app.app_id)
+                    .cloned()
+                    .ok_or_else(|| {
+                        Rejection::UnknownMerchant(format!(
+                            "auth_app_id {auth_app_id} is not an enabled merchant of app {}",
+                            v.app.app_id
+                        ))
+                    })?;
+                let matches = authorized
+                    .seller_id
+                    .as_ref()
+                    .is_none_or(|s| *s == seller_id);
+                (auth_app_id.to_owned(), matches)
+            }
+            None => (app_id.clone(), seller_id == v.app.seller_id),
+        };
         Ok(Notice {
             channel: ChannelId::Alipay,
             kind,
-            merchant_matches: app_id == v.app.app_id && seller_id == v.app.seller_id,
+            merchant_matches: app_id == v.app.app_id && seller_matches,
             merchant: MerchantIds {
                 merchant_id: seller_id,
-                app_id: Some(app_id),
+                app_id: Some(account),
             },
             out_trade_no,
             transaction_id: trade_no,

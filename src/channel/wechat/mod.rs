@@ -52,6 +52,10 @@ pub const PAY_ROUTE: &str = "/notify/wechat/pay";
 pub const REFUND_ROUTE: &str = "/notify/wechat/refund";
 /// The notify route of merchant transfers (`MCHTRANSFER.BILL.FINISHED`).
 pub const TRANSFER_ROUTE: &str = "/notify/wechat/transfer";
+/// Per-account notify routes: verified with that account's keys only (a sub-merchant's:
+/// its service provider's). For merchants that share a platform certificate.
+pub const PAY_ACCOUNT_ROUTE: &str = "/notify/wechat/pay/{account}";
+pub const REFUND_ACCOUNT_ROUTE: &str = "/notify/wechat/refund/{account}";
 
 /// A merchant with its own keys: its ids and its APIv3 decryption key.
 pub struct Merchant {
@@ -268,6 +272,8 @@ pub struct Verified {
     merchant: Arc<Merchant>,
     event_type: String,
     plaintext: Vec<u8>,
+    /// The account a per-account notify path named.
+    account: Option<String>,
 }
 
 impl Verified {
@@ -463,10 +469,38 @@ fn wechat_refund() {}
 #[allow(dead_code)]
 fn wechat_transfer() {}
 
+// The OpenAPI text of `PAY_ACCOUNT_ROUTE`.
+#[utoipa::path(post, path = "/notify/wechat/pay/{account}", tag = "notify",
+    description = "As /notify/wechat/pay, verified with the keys of the account the path names only (a sub-merchant's: its service provider's). Register it when several merchants share a platform certificate.",
+    params(("account" = String, Path, description = "A mchid, or a sub-merchant's sub_mchid")),
+    request_body(content = Object, content_type = "application/json"),
+    responses(
+        (status = 204, description = "As /notify/wechat/pay"),
+        (status = 401, description = "Bad signature, a key not of this account, or an account not enabled here (unknown_merchant)", body = WechatFail)))]
+#[allow(dead_code)]
+fn wechat_pay_account() {}
+
+// The OpenAPI text of `REFUND_ACCOUNT_ROUTE`.
+#[utoipa::path(post, path = "/notify/wechat/refund/{account}", tag = "notify",
+    description = "As /notify/wechat/refund, verified with the keys of the account the path names only.",
+    params(("account" = String, Path, description = "A mchid, or a sub-merchant's sub_mchid")),
+    request_body(content = Object, content_type = "application/json"),
+    responses(
+        (status = 204, description = "As /notify/wechat/refund"),
+        (status = 401, description = "Bad signature, a key not of this account, or an account not enabled here (unknown_merchant)", body = WechatFail)))]
+#[allow(dead_code)]
+fn wechat_refund_account() {}
+
 /// The OpenAPI description of the notify routes.
 #[derive(OpenApi)]
 #[openapi(
-    paths(wechat_pay, wechat_refund, wechat_transfer),
+    paths(
+        wechat_pay,
+        wechat_refund,
+        wechat_transfer,
+        wechat_pay_account,
+        wechat_refund_account
+    ),
     components(schemas(WechatFail))
 )]
 pub struct NotifyApi;
@@ -496,7 +530,13 @@ pub fn mount(
         api: client,
     });
     let channel: Arc<dyn super::Endpoint> = built;
-    let routes = [PAY_ROUTE, REFUND_ROUTE, TRANSFER_ROUTE]
+    let routes = [
+        PAY_ROUTE,
+        REFUND_ROUTE,
+        TRANSFER_ROUTE,
+        PAY_ACCOUNT_ROUTE,
+        REFUND_ACCOUNT_ROUTE,
+    ]
         .into_iter()
         .map(|path| super::NotifyRoute {
             path,

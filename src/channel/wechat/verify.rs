@@ -1,15 +1,21 @@
 //! Verifying and decoding a notification: the `Channel` side of WeChat Pay, and the walk of
 //! its checks that verification and `explain` share.
 
+use std::sync::Arc;
+
 use actix_web::http::header::HeaderMap;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 
 use super::wire::{
-    Envelope, RefundResource, TRANSFER_EVENT, Transaction, TransferResource, bad_json, parse_time,
-    single_header, transaction_notice, transfer_notice,
+    Envelope, PartnerProbe, PartnerTransaction, RefundResource, TRANSFER_EVENT, Transaction,
+    TransferResource, bad_json, parse_time, route_base, single_header, transaction_notice,
+    transfer_notice,
 };
-use super::{PROBE_PREFIX, SIGNATURE_TYPE, TIMESTAMP_WINDOW_SECS, Verified, WechatPay};
+use super::{
+    Merchant, PROBE_PREFIX, PlatformVerifier, SIGNATURE_TYPE, SubMerchant, TIMESTAMP_WINDOW_SECS,
+    Verified, WechatPay,
+};
 use crate::channel::platform::KeyOrigin;
 use crate::channel::{
     Answer, Channel, Halt, Inbound, Rejection, Reply, SIGNATURE, Signed, Standing, Trail,
@@ -156,6 +162,9 @@ impl WechatPay {
                 return Err(why);
             }
         };
+        if let Some(account) = request.route.and_then(|r| route_base(r).1) {
+            self.check_path_account(account, &platform, trail)?;
+        }
         // Verified (for a trail that ends at the first failure): from here on the body is
         // WeChat's.
         self.open(
@@ -165,6 +174,111 @@ impl WechatPay {
             request.route,
             trail,
         )
+    }
+}
+
+impl WechatPay {
+    /// A per-account path: the key that verified must be the account's own (a sub-merchant's:
+    /// its service provider's), and the account enabled here.
+    fn check_path_account(
+        &self,
+        account: &str,
+        platform: &PlatformVerifier,
+        trail: &mut impl Trail,
+    ) -> Result<(), Rejection> {
+        const CHECK: &str = "account of the path";
+        let book = self.book();
+        let owner = match book.subs.get(account) {
+            Some(sub) => Some(sub.sp_mchid.as_str()),
+            None => book.merchants.contains_key(account).then_some(account),
+        };
+        let Some(owner) = owner else {
+            let why = Rejection::UnknownMerchant(format!(
+                "{account} is not an enabled merchant or sub-merchant"
+            ));
+            return Err(trail.stop(CHECK, why, |_| {
+                format!("the path names {account}, which is not an enabled WeChat merchant or sub-merchant here: add it (POST /admin/merchants) or re-enable it; WeChat retries for 24 hours")
+            }));
+        };
+        if platform.merchant.mchid != owner {
+            let why = Rejection::BadSignature(format!(
+                "the key that verified is merchant {}'s, not {account}'s",
+                platform.merchant.mchid
+            ));
+            return Err(trail.stop(CHECK, why, |_| {
+                format!(
+                    "the path names {account}, whose keys are merchant {owner}'s; the serial named is a key of merchant {}: only the named account's keys verify on this path",
+                    platform.merchant.mchid
+                )
+            }));
+        }
+        trail.pass(CHECK, || {
+            format!("{account} is enabled; the key is merchant {owner}'s")
+        });
+        Ok(())
+    }
+
+    /// The sub-merchant `sub_mchid` of the service provider `sp` that verified, enabled here
+    /// (and the one a per-account path named, if any); else `unknown_merchant`.
+    fn sub_of(
+        &self,
+        sp: &Merchant,
+        sub_mchid: &str,
+        path_account: Option<&str>,
+    ) -> Result<Arc<SubMerchant>, Rejection> {
+        if path_account.is_some_and(|a| a != sub_mchid) {
+            return Err(Rejection::UnknownMerchant(format!(
+                "sub_mchid {sub_mchid} is not the account the path names"
+            )));
+        }
+        self.book()
+            .subs
+            .get(sub_mchid)
+            .filter(|s| s.sp_mchid == sp.mchid)
+            .cloned()
+            .ok_or_else(|| {
+                Rejection::UnknownMerchant(format!(
+                    "sub_mchid {sub_mchid} is not an enabled sub-merchant of {}",
+                    sp.mchid
+                ))
+            })
+    }
+
+    /// A service provider's payment of one of its sub-merchants: the sub-merchant's.
+    fn partner_payment(&self, v: &Verified) -> Result<Notice, Rejection> {
+        let t: PartnerTransaction =
+            serde_json::from_slice(&v.plaintext).map_err(bad_json("transaction"))?;
+        if t.amount.total <= 0 {
+            return Err(Rejection::BadRequest(
+                "amount.total must be positive".into(),
+            ));
+        }
+        let sub = self.sub_of(&v.merchant, &t.sub_mchid, v.account.as_deref())?;
+        let kind = if t.trade_state == "SUCCESS" {
+            NoticeKind::Paid
+        } else {
+            NoticeKind::Other {
+                status: t.trade_state.clone(),
+            }
+        };
+        let app_matches = match &t.sub_appid {
+            Some(sub_appid) => sub.appids.is_empty() || sub.appids.contains(sub_appid),
+            None => true,
+        };
+        Ok(Notice {
+            channel: ChannelId::Wechat,
+            kind,
+            merchant_matches: t.sp_mchid == v.merchant.mchid && app_matches,
+            merchant: MerchantIds {
+                merchant_id: t.sub_mchid,
+                app_id: t.sub_appid.or(t.sp_appid),
+            },
+            out_trade_no: t.out_trade_no,
+            transaction_id: t.transaction_id,
+            amount_fen: t.amount.total,
+            currency: t.amount.currency.unwrap_or_else(|| "CNY".to_owned()),
+            occurred_at: parse_time(t.success_time.as_deref()),
+        })
     }
 }
 
@@ -197,6 +311,11 @@ fn signature_header<'a>(
         .map(Err)
 }
 
+/// Whether a decrypted payment is a service provider's (it names a `sub_mchid`).
+fn is_partner(plaintext: &[u8]) -> bool {
+    serde_json::from_slice::<PartnerProbe>(plaintext).is_ok_and(|p| p.sub_mchid.is_some())
+}
+
 impl Channel for WechatPay {
     type Verified = Verified;
 
@@ -217,7 +336,14 @@ impl Channel for WechatPay {
     fn decode(&self, v: Verified) -> Result<Notice, Rejection> {
         let m = &v.merchant;
         match v.event_type.as_str() {
+            "TRANSACTION.SUCCESS" if is_partner(&v.plaintext) => self.partner_payment(&v),
             "TRANSACTION.SUCCESS" => {
+                if v.account.as_deref().is_some_and(|a| a != m.mchid) {
+                    return Err(Rejection::UnknownMerchant(format!(
+                        "a payment of merchant {} on the path of another account",
+                        m.mchid
+                    )));
+                }
                 let t: Transaction =
                     serde_json::from_slice(&v.plaintext).map_err(bad_json("transaction"))?;
                 if t.amount.total <= 0 {
@@ -237,6 +363,26 @@ impl Channel for WechatPay {
             "REFUND.SUCCESS" | "REFUND.ABNORMAL" | "REFUND.CLOSED" => {
                 let r: RefundResource =
                     serde_json::from_slice(&v.plaintext).map_err(bad_json("refund"))?;
+                let (merchant_id, merchant_matches) = match (&r.sub_mchid, &r.mchid) {
+                    (Some(sub), _) => {
+                        self.sub_of(m, sub, v.account.as_deref())?;
+                        (sub.clone(), r.sp_mchid.as_deref() == Some(m.mchid.as_str()))
+                    }
+                    (None, Some(mchid)) => {
+                        if v.account.as_deref().is_some_and(|a| a != m.mchid) {
+                            return Err(Rejection::UnknownMerchant(format!(
+                                "a refund of merchant {} on the path of another account",
+                                m.mchid
+                            )));
+                        }
+                        (mchid.clone(), *mchid == m.mchid)
+                    }
+                    (None, None) => {
+                        return Err(Rejection::BadRequest(
+                            "refund: neither mchid nor sub_mchid".into(),
+                        ));
+                    }
+                };
                 if r.amount.refund <= 0 || r.amount.total <= 0 {
                     return Err(Rejection::BadRequest(
                         "amount.refund and amount.total must be positive".into(),
@@ -258,9 +404,9 @@ impl Channel for WechatPay {
                 Ok(Notice {
                     channel: ChannelId::Wechat,
                     kind,
-                    merchant_matches: r.mchid == m.mchid,
+                    merchant_matches,
                     merchant: MerchantIds {
-                        merchant_id: r.mchid,
+                        merchant_id,
                         app_id: None,
                     },
                     out_trade_no: r.out_trade_no,

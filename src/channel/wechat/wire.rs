@@ -68,9 +68,41 @@ pub(super) struct TransactionAmount {
     pub(super) currency: Option<String>,
 }
 
+/// A service provider's payment (服务商模式): the sub-merchant's, decrypted with the service
+/// provider's APIv3 key. No `mchid` or `appid`: `sp_mchid` + `sub_mchid` (+ `sp_appid`, and
+/// `sub_appid` when the sub-merchant has its own app).
+#[derive(Deserialize)]
+pub(super) struct PartnerTransaction {
+    pub(super) sp_mchid: String,
+    pub(super) sub_mchid: String,
+    #[serde(default)]
+    pub(super) sp_appid: Option<String>,
+    #[serde(default)]
+    pub(super) sub_appid: Option<String>,
+    pub(super) out_trade_no: String,
+    pub(super) transaction_id: String,
+    pub(super) trade_state: String,
+    pub(super) amount: TransactionAmount,
+    pub(super) success_time: Option<String>,
+}
+
+/// Whether a decrypted resource is a service provider's: it names a `sub_mchid`.
+#[derive(Deserialize)]
+pub(super) struct PartnerProbe {
+    #[serde(default)]
+    pub(super) sub_mchid: Option<String>,
+}
+
+/// A refund's decrypted resource: a direct merchant's names `mchid`, a service provider's
+/// `sp_mchid` and `sub_mchid` instead.
 #[derive(Deserialize)]
 pub(super) struct RefundResource {
-    pub(super) mchid: String,
+    #[serde(default)]
+    pub(super) mchid: Option<String>,
+    #[serde(default)]
+    pub(super) sp_mchid: Option<String>,
+    #[serde(default)]
+    pub(super) sub_mchid: Option<String>,
     pub(super) transaction_id: String,
     pub(super) out_trade_no: String,
     pub(super) refund_id: String,
@@ -245,6 +277,9 @@ impl WechatPay {
             merchant: Arc::clone(merchant),
             event_type: envelope.event_type,
             plaintext,
+            account: route
+                .and_then(|r| route_base(r).1)
+                .map(str::to_owned),
         })
     }
 }
@@ -280,9 +315,10 @@ impl EventKind {
         }
     }
 
-    /// The kind the notify route `route` takes; `None` for a path that is not one of ours.
+    /// The kind the notify route `route` takes (a per-account route takes its base's);
+    /// `None` for a path that is not one of ours.
     fn of_route(route: &str) -> Option<Self> {
-        match route {
+        match route_base(route).0 {
             PAY_ROUTE => Some(Self::Payment),
             REFUND_ROUTE => Some(Self::Refund),
             TRANSFER_ROUTE => Some(Self::Transfer),
@@ -334,6 +370,21 @@ impl EventKind {
             }
         }
     }
+}
+
+/// A notify route and the account a per-account route names: `/notify/wechat/pay/1900000101`
+/// is `(PAY_ROUTE, Some("1900000101"))`.
+pub(super) fn route_base(route: &str) -> (&str, Option<&str>) {
+    for base in [PAY_ROUTE, REFUND_ROUTE] {
+        if let Some(account) = route
+            .strip_prefix(base)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .filter(|a| !a.is_empty() && !a.contains('/'))
+        {
+            return (base, Some(account));
+        }
+    }
+    (route, None)
 }
 
 /// The check that a signed notification came to the route of its kind: a notify URL
