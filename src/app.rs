@@ -13,7 +13,6 @@ use crate::config::{ConfigError, Secret, Settings};
 use crate::gate::Gate;
 use crate::intake::Intake;
 use crate::merchants::live::{LoadError, Merchants};
-use crate::merchants::seal::MasterKey;
 use crate::metrics::Metrics;
 use crate::providers;
 use crate::receipts::Receipts;
@@ -156,7 +155,7 @@ impl App {
         let merchants = Arc::new(Merchants::new(
             store.clone(),
             books,
-            MasterKey::from_settings(&settings.secrets)?,
+            settings.secrets.master_key()?,
             Arc::clone(&metrics),
             Arc::clone(&clock),
             settings.merchants.reload_secs,

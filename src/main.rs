@@ -363,7 +363,7 @@ async fn migrate(config: Option<PathBuf>) -> anyhow::Result<()> {
 async fn rotate_secrets(new_key_file: PathBuf, config: Option<PathBuf>) -> anyhow::Result<()> {
     use paynotify::merchants::seal::MasterKey;
     let settings = load_settings(config.as_deref())?;
-    let old = MasterKey::from_settings(&settings.secrets)?.context(
+    let old = settings.secrets.master_key()?.context(
         "secrets.master_key is not set: the current key is needed to open the stored keys",
     )?;
     let text = std::fs::read_to_string(&new_key_file)

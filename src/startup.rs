@@ -243,8 +243,9 @@ impl Application {
         .map_err(StartupError::from)
     }
 
-    /// The daily bill job and its schedule, when `bills.enabled` and some account's bills
-    /// can be fetched.
+    /// The daily bill job and its schedule, when `bills.enabled` (a run with no account
+    /// whose bills can be fetched fetches nothing: accounts come and go through
+    /// `/admin/merchants`).
     fn daily_bills(
         &self,
         settings: &Settings,
@@ -254,9 +255,8 @@ impl Application {
         }
         if !self.app.bills.fetches() {
             tracing::warn!(
-                "bills.enabled, but no merchant or app has API credentials: no daily bill job"
+                "bills.enabled, but no merchant or app has API credentials yet: the daily bill job fetches nothing until one is added"
             );
-            return Ok(None);
         }
         Ok(Some((
             Arc::clone(&self.app.bills),

@@ -85,9 +85,9 @@ impl Bills {
         })
     }
 
-    /// Whether any account's bills can be fetched.
+    /// Whether any account's bills can be fetched now.
     pub fn fetches(&self) -> bool {
-        !self.sources.is_empty()
+        self.sources.iter().any(|s| !s.accounts().is_empty())
     }
 
     pub fn store(&self) -> &Store {

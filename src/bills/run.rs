@@ -73,7 +73,7 @@ impl Bills {
             };
             let day = date.format("%Y-%m-%d").to_string();
             let stored = self.store.bill_reports(&day, None).await?;
-            for source in &self.sources {
+            for source in self.sources.iter().filter(|s| !s.accounts().is_empty()) {
                 let channel = source.channel();
                 let mine: Vec<&Report> = stored.iter().filter(|r| r.channel == channel).collect();
                 let again = if mine.is_empty() {
@@ -91,7 +91,7 @@ impl Bills {
                 }
             }
         }
-        for source in &self.sources {
+        for source in self.sources.iter().filter(|s| !s.accounts().is_empty()) {
             // A run of the same day and channel going on now (the admin call, another
             // instance) does that channel's work: not this job's to do again.
             match self.reconcile(yesterday, Some(source.channel())).await {
@@ -120,10 +120,12 @@ impl Bills {
         date: NaiveDate,
         channel: Option<ChannelId>,
     ) -> Result<Vec<Report>, RunError> {
+        // A channel none of whose accounts has API credentials now has no bill to fetch.
         let sources: Vec<&Arc<dyn BillSource>> = self
             .sources
             .iter()
             .filter(|s| channel.is_none_or(|c| s.channel() == c))
+            .filter(|s| !s.accounts().is_empty())
             .collect();
         if let (Some(c), true) = (channel, sources.is_empty()) {
             return Err(RunError::NoSource(c));

@@ -10,7 +10,6 @@ use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
 
 use crate::config::value::{ConfigError, invalid};
-use crate::merchants::settings::SecretsSettings;
 use crate::notice::ChannelId;
 
 /// The length of a master key, in bytes.
@@ -52,31 +51,6 @@ impl MasterKey {
                 ),
             )
         })
-    }
-
-    /// The key `[secrets]` gives: `master_key`, or the first line of `master_key_file`;
-    /// `None` when neither is set.
-    pub fn from_settings(s: &SecretsSettings) -> Result<Option<Self>, ConfigError> {
-        match (s.master_key.is_empty(), &s.master_key_file) {
-            (false, Some(_)) => Err(invalid(
-                "secrets.master_key_file",
-                "set either secrets.master_key or secrets.master_key_file, not both",
-            )),
-            (false, None) => {
-                Self::from_base64("secrets.master_key", s.master_key.expose()).map(Some)
-            }
-            (true, Some(path)) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    invalid(
-                        "secrets.master_key_file",
-                        format!("cannot read {}: {e}", path.display()),
-                    )
-                })?;
-                let line = text.lines().next().unwrap_or_default();
-                Self::from_base64("secrets.master_key_file", line).map(Some)
-            }
-            (true, None) => Ok(None),
-        }
     }
 
     /// `None` unless `bytes` is exactly [`KEY_LEN`] long.
@@ -346,51 +320,5 @@ mod tests {
         let shown = format!("{k:?}");
         assert!(shown.contains("66687aad"), "{shown}");
         assert!(!shown.contains("AAAA"), "{shown}");
-    }
-
-    #[test]
-    fn the_settings_give_one_key_or_none() {
-        use crate::config::value::Secret;
-        let b64 = STANDARD.encode([3u8; KEY_LEN]);
-        let none = SecretsSettings::default();
-        assert!(MasterKey::from_settings(&none).expect("none").is_none());
-
-        let inline = SecretsSettings {
-            master_key: Secret::new(b64.clone()),
-            master_key_file: None,
-        };
-        let from_inline = MasterKey::from_settings(&inline)
-            .expect("ok")
-            .expect("a key");
-
-        let mut file = tempfile::NamedTempFile::new().expect("temp file");
-        std::io::Write::write_all(&mut file, format!("{b64}\nsecond line\n").as_bytes())
-            .expect("write");
-        let in_file = SecretsSettings {
-            master_key: Secret::default(),
-            master_key_file: Some(file.path().to_path_buf()),
-        };
-        let from_file = MasterKey::from_settings(&in_file)
-            .expect("ok")
-            .expect("a key");
-        assert_eq!(from_file.id(), from_inline.id());
-
-        let both = SecretsSettings {
-            master_key: Secret::new(b64),
-            master_key_file: Some(file.path().to_path_buf()),
-        };
-        let err = MasterKey::from_settings(&both)
-            .expect_err("both")
-            .to_string();
-        assert!(err.contains("secrets.master_key_file"), "{err}");
-
-        let missing = SecretsSettings {
-            master_key: Secret::default(),
-            master_key_file: Some(file.path().with_extension("absent")),
-        };
-        let err = MasterKey::from_settings(&missing)
-            .expect_err("unreadable")
-            .to_string();
-        assert!(err.contains("secrets.master_key_file"), "{err}");
     }
 }

@@ -44,11 +44,39 @@ pub struct SecretsSettings {
     pub master_key_file: Option<PathBuf>,
 }
 
+impl SecretsSettings {
+    /// The key `[secrets]` gives: `master_key`, or the first line of `master_key_file`;
+    /// `None` when neither is set.
+    pub fn master_key(&self) -> Result<Option<MasterKey>, ConfigError> {
+        let s = self;
+        match (s.master_key.is_empty(), &s.master_key_file) {
+            (false, Some(_)) => Err(invalid(
+                "secrets.master_key_file",
+                "set either secrets.master_key or secrets.master_key_file, not both",
+            )),
+            (false, None) => {
+                MasterKey::from_base64("secrets.master_key", s.master_key.expose()).map(Some)
+            }
+            (true, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    invalid(
+                        "secrets.master_key_file",
+                        format!("cannot read {}: {e}", path.display()),
+                    )
+                })?;
+                let line = text.lines().next().unwrap_or_default();
+                MasterKey::from_base64("secrets.master_key_file", line).map(Some)
+            }
+            (true, None) => Ok(None),
+        }
+    }
+}
+
 impl Validate for SecretsSettings {
     /// Everything a start-up with this key would find: both set, a value that is not a key,
     /// a file that cannot be read.
     fn validate(&self) -> Result<(), ConfigError> {
-        MasterKey::from_settings(self).map(|_| ())
+        self.master_key().map(|_| ())
     }
 }
 
@@ -141,6 +169,44 @@ mod tests {
         )
         .expect_err("both")
         .to_string();
+        assert!(err.contains("secrets.master_key_file"), "{err}");
+    }
+
+    #[test]
+    fn the_settings_give_one_key_or_none() {
+        use crate::config::value::Secret;
+        let b64 = STANDARD.encode([3u8; crate::merchants::seal::KEY_LEN]);
+        let none = SecretsSettings::default();
+        assert!(none.master_key().expect("none").is_none());
+
+        let inline = SecretsSettings {
+            master_key: Secret::new(b64.clone()),
+            master_key_file: None,
+        };
+        let from_inline = inline.master_key().expect("ok").expect("a key");
+
+        let mut file = tempfile::NamedTempFile::new().expect("temp file");
+        std::io::Write::write_all(&mut file, format!("{b64}\nsecond line\n").as_bytes())
+            .expect("write");
+        let in_file = SecretsSettings {
+            master_key: Secret::default(),
+            master_key_file: Some(file.path().to_path_buf()),
+        };
+        let from_file = in_file.master_key().expect("ok").expect("a key");
+        assert_eq!(from_file.id(), from_inline.id());
+
+        let both = SecretsSettings {
+            master_key: Secret::new(b64),
+            master_key_file: Some(file.path().to_path_buf()),
+        };
+        let err = both.master_key().expect_err("both").to_string();
+        assert!(err.contains("secrets.master_key_file"), "{err}");
+
+        let missing = SecretsSettings {
+            master_key: Secret::default(),
+            master_key_file: Some(file.path().with_extension("absent")),
+        };
+        let err = missing.master_key().expect_err("unreadable").to_string();
         assert!(err.contains("secrets.master_key_file"), "{err}");
     }
 }

@@ -182,7 +182,9 @@ async fn a_partner_payment_naming_another_service_provider_is_a_merchant_mismatc
     assert_eq!(app.status_of("SP-4").await, "WAIT_PAY");
     let anomalies = app.anomalies("SP-4").await;
     assert!(
-        anomalies.iter().any(|(reason, _)| reason == "MERCHANT_MISMATCH"),
+        anomalies
+            .iter()
+            .any(|(reason, _)| reason == "MERCHANT_MISMATCH"),
         "{anomalies:?}"
     );
 }

@@ -53,7 +53,10 @@ impl AlipayBook {
     fn build(&self, spec: &AccountSpec, now: Timestamp) -> Result<Built, Invalid> {
         let id = &spec.account;
         if id.is_empty() || id.len() > 32 || !id.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(Invalid::new("account", "an Alipay app_id is 1 to 32 digits"));
+            return Err(Invalid::new(
+                "account",
+                "an Alipay app_id is 1 to 32 digits",
+            ));
         }
         let settings = &spec.settings;
         if !settings.appids.is_empty() {
@@ -224,7 +227,10 @@ fn cert_sn_of(
         .to_unix_duration()
         .as_secs();
     if i64::try_from(not_after).unwrap_or(i64::MAX) < now.unix_seconds() {
-        return Err(Invalid::new("keys.app_cert_pem", "the certificate has expired"));
+        return Err(Invalid::new(
+            "keys.app_cert_pem",
+            "the certificate has expired",
+        ));
     }
     let roots = keys::certificates_text(root_pem)
         .map_err(|e| Invalid::new("keys.alipay_root_cert_pem", e))?;

@@ -96,7 +96,10 @@ impl WechatBook {
             } else {
                 "certificates"
             };
-            return Err(Invalid::new(field, "a partner_sub uses its service provider's"));
+            return Err(Invalid::new(
+                field,
+                "a partner_sub uses its service provider's",
+            ));
         }
         let Some(sp) = &spec.sp_account else {
             return Err(Invalid::new("sp_account", "required for a partner_sub"));
@@ -118,9 +121,8 @@ impl WechatBook {
         if spec.sp_account.is_some() {
             return Err(Invalid::new("sp_account", "only for a partner_sub"));
         }
-        let keys: DirectKeys =
-            serde_json::from_value(serde_json::Value::Object(spec.keys.clone()))
-                .map_err(|e| Invalid::new("keys", e.to_string()))?;
+        let keys: DirectKeys = serde_json::from_value(serde_json::Value::Object(spec.keys.clone()))
+            .map_err(|e| Invalid::new("keys", e.to_string()))?;
         let merchant = Merchant::new(
             spec.account.clone(),
             spec.settings.appids.clone(),
@@ -274,7 +276,10 @@ fn platform_key(
             {
                 return Err(Invalid::new(
                     format!("{field}.serial"),
-                    format!("{given} differs from the certificate's serial {}", cert.serial),
+                    format!(
+                        "{given} differs from the certificate's serial {}",
+                        cert.serial
+                    ),
                 ));
             }
             Ok((

@@ -309,7 +309,9 @@ impl WechatPay {
             }
             let merchant = Merchant::new(m.mchid.clone(), appids, m.apiv3_key.expose().as_bytes())
                 .map(Arc::new)
-                .ok_or_else(|| invalid(format!("{prefix}.apiv3_key"), "must be exactly 32 bytes"))?;
+                .ok_or_else(|| {
+                    invalid(format!("{prefix}.apiv3_key"), "must be exactly 32 bytes")
+                })?;
             merchants.push(Arc::clone(&merchant));
             if m.platform_keys.is_empty() && !m.downloads() {
                 return Err(invalid(
@@ -537,12 +539,12 @@ pub fn mount(
         PAY_ACCOUNT_ROUTE,
         REFUND_ACCOUNT_ROUTE,
     ]
-        .into_iter()
-        .map(|path| super::NotifyRoute {
-            path,
-            channel: Arc::clone(&channel),
-        })
-        .collect();
+    .into_iter()
+    .map(|path| super::NotifyRoute {
+        path,
+        channel: Arc::clone(&channel),
+    })
+    .collect();
     Ok(Mounted {
         routes,
         provider,

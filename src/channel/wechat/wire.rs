@@ -277,9 +277,7 @@ impl WechatPay {
             merchant: Arc::clone(merchant),
             event_type: envelope.event_type,
             plaintext,
-            account: route
-                .and_then(|r| route_base(r).1)
-                .map(str::to_owned),
+            account: route.and_then(|r| route_base(r).1).map(str::to_owned),
         })
     }
 }
