@@ -7,6 +7,7 @@ use maud::html;
 
 use super::html::{bare, sign_in_page};
 use crate::certificates::NotRefreshed;
+use crate::merchants::live::MerchantError;
 use crate::reconcile::ReconcileOrderError;
 use crate::store::StoreError;
 use crate::transfers::CancelError;
@@ -50,6 +51,22 @@ impl From<ReconcileOrderError> for ConsoleError {
             ReconcileOrderError::NoCredentials => Self::Conflict(e.to_string()),
             ReconcileOrderError::NoSuchOrder => Self::NotFound(e.to_string()),
             ReconcileOrderError::Store(e) => Self::Database(e),
+        }
+    }
+}
+
+impl From<MerchantError> for ConsoleError {
+    fn from(e: MerchantError) -> Self {
+        match e {
+            MerchantError::NoMasterKey => Self::Unavailable(e.to_string()),
+            MerchantError::Invalid(why) => Self::BadRequest(why.to_string()),
+            MerchantError::NotFound(why) => Self::NotFound(why),
+            MerchantError::Conflict(why) => Self::Conflict(why),
+            MerchantError::Store(e) => Self::Database(e),
+            MerchantError::Sealing(why) => {
+                tracing::error!(error = %why, "account keys not sealed or opened");
+                Self::Internal("the account's keys could not be sealed")
+            }
         }
     }
 }

@@ -6,6 +6,8 @@
 //! payload rendered inert, with a screenshot of each page.
 
 use paynotify::config::Secret;
+use paynotify::merchants::store::Status;
+use paynotify::notice::ChannelId;
 use paynotify::qa::forge::Delivery;
 use reqwest::StatusCode;
 use reqwest::header::{CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
@@ -477,10 +479,77 @@ async fn the_transfers_page_filters_by_status_and_a_transfer_shows_its_events_an
     assert!(html.contains("transfers.enabled"), "{html}");
 }
 
+/// A stored account through the console: listed beside the file's, its rotation overlap
+/// shown, disabled with its button (and the disable is the API's: live at once).
+async fn the_merchants_page_lists_the_accounts_and_disables_a_stored_one(backend: Backend) {
+    const SUB: &str = "1900000301";
+    let app = spawn_app_with(backend, |s| {
+        s.wechat = settings();
+        s.secrets.master_key = Secret::new("cGF5bm90aWZ5LWNvbnNvbGUtbWVyY2hhbnRzLWtleTI=");
+    })
+    .await;
+    let added = app
+        .client
+        .post(app.url("/admin/merchants"))
+        .bearer_auth(&app.api_token)
+        .json(&serde_json::json!({
+            "channel": "wechat", "account": SUB, "mode": "partner_sub", "sp_account": "1900000001",
+        }))
+        .send()
+        .await
+        .expect("add");
+    assert_eq!(added.status(), 201);
+    let (status, _, html) = get(&app, "/admin/console/merchants").await;
+    assert_eq!(status, 200, "{html}");
+    for e in [
+        "1900000001",
+        "1900000002",
+        SUB,
+        "partner_sub",
+        "config",
+        "(rotation overlap)",
+    ] {
+        assert!(html.contains(e), "lacks {e:?}: {html}");
+    }
+    let disable = format!("/admin/console/merchants/wechat/{SUB}/disable");
+    assert!(html.contains(&format!(r#"action="{disable}""#)), "{html}");
+    assert!(
+        !html.contains("/admin/console/merchants/wechat/1900000001/disable"),
+        "a file account has no Disable: {html}"
+    );
+    assert_inert("/admin/console/merchants", &html);
+    let (status, _, html) = get(&app, "/admin/console/merchants?status=nope").await;
+    assert_eq!(status, 400, "{html}");
+
+    let response = no_redirects()
+        .post(app.url(&disable))
+        .bearer_auth(&app.api_token)
+        .form_of(&[("csrf", "")])
+        .send()
+        .await
+        .expect("disable");
+    assert_eq!(response.status(), 303);
+    let (_, _, html) = get(&app, "/admin/console/merchants?status=disabled").await;
+    assert!(html.contains(SUB), "{html}");
+    assert!(
+        !html.contains("<td>config</td>"),
+        "file accounts are enabled: {html}"
+    );
+    assert_eq!(
+        app.store
+            .merchant(ChannelId::Wechat, SUB)
+            .await
+            .expect("read")
+            .map(|m| m.status),
+        Some(Status::Disabled)
+    );
+}
+
 crate::on_every_backend!(
     every_console_page_shows_its_rows_escaped,
     the_console_re_applies_refused_receipts_once_the_key_is_fixed,
     the_transfers_page_filters_by_status_and_a_transfer_shows_its_events_and_cancel,
+    the_merchants_page_lists_the_accounts_and_disables_a_stored_one,
 );
 
 /// Signs in with `token` through the form: the answer.

@@ -3,6 +3,7 @@
 mod anomalies;
 mod certificates;
 mod dead;
+mod merchants;
 mod orders;
 mod receipt;
 mod reconcile;
@@ -24,6 +25,7 @@ pub const NAV: &[(&str, &str)] = &[
     (transfers::PATH, transfers::TITLE),
     (reconcile::PATH, reconcile::TITLE),
     (certificates::PATH, certificates::TITLE),
+    (merchants::PATH, merchants::TITLE),
 ];
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
@@ -36,6 +38,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     transfers::routes(cfg);
     reconcile::routes(cfg);
     certificates::routes(cfg);
+    merchants::routes(cfg);
 }
 
 /// The console opens on the refused deliveries.
