@@ -75,6 +75,9 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_exported() {
     m.transfers_open_oldest(ChannelId::Wechat, TransferStatus::Processing, 0);
     m.expired(ExpiryResult::ClosedLocally);
     m.gate_result(GateResult::Hit);
+    m.accounts
+        .with_label_values(&["wechat", "direct", "api", "enabled"])
+        .set(1);
     // A notify route's latency, as the providers meet it.
     let _ = app
         .client
