@@ -136,6 +136,16 @@ pub mod max_len {
 }
 
 impl Notice {
+    /// The provider account the payment is of, as `POST /orders` names one: WeChat's
+    /// merchant (`mchid`, a sub-merchant's `sub_mchid`), Alipay's app (an authorizing
+    /// merchant's `auth_app_id`).
+    pub fn account(&self) -> &str {
+        match self.channel {
+            ChannelId::Wechat => &self.merchant.merchant_id,
+            ChannelId::Alipay => self.merchant.app_id.as_deref().unwrap_or_default(),
+        }
+    }
+
     /// The notice as it may be stored: control characters in its text escaped
     /// ([`crate::text::storable`]: one NUL would fail every statement on PostgreSQL, and the
     /// provider would retry it for a day), then ids longer than the providers document (and

@@ -195,6 +195,7 @@ impl PaymentGroup for diesel_async::AsyncPgConnection {
                 .map(|p| p.notice.out_trade_no.as_str())
                 .collect(),
             channel: payments.iter().map(|p| p.notice.channel.as_str()).collect(),
+            account: payments.iter().map(|p| p.notice.account()).collect(),
             transaction_id: payments
                 .iter()
                 .map(|p| p.notice.transaction_id.as_str())

@@ -213,12 +213,14 @@ statement!(ClaimIdempotencyKey, |self, out| {
     [Text: self.key] ", " [Text: self.request_digest] ", 0, '', " [UtcTs: &self.created_at] ")"
 }, unless_exists: " ON CONFLICT (idem_key) DO NOTHING");
 
-/// The payment compare-and-set: `WAIT_PAY → PAID` only when amount and currency match.
+/// The payment compare-and-set: `WAIT_PAY → PAID` only when amount and currency match, and
+/// the order names no other account of the channel ([`OWNED_BY_OTHER`]).
 pub struct MarkPaid<'a> {
     pub order_no: &'a str,
     pub amount_fen: i64,
     pub currency: &'a str,
     pub channel: &'a str,
+    pub account: &'a str,
     pub transaction_id: &'a str,
     pub paid_at: Timestamp,
 }
@@ -231,10 +233,24 @@ impl<'a> MarkPaid<'a> {
             amount_fen: n.amount_fen,
             currency: &n.currency,
             channel: n.channel.as_str(),
+            account: n.account(),
             transaction_id: &n.transaction_id,
             paid_at,
         }
     }
+}
+
+/// The owner check: the order (`orders.order_no`, or the alias the statement gives) names
+/// another account of the channel in `order_account`. Reached by that table's primary key.
+/// An order paid by an account it does not name is a `MERCHANT_MISMATCH`, never a payment.
+macro_rules! owned_by_other {
+    ($order:literal) => {
+        concat!(
+            "EXISTS (SELECT 1 FROM order_account oa WHERE oa.order_no = ",
+            $order,
+            " AND oa.channel = "
+        )
+    };
 }
 
 statement!(MarkPaid, |self, out| {
@@ -242,6 +258,8 @@ statement!(MarkPaid, |self, out| {
     ", transaction_id = " [Text: self.transaction_id] ", paid_at = " [UtcTs: &self.paid_at]
     " WHERE order_no = " [Text: self.order_no] " AND " {WAITING} " AND amount_fen = "
     [BigInt: &self.amount_fen] " AND currency = " [Text: self.currency]
+    " AND NOT " {owned_by_other!("orders.order_no")} [Text: self.channel]
+    " AND oa.account <> " [Text: self.account] ")"
 });
 
 /// A new pending outbox message, an event the transaction just earned (written once by the
@@ -325,6 +343,7 @@ impl<'a> InsertMessage<'a> {
 pub struct PayFirst<'a> {
     pub out_trade_no: &'a str,
     pub channel: &'a str,
+    pub account: &'a str,
     pub transaction_id: &'a str,
     pub amount_fen: i64,
     pub currency: &'a str,
@@ -339,7 +358,9 @@ impl QueryFragment<Pg> for PayFirst<'_> {
         sql!(out;
             "WITH target AS (SELECT order_no FROM orders WHERE order_no = " [Text: self.out_trade_no]
             " AND " {WAITING} " AND amount_fen = " [BigInt: &self.amount_fen]
-            " AND currency = " [Text: self.currency] " FOR UPDATE), "
+            " AND currency = " [Text: self.currency]
+            " AND NOT " {owned_by_other!("orders.order_no")} [Text: self.channel]
+            " AND oa.account <> " [Text: self.account] ") FOR UPDATE), "
             "cb AS (INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at, occurred_at) "
             "SELECT order_no, " [Text: self.channel] ", " [Text: self.transaction_id] ", "
             [BigInt: &self.amount_fen] ", " [Text: self.digest] ", " [UtcTs: &self.now] ", "
@@ -386,6 +407,7 @@ impl diesel::query_builder::Query for PayFirst<'_> {
 pub struct PayGroup<'a> {
     pub out_trade_no: Vec<&'a str>,
     pub channel: Vec<&'a str>,
+    pub account: Vec<&'a str>,
     pub transaction_id: Vec<&'a str>,
     pub amount_fen: Vec<i64>,
     pub currency: Vec<&'a str>,
@@ -404,13 +426,14 @@ impl QueryFragment<Pg> for PayGroup<'_> {
             [Array<Text>: &self.transaction_id] ", " [Array<BigInt>: &self.amount_fen] ", "
             [Array<Text>: &self.currency] ", " [Array<Text>: &self.digest] ", "
             [Array<Json>: &self.payload] ", " [Array<UtcTs>: &self.now] ", "
-            [Array<Nullable<UtcTs>>: &self.occurred_at]
-            ") WITH ORDINALITY AS i(out_trade_no, channel, transaction_id, amount_fen, currency, digest, payload, now, occurred_at, position)), "
+            [Array<Nullable<UtcTs>>: &self.occurred_at] ", " [Array<Text>: &self.account]
+            ") WITH ORDINALITY AS i(out_trade_no, channel, transaction_id, amount_fen, currency, digest, payload, now, occurred_at, account, position)), "
             "locked AS (SELECT order_no, amount_fen, currency FROM orders "
             "WHERE order_no = ANY(ARRAY(SELECT out_trade_no FROM input)) AND " {WAITING}
             " ORDER BY order_no FOR UPDATE SKIP LOCKED), "
             "target AS (SELECT l.order_no FROM locked l JOIN input i ON i.out_trade_no = l.order_no "
-            "WHERE l.amount_fen = i.amount_fen AND l.currency = i.currency), "
+            "WHERE l.amount_fen = i.amount_fen AND l.currency = i.currency AND NOT "
+            {owned_by_other!("l.order_no")} "i.channel AND oa.account <> i.account)), "
             "cb AS (INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at, occurred_at) "
             "SELECT i.out_trade_no, i.channel, i.transaction_id, i.amount_fen, i.digest, i.now, i.occurred_at"
             " FROM input i JOIN target t ON t.order_no = i.out_trade_no "

@@ -21,6 +21,7 @@ crate::on_every_backend!(
     per_account_paths_take_only_that_accounts_keys,
     a_partner_refund_names_the_sub_merchant,
     an_isv_notification_is_applied_to_the_authorizing_merchants_order,
+    an_order_that_names_an_account_is_paid_only_by_that_account,
 );
 
 const MASTER_KEY: &str = "cGF5bm90aWZ5LXBhcnRuZXItbm90aWZ5LWtleS0zMmI=";
@@ -306,4 +307,43 @@ async fn an_isv_notification_is_applied_to_the_authorizing_merchants_order(backe
     let (status, body) = post_delivery(&app, "/notify/alipay", &signed(fields)).await;
     assert_eq!((status, body.as_str()), (401, "fail"));
     assert_eq!(app.status_of("ISV-3").await, "WAIT_PAY");
+}
+
+async fn an_order_that_names_an_account_is_paid_only_by_that_account(backend: Backend) {
+    let app = app(backend).await;
+    add_sub(&app).await;
+    // Merchant B's verified payment for an order that names merchant A.
+    order(&app, "OW-1", "wechat_mchid", SP).await;
+    let of_b = crate::wechat::paid(&app, &sandbox('B'), "OW-1", 100);
+    for _ in 0..2 {
+        assert_eq!(
+            post_delivery(&app, "/notify/wechat/pay", &of_b).await,
+            (204, String::new())
+        );
+    }
+    assert_eq!(app.status_of("OW-1").await, "WAIT_PAY");
+    let reasons: Vec<String> = app
+        .anomalies("OW-1")
+        .await
+        .into_iter()
+        .map(|(r, _)| r)
+        .collect();
+    assert_eq!(reasons, ["MERCHANT_MISMATCH"]);
+    assert_eq!(app.messages("ORDER_PAID").await, 0);
+    // The service provider's own payment for an order that names its sub-merchant.
+    order(&app, "OW-2", "wechat_mchid", SUB).await;
+    let direct = crate::wechat::paid(&app, &sandbox('A'), "OW-2", 100);
+    assert_eq!(
+        post_delivery(&app, "/notify/wechat/pay", &direct).await,
+        (204, String::new())
+    );
+    assert_eq!(app.status_of("OW-2").await, "WAIT_PAY");
+    // An order that names no account is paid by any of the channel's.
+    app.create_order("OW-3", 100).await;
+    let of_b = crate::wechat::paid(&app, &sandbox('B'), "OW-3", 100);
+    assert_eq!(
+        post_delivery(&app, "/notify/wechat/pay", &of_b).await,
+        (204, String::new())
+    );
+    assert_eq!(app.status_of("OW-3").await, "PAID");
 }

@@ -43,6 +43,7 @@ impl PaymentFastPath for diesel_async::AsyncPgConnection {
         let rows: Vec<(i64, Option<String>, i64)> = PayFirst {
             out_trade_no: &n.out_trade_no,
             channel: n.channel.as_str(),
+            account: n.account(),
             transaction_id: &n.transaction_id,
             amount_fen: n.amount_fen,
             currency: &n.currency,

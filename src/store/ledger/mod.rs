@@ -15,7 +15,7 @@ use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::group::{GroupResult, Payment};
-use super::schema::{orders, pay_callback, refund_callback, refund_request};
+use super::schema::{order_account, orders, pay_callback, refund_callback, refund_request};
 use super::statements::{
     InsertAnomaly, InsertMessage, InsertPayCallback, InsertRefundCallback, InsertStatusCallback,
     MarkPaid, PRIMARY, unless_exists,
@@ -124,9 +124,11 @@ macro_rules! refund_in_flight {
 pub(crate) use refund_in_flight;
 
 /// Why a payment that did not move the order is an anomaly; `None` when it is the payment
-/// the order already records (a repeat that outlived its callback row).
-pub fn payment_anomaly(order: &Order, n: &Notice) -> Option<AnomalyReason> {
-    if !n.merchant_matches {
+/// the order already records (a repeat that outlived its callback row). `owner` is the
+/// account the order names on the notice's channel, if any: a payment of another account is
+/// a `MERCHANT_MISMATCH`.
+pub fn payment_anomaly(order: &Order, n: &Notice, owner: Option<&str>) -> Option<AnomalyReason> {
+    if !n.merchant_matches || owner.is_some_and(|o| o != n.account()) {
         return Some(AnomalyReason::MerchantMismatch);
     }
     match order.status {
@@ -281,7 +283,13 @@ impl Store {
                 let Some(order) = load_order!(conn, &n.out_trade_no)? else {
                     return Err(Abort::With(Outcome::UnknownOrder));
                 };
-                let Some(reason) = payment_anomaly(&order, n) else {
+                let owner: Option<String> = order_account::table
+                    .find((&n.out_trade_no, channel))
+                    .select(order_account::account)
+                    .first(conn)
+                    .await
+                    .optional()?;
+                let Some(reason) = payment_anomaly(&order, n, owner.as_deref()) else {
                     return Err(Abort::With(Outcome::Duplicate));
                 };
                 insert_anomaly!(conn, n, &n.transaction_id, reason, &order, now)
