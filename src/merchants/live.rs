@@ -149,9 +149,9 @@ impl Merchants {
             if row.status == Status::Disabled {
                 continue;
             }
-            let spec = self.open(row).map_err(|why| {
-                LoadError::Config(invalid("secrets.master_key", why))
-            })?;
+            let spec = self
+                .open(row)
+                .map_err(|why| LoadError::Config(invalid("secrets.master_key", why)))?;
             changes.push((row.channel, spec));
         }
         let refused = self.install(changes);
@@ -159,7 +159,10 @@ impl Merchants {
             tracing::warn!(%channel, %account, error = %why, "stored account not installed");
         }
         for row in &rows {
-            if !refused.iter().any(|((c, a), _)| *c == row.channel && *a == row.account) {
+            if !refused
+                .iter()
+                .any(|((c, a), _)| *c == row.channel && *a == row.account)
+            {
                 state
                     .applied
                     .insert((row.channel, row.account.clone()), Applied::of(row));
@@ -176,12 +179,14 @@ impl Merchants {
         let Some(key) = &self.key else {
             return Err("is not set".to_owned());
         };
-        let plain = key.open(row.channel, &row.account, &row.sealed).map_err(|e| {
-            format!(
-                "does not open {}/{}, sealed with key id {}: {e}",
-                row.channel, row.account, row.sealed.key_id
-            )
-        })?;
+        let plain = key
+            .open(row.channel, &row.account, &row.sealed)
+            .map_err(|e| {
+                format!(
+                    "does not open {}/{}, sealed with key id {}: {e}",
+                    row.channel, row.account, row.sealed.key_id
+                )
+            })?;
         let keys: Map<String, Value> = serde_json::from_slice(&plain).map_err(|e| {
             format!(
                 "{}/{}: the opened keys are not a JSON object: {e}",
@@ -199,7 +204,10 @@ impl Merchants {
 
     /// Puts each spec into its channel's book, service providers before their
     /// sub-merchants; returns those refused.
-    fn install(&self, mut specs: Vec<(ChannelId, AccountSpec)>) -> Vec<((ChannelId, String), Invalid)> {
+    fn install(
+        &self,
+        mut specs: Vec<(ChannelId, AccountSpec)>,
+    ) -> Vec<((ChannelId, String), Invalid)> {
         specs.sort_by_key(|(_, s)| s.mode == Mode::PartnerSub);
         self.change(
             specs
@@ -244,22 +252,25 @@ impl Merchants {
         let rows = match self.store.merchants_changed_since(since).await {
             Ok(rows) => rows,
             Err(e) => {
-                self.metrics.account_reload.with_label_values(&["failed"]).inc();
+                self.metrics
+                    .account_reload
+                    .with_label_values(&["failed"])
+                    .inc();
                 return Err(e);
             }
         };
         let fresh: Vec<&StoredAccount> = rows
             .iter()
-            .filter(|r| {
-                state.applied.get(&(r.channel, r.account.clone())) != Some(&Applied::of(r))
-            })
+            .filter(|r| state.applied.get(&(r.channel, r.account.clone())) != Some(&Applied::of(r)))
             .collect();
         let mut failed = false;
         let mut changes = Vec::new();
         let mut opened = Vec::new();
         for row in &fresh {
             match row.status {
-                Status::Disabled => changes.push((row.channel, Change::Remove(row.account.clone()))),
+                Status::Disabled => {
+                    changes.push((row.channel, Change::Remove(row.account.clone())))
+                }
                 Status::Enabled => match self.open(row) {
                     Ok(spec) => opened.push((row.channel, spec)),
                     Err(why) => {
@@ -281,7 +292,10 @@ impl Merchants {
             let key = (row.channel, row.account.clone());
             let refused_here = refused.iter().any(|(k, _)| *k == key);
             let opened_here = row.status == Status::Disabled
-                || self.key.as_ref().is_some_and(|k| k.id() == row.sealed.key_id);
+                || self
+                    .key
+                    .as_ref()
+                    .is_some_and(|k| k.id() == row.sealed.key_id);
             if !refused_here && opened_here {
                 state.applied.insert(key, Applied::of(row));
                 applied += 1;
@@ -289,7 +303,10 @@ impl Merchants {
         }
         state.read_from = Some(now);
         if failed {
-            self.metrics.account_reload.with_label_values(&["failed"]).inc();
+            self.metrics
+                .account_reload
+                .with_label_values(&["failed"])
+                .inc();
         } else {
             self.metrics.account_reload.with_label_values(&["ok"]).inc();
             state.last_ok = Some(Instant::now());
@@ -490,7 +507,11 @@ impl Merchants {
         let mut state = self.state.lock().await;
         let row = self.stored(channel, account).await?;
         for (field, given, actual) in [
-            ("channel", &change.channel, Some(row.channel.as_str().to_owned())),
+            (
+                "channel",
+                &change.channel,
+                Some(row.channel.as_str().to_owned()),
+            ),
             ("account", &change.account, Some(row.account.clone())),
             ("mode", &change.mode, Some(row.mode.as_str().to_owned())),
             ("sp_account", &change.sp_account, row.sp_account.clone()),
@@ -562,14 +583,21 @@ impl Merchants {
     }
 
     /// `DELETE /admin/merchants/{channel}/{account}`: disables; a repeat changes nothing.
-    pub async fn disable(&self, channel: &str, account: &str) -> Result<MerchantView, MerchantError> {
+    pub async fn disable(
+        &self,
+        channel: &str,
+        account: &str,
+    ) -> Result<MerchantView, MerchantError> {
         self.key()?;
         let mut state = self.state.lock().await;
         let row = self.stored(channel, account).await?;
         if row.status == Status::Disabled {
             return Ok(MerchantView::stored(&row));
         }
-        let subs = self.store.count_subs_enabled(row.channel, &row.account).await?;
+        let subs = self
+            .store
+            .count_subs_enabled(row.channel, &row.account)
+            .await?;
         if subs > 0 {
             return Err(MerchantError::Conflict(format!(
                 "{channel}/{account} serves {subs} enabled partner_sub accounts: disable them first"
@@ -601,8 +629,12 @@ pub enum LoadError {
 }
 
 fn parse_channel(channel: &str) -> Result<ChannelId, Invalid> {
-    ChannelId::parse(channel)
-        .ok_or_else(|| Invalid::new("channel", format!("unknown channel {channel:?} (wechat or alipay)")))
+    ChannelId::parse(channel).ok_or_else(|| {
+        Invalid::new(
+            "channel",
+            format!("unknown channel {channel:?} (wechat or alipay)"),
+        )
+    })
 }
 
 /// WeChat's `api_base` or Alipay's `gateway`; the other channel's name is refused.
@@ -612,8 +644,14 @@ fn api_base_of(
     gateway: Option<String>,
 ) -> Result<Option<String>, Invalid> {
     match (channel, api_base, gateway) {
-        (ChannelId::Wechat, _, Some(_)) => Err(Invalid::new("gateway", "only for Alipay (WeChat: api_base)")),
-        (ChannelId::Alipay, Some(_), _) => Err(Invalid::new("api_base", "only for WeChat (Alipay: gateway)")),
+        (ChannelId::Wechat, _, Some(_)) => Err(Invalid::new(
+            "gateway",
+            "only for Alipay (WeChat: api_base)",
+        )),
+        (ChannelId::Alipay, Some(_), _) => Err(Invalid::new(
+            "api_base",
+            "only for WeChat (Alipay: gateway)",
+        )),
         (ChannelId::Wechat, base, None) => Ok(base),
         (ChannelId::Alipay, None, gateway) => Ok(gateway),
     }

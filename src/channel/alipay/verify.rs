@@ -50,10 +50,7 @@ impl Alipay {
             let why = Rejection::BadRequest("missing parameter app_id".into());
             return Err(trail.stop("app_id", why, |_| "missing parameter app_id".to_owned()));
         };
-        let Some(app) = std::str::from_utf8(app_id)
-            .ok()
-            .and_then(|id| self.app(id))
-        else {
+        let Some(app) = std::str::from_utf8(app_id).ok().and_then(|id| self.app(id)) else {
             let app_id = String::from_utf8_lossy(app_id);
             let why = Rejection::BadSignature(format!("unknown app_id {app_id}"));
             return Err(trail.stop("app_id", why, |_| {

@@ -21,7 +21,6 @@ pub use plumbing::{Account, Accounts, Failure, Plumbing, RateLimiter, Received};
 /// What a provider client's calls return: boxed, so the trait stays usable as `dyn`.
 pub type ApiFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-
 /// A provider's answer to "what became of this trade?".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TradeAnswer {
@@ -515,7 +514,9 @@ impl<C: ProviderClient> ProviderApi for C {
         call: &'a TransferCall,
         now: Timestamp,
     ) -> ApiFuture<'a, TransferReply> {
-        with_account!(self, account, |a| ProviderClient::transfer(self, a, call, now))
+        with_account!(self, account, |a| ProviderClient::transfer(
+            self, a, call, now
+        ))
     }
 
     fn refund<'a>(
@@ -524,7 +525,8 @@ impl<C: ProviderClient> ProviderApi for C {
         call: &'a RefundCall,
         now: Timestamp,
     ) -> ApiFuture<'a, RefundReply> {
-        with_account!(self, account, |a| ProviderClient::refund(self, a, call, now))
+        with_account!(self, account, |a| ProviderClient::refund(
+            self, a, call, now
+        ))
     }
 }
-

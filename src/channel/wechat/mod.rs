@@ -303,7 +303,9 @@ impl WechatPay {
             }
             let merchant = Merchant::new(m.mchid.clone(), appids, m.apiv3_key.expose().as_bytes())
                 .map(Arc::new)
-                .ok_or_else(|| invalid(format!("{prefix}.apiv3_key"), "must be exactly 32 bytes"))?;
+                .ok_or_else(|| {
+                    invalid(format!("{prefix}.apiv3_key"), "must be exactly 32 bytes")
+                })?;
             merchants.push(Arc::clone(&merchant));
             if m.platform_keys.is_empty() && !m.downloads() {
                 return Err(invalid(
