@@ -31,6 +31,7 @@ mod notify;
 mod openapi;
 mod orders;
 mod partitions;
+mod partner_calls;
 mod plans;
 mod pool_failover;
 mod qa;
