@@ -150,7 +150,7 @@ pub(super) async fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> Optio
             "普通商户不允许传sub_mch_id",
         ));
     }
-    if !partner_path && !(refund_path && sub.is_some()) {
+    if !(partner_path || (refund_path && sub.is_some())) {
         return None;
     }
     let Some(sub) = sub else {
