@@ -125,6 +125,10 @@ pub struct ConfiguredAccount {
 
 /// One change to a channel's live accounts.
 #[derive(Debug, Clone)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "changes are few and short-lived; most of them are puts"
+)]
 pub enum Change {
     /// Adds the account, or replaces it (a rotation, a re-enable).
     Put(AccountSpec),

@@ -31,6 +31,7 @@ mod notify;
 mod openapi;
 mod orders;
 mod partitions;
+mod partner_calls;
 mod partner_notify;
 mod plans;
 mod pool_failover;

@@ -2,15 +2,17 @@
 //! and API credentials a file app has, and swapped into the channel's book and the client's
 //! accounts in one step.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::api::{ApiApp, CertSn, GATEWAY};
+use super::api::{ApiApp, Authorized, CertSn, GATEWAY};
 use super::{Alipay, AlipayApi, App, AuthorizedApp, cert_sn};
 use crate::channel::accounts::{
     AccountBook, AccountSettings, AccountSpec, Change, ConfiguredAccount, Facts, Invalid, Mode,
 };
+use crate::channel::api::Account;
 use crate::channel::keys;
 use crate::notice::ChannelId;
 use crate::time::Timestamp;
@@ -39,8 +41,12 @@ struct SubKeys {
 }
 
 enum Built {
-    Direct { app: Arc<App>, api: Option<ApiApp> },
-    Sub(AuthorizedApp),
+    Direct {
+        app: Arc<App>,
+        api: Option<ApiApp>,
+    },
+    /// With the token its API entry is built with.
+    Sub(AuthorizedApp, String),
 }
 
 /// The Alipay channel's live apps: its book and its client's accounts, changed together.
@@ -97,11 +103,14 @@ impl AlipayBook {
                 "1 to 128 characters, as alipay.open.auth.token.app returned it",
             ));
         }
-        Ok(Built::Sub(AuthorizedApp {
-            auth_app_id: spec.account.clone(),
-            isv_app_id: isv.clone(),
-            seller_id: spec.settings.seller_id.clone(),
-        }))
+        Ok(Built::Sub(
+            AuthorizedApp {
+                auth_app_id: spec.account.clone(),
+                isv_app_id: isv.clone(),
+                seller_id: spec.settings.seller_id.clone(),
+            },
+            keys.app_auth_token,
+        ))
     }
 
     fn build_direct(&self, spec: &AccountSpec, now: Timestamp) -> Result<Built, Invalid> {
@@ -174,9 +183,10 @@ impl AlipayBook {
                     .map_err(|e| Invalid::new("gateway", e.to_string()))?;
                 Some(ApiApp {
                     app: Arc::clone(&app),
-                    key,
+                    key: Arc::new(key),
                     gateway,
                     cert_sn,
+                    authorized: None,
                 })
             }
         };
@@ -254,7 +264,7 @@ impl AccountBook for AlipayBook {
 
     fn check(&self, spec: &AccountSpec, now: Timestamp) -> Result<Facts, Invalid> {
         Ok(match self.build(spec, now)? {
-            Built::Sub(_) => Facts {
+            Built::Sub(..) => Facts {
                 has_app_auth_token: true,
                 ..Facts::default()
             },
@@ -289,16 +299,19 @@ impl AccountBook for AlipayBook {
                 Change::Remove(_) => built.push((account, None)),
             }
         }
-        let mut api_put = Vec::new();
+        let mut api_put: Vec<ApiApp> = Vec::new();
         let mut api_removed = Vec::new();
+        let touched: HashSet<String> = built.iter().map(|(a, _)| a.clone()).collect();
+        let mut tokens: HashMap<String, String> = HashMap::new();
         self.channel.change(|book| {
             for (account, b) in built {
                 book.apps.remove(&account);
                 book.authorized.remove(&account);
                 match b {
                     None => api_removed.push(account),
-                    Some(Built::Sub(sub)) => {
+                    Some(Built::Sub(sub, token)) => {
                         book.authorized.insert(account.clone(), Arc::new(sub));
+                        tokens.insert(account.clone(), token);
                         api_removed.push(account);
                     }
                     Some(Built::Direct { app, api }) => {
@@ -311,6 +324,55 @@ impl AccountBook for AlipayBook {
                 }
             }
         });
+        // An authorized app's entry is its ISV app's credentials and its own token: rebuilt
+        // whenever either changes, so a rotation of the ISV app's key reaches every merchant.
+        let book = self.channel.book();
+        let affected: Vec<&Arc<AuthorizedApp>> =
+            if touched.iter().all(|a| book.authorized.contains_key(a)) {
+                touched
+                    .iter()
+                    .filter_map(|a| book.authorized.get(a))
+                    .collect()
+            } else {
+                book.authorized
+                    .values()
+                    .filter(|s| touched.contains(&s.auth_app_id) || touched.contains(&s.isv_app_id))
+                    .collect()
+            };
+        let gone: Vec<&String> = touched
+            .iter()
+            .filter(|a| !book.authorized.contains_key(*a))
+            .collect();
+        self.api.change_tokens(tokens, &gone);
+        let mut subs: Vec<ApiApp> = Vec::new();
+        for sub in affected {
+            let Some(app_auth_token) = self.api.token(&sub.auth_app_id) else {
+                api_removed.push(sub.auth_app_id.clone());
+                continue;
+            };
+            let authorized = Authorized {
+                auth_app_id: sub.auth_app_id.clone(),
+                app_auth_token,
+                seller_id: sub.seller_id.clone(),
+            };
+            let entry = match api_put.iter().find(|p| p.id() == sub.isv_app_id) {
+                Some(isv) => Some(isv.for_authorized(authorized)),
+                None if touched.contains(&sub.isv_app_id) => None,
+                None => self
+                    .api
+                    .apps
+                    .get(&sub.isv_app_id)
+                    .ok()
+                    .filter(|isv| isv.authorized.is_none())
+                    .map(|isv| isv.for_authorized(authorized)),
+            };
+            match entry {
+                Some(entry) => subs.push(entry),
+                None => api_removed.push(sub.auth_app_id.clone()),
+            }
+        }
+        api_put.extend(subs);
+        api_removed.retain(|a| !api_put.iter().any(|p| p.id() == a));
         self.api.apps.change(api_put, &api_removed);
         refused
     }

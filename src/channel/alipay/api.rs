@@ -25,13 +25,58 @@ use crate::transfer::TransferCall;
 /// Alipay's production OpenAPI gateway.
 pub const GATEWAY: &str = "https://openapi.alipay.com/gateway.do";
 
-/// One app's API credentials.
+/// One app's API credentials. An authorized app's entry (第三方应用代调用) holds its ISV app's:
+/// the ISV's app signs and its Alipay key verifies, and every call carries the merchant's
+/// `app_auth_token`.
 pub struct ApiApp {
+    /// The app whose keys these are: an authorized app's ISV app.
     pub(super) app: Arc<App>,
-    pub(super) key: keys::RsaSigner,
+    pub(super) key: Arc<keys::RsaSigner>,
     pub(super) gateway: String,
     /// Certificate mode: what every request carries besides the common parameters.
     pub(super) cert_sn: Option<CertSn>,
+    /// An authorized app's entry: the merchant the calls are made for.
+    pub(super) authorized: Option<Authorized>,
+}
+
+/// The merchant an ISV's app calls for: its `auth_app_id`, the token it granted and its PID.
+pub(super) struct Authorized {
+    pub(super) auth_app_id: String,
+    pub(super) app_auth_token: String,
+    /// The merchant's PID, when configured: a paid answer naming another seller is not ours.
+    pub(super) seller_id: Option<String>,
+}
+
+impl ApiApp {
+    /// The entry of the app `authorized`, served by this ISV app's credentials.
+    pub(super) fn for_authorized(&self, authorized: Authorized) -> Self {
+        Self {
+            app: Arc::clone(&self.app),
+            key: Arc::clone(&self.key),
+            gateway: self.gateway.clone(),
+            cert_sn: self.cert_sn.clone(),
+            authorized: Some(authorized),
+        }
+    }
+}
+
+/// Alipay's signed refusals of an ISV call for a merchant: the token is not (or no longer)
+/// valid, or does not cover the API. Never an answer about the trade.
+const TOKEN_REFUSALS: [&str; 3] = [
+    "aop.invalid-app-auth-token",
+    "aop.app-auth-token-time-out",
+    "aop.invalid-app-auth-token-no-api",
+];
+
+/// Merchant transfers and bills are a direct app's calls: an authorized app's entry has none.
+pub(super) fn not_for_authorized(a: &ApiApp) -> Result<(), Failure> {
+    match &a.authorized {
+        Some(auth) => Err(Failure::Unexpected(format!(
+            "transfers and bills are not available for an authorized app ({})",
+            auth.auth_app_id
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Certificate mode (公钥证书): Alipay's gateway refuses a request of such an app without
@@ -119,7 +164,10 @@ impl CertSn {
 
 impl Account for ApiApp {
     fn id(&self) -> &str {
-        &self.app.app_id
+        match &self.authorized {
+            Some(auth) => &auth.auth_app_id,
+            None => &self.app.app_id,
+        }
     }
     const MISSING: &'static str = "app private key for app";
 }
@@ -132,6 +180,9 @@ impl Account for ApiApp {
 /// with the app's Alipay public key, the one notifications are verified with.
 pub struct AlipayApi {
     pub(super) apps: Accounts<ApiApp>,
+    /// The `app_auth_token` of every enabled authorized app, by `auth_app_id`, whether or not
+    /// its ISV app can be asked now: its entry is built from it when the ISV app can.
+    tokens: std::sync::RwLock<HashMap<String, String>>,
     /// `alipay.bill_hosts`: where a bill may be downloaded from.
     pub(super) bill_hosts: Vec<String>,
 }
@@ -262,15 +313,38 @@ impl AlipayApi {
             };
             apps.push(ApiApp {
                 app,
-                key,
+                key: Arc::new(key),
                 gateway,
                 cert_sn,
+                authorized: None,
             });
         }
         Ok(Self {
             apps: Accounts::new(apps, client)?,
+            tokens: std::sync::RwLock::default(),
             bill_hosts: settings.bill_hosts.clone(),
         })
+    }
+
+    /// The token authorized app `auth_app_id` granted, while it is enabled.
+    pub(super) fn token(&self, auth_app_id: &str) -> Option<String> {
+        self.tokens
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(auth_app_id)
+            .cloned()
+    }
+
+    /// Keeps the tokens `put` and forgets those of `gone`.
+    pub(super) fn change_tokens(&self, put: HashMap<String, String>, gone: &[&String]) {
+        let mut tokens = self
+            .tokens
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for id in gone {
+            tokens.remove(*id);
+        }
+        tokens.extend(put);
     }
 
     /// Calls `method` and returns its verified `…_response` value, read as a trade call's
@@ -307,6 +381,11 @@ impl AlipayApi {
         if let Some(sn) = &a.cert_sn {
             params.push(("app_cert_sn", sn.app.clone()));
             params.push(("alipay_root_cert_sn", sn.root.clone()));
+        }
+        if let Some(auth) = &a.authorized {
+            // A common parameter beside app_id, signed like every other (python-alipay-sdk
+            // `ISVAliPay.build_body`, jeepay `putApiIsvInfo`).
+            params.push(("app_auth_token", auth.app_auth_token.clone()));
         }
         params.sort_by(|x, y| x.0.cmp(y.0));
         let content = params
@@ -345,6 +424,9 @@ impl AlipayApi {
         }
         let response_key = format!("{}_response", method.replace('.', "_"));
         let value = signed_response(&a.app.key, &r.body, &response_key)?;
+        if let Some(auth) = &a.authorized {
+            token_refusal(auth, value)?;
+        }
         serde_json::from_str(value).map_err(|e| Failure::Unexpected(format!("{response_key}: {e}")))
     }
 }
@@ -379,8 +461,8 @@ impl ProviderClient for AlipayApi {
         match status.as_str() {
             // TRADE_CLOSED is also "paid, then refunded in full" (未付款交易超时关闭，或支付完成
             // 后全额退款): the payment happened, as WeChat's REFUND, and the answer shows it.
-            "TRADE_SUCCESS" | "TRADE_FINISHED" => paid(&a.app, r),
-            "TRADE_CLOSED" if r.carries_a_payment() => paid(&a.app, r),
+            "TRADE_SUCCESS" | "TRADE_FINISHED" => paid(a, r),
+            "TRADE_CLOSED" if r.carries_a_payment() => paid(a, r),
             "TRADE_CLOSED" => Ok(TradeAnswer::Closed),
             _ => Ok(TradeAnswer::Unpaid(status)),
         }
@@ -461,6 +543,7 @@ impl ProviderClient for AlipayApi {
     }
 
     fn transfer_apps(&self, a: &ApiApp) -> Result<Vec<String>, String> {
+        not_for_authorized(a).map_err(|f| f.detail().to_owned())?;
         Self::transfer_apps_of(a)
     }
 
@@ -470,6 +553,7 @@ impl ProviderClient for AlipayApi {
         call: &TransferCall,
         now: Timestamp,
     ) -> Result<TransferReply, Miss> {
+        not_for_authorized(a)?;
         self.send_transfer(a, call, now).await
     }
 
@@ -479,6 +563,7 @@ impl ProviderClient for AlipayApi {
         out_bill_no: &str,
         now: Timestamp,
     ) -> Result<TransferAnswer, Miss> {
+        not_for_authorized(a)?;
         self.query_transfer(a, out_bill_no, now).await
     }
 
@@ -606,9 +691,46 @@ fn refunded_notice(
     notice.checked().map_err(bad)
 }
 
-/// A paid answer's payment, or why the answer does not show one.
-fn paid(app: &App, r: ApiResponse) -> Result<TradeAnswer, Miss> {
-    Ok(TradeAnswer::Paid(Box::new(paid_notice(app, r)?)))
+/// A paid answer's payment, or why the answer does not show one. An authorized app's trade is
+/// its merchant's: the seller is the answer's `seller_id`, else the merchant's configured
+/// PID, else (neither known) its `auth_app_id`, the account the order names; it matches
+/// unless it names a seller other than a configured one.
+fn paid(a: &ApiApp, r: ApiResponse) -> Result<TradeAnswer, Miss> {
+    let answered = r.seller_id.clone().filter(|s| !s.is_empty());
+    let mut notice = paid_notice(&a.app, r)?;
+    if let Some(auth) = &a.authorized {
+        let seller = answered
+            .or_else(|| auth.seller_id.clone())
+            .unwrap_or_else(|| auth.auth_app_id.clone());
+        notice.merchant_matches = auth.seller_id.as_ref().is_none_or(|s| *s == seller);
+        notice.merchant.merchant_id = seller;
+        notice = notice.checked().map_err(Failure::Unexpected)?;
+    }
+    Ok(TradeAnswer::Paid(Box::new(notice)))
+}
+
+/// An authorized app's call refused for its token, as Alipay signs it (`20001`
+/// `aop.invalid-app-auth-token`, …): [`Failure::Unexpected`] naming the refusal.
+fn token_refusal(auth: &Authorized, value: &str) -> Result<(), Failure> {
+    #[derive(Deserialize)]
+    struct Codes {
+        #[serde(default)]
+        code: String,
+        sub_code: Option<String>,
+        sub_msg: Option<String>,
+    }
+    let Ok(codes) = serde_json::from_str::<Codes>(value) else {
+        return Ok(());
+    };
+    match codes.sub_code.as_deref() {
+        Some(sub) if TOKEN_REFUSALS.contains(&sub) => Err(Failure::Unexpected(format!(
+            "code {} {sub} {}: the app_auth_token of authorized app {} was refused",
+            codes.code,
+            codes.sub_msg.as_deref().unwrap_or(""),
+            auth.auth_app_id
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// The exact bytes of `response_key`'s value in `body`, once `sign` verifies over them with

@@ -2,6 +2,7 @@
 //! [`Merchant`], platform keys and API credentials a file merchant has, and swapped into the
 //! channel's book and the client's accounts in one step.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -11,6 +12,7 @@ use super::{Book, Merchant, PlatformVerifier, SubMerchant, WechatPay};
 use crate::channel::accounts::{
     AccountBook, AccountSettings, AccountSpec, Change, ConfiguredAccount, Facts, Invalid, Mode,
 };
+use crate::channel::api::Account;
 use crate::channel::keys;
 use crate::channel::platform::KeyOrigin;
 use crate::notice::ChannelId;
@@ -173,9 +175,10 @@ impl WechatBook {
                 Some(ApiMerchant {
                     merchant: Arc::clone(&merchant),
                     serial: serial.clone(),
-                    key,
+                    key: Arc::new(key),
                     base,
                     downloads: spec.settings.certificates.as_deref() != Some("static"),
+                    sub_mchid: None,
                 })
             }
             (Some(_), _) => {
@@ -335,6 +338,7 @@ impl AccountBook for WechatBook {
         }
         let mut api_put = Vec::new();
         let mut api_removed = Vec::new();
+        let touched: HashSet<String> = built.iter().map(|(a, _)| a.clone()).collect();
         self.channel.change(|book| {
             for (account, b) in built {
                 let downloaded = Self::take_out(book, &account);
@@ -375,7 +379,39 @@ impl AccountBook for WechatBook {
                 }
             }
         });
-        api_removed.retain(|a| !api_put.iter().any(|p: &ApiMerchant| p.merchant.mchid == *a));
+        // A sub-merchant's entry is its service provider's credentials: rebuilt whenever
+        // either changes, so a rotation of the provider's key reaches every sub-merchant.
+        // Only a change of a keyed merchant (or a removal) needs every sub-merchant looked at.
+        let book = self.channel.book();
+        let affected: Vec<&Arc<SubMerchant>> = if touched.iter().all(|a| book.subs.contains_key(a))
+        {
+            touched.iter().filter_map(|a| book.subs.get(a)).collect()
+        } else {
+            book.subs
+                .values()
+                .filter(|s| touched.contains(&s.sub_mchid) || touched.contains(&s.sp_mchid))
+                .collect()
+        };
+        let mut subs: Vec<ApiMerchant> = Vec::new();
+        for sub in affected {
+            let sp = match api_put.iter().find(|p| p.id() == sub.sp_mchid) {
+                Some(sp) => Some(sp.for_sub(&sub.sub_mchid)),
+                None if touched.contains(&sub.sp_mchid) => None,
+                None => self
+                    .api
+                    .merchants
+                    .get(&sub.sp_mchid)
+                    .ok()
+                    .filter(|sp| sp.sub_mchid.is_none())
+                    .map(|sp| sp.for_sub(&sub.sub_mchid)),
+            };
+            match sp {
+                Some(entry) => subs.push(entry),
+                None => api_removed.push(sub.sub_mchid.clone()),
+            }
+        }
+        api_put.extend(subs);
+        api_removed.retain(|a| !api_put.iter().any(|p: &ApiMerchant| p.id() == a));
         self.api.merchants.change(api_put, &api_removed);
         refused
     }

@@ -27,18 +27,37 @@ use crate::transfer::TransferCall;
 pub const API_BASE: &str = "https://api.mch.weixin.qq.com";
 
 /// One merchant's API credentials: its API private key and that key's certificate serial.
+/// A sub-merchant's entry holds its service provider's (服务商模式): the SP signs and its
+/// platform keys verify, and every call takes the partner form naming `sub_mchid`.
 pub struct ApiMerchant {
+    /// The merchant whose keys these are: a sub-merchant's service provider.
     pub(super) merchant: Arc<Merchant>,
     pub(super) serial: String,
-    pub(super) key: keys::RsaSigner,
+    pub(super) key: Arc<keys::RsaSigner>,
     pub(super) base: String,
     /// `certificates = "download"`: its platform certificates are fetched and kept fresh.
     pub(super) downloads: bool,
+    /// A sub-merchant's entry: its `sub_mchid`, the id the calls are made for.
+    pub(super) sub_mchid: Option<String>,
+}
+
+impl ApiMerchant {
+    /// The entry of `sub_mchid`, served by this service provider's credentials.
+    pub(super) fn for_sub(&self, sub_mchid: &str) -> Self {
+        Self {
+            merchant: Arc::clone(&self.merchant),
+            serial: self.serial.clone(),
+            key: Arc::clone(&self.key),
+            base: self.base.clone(),
+            downloads: false,
+            sub_mchid: Some(sub_mchid.to_owned()),
+        }
+    }
 }
 
 impl Account for ApiMerchant {
     fn id(&self) -> &str {
-        &self.merchant.mchid
+        self.sub_mchid.as_deref().unwrap_or(&self.merchant.mchid)
     }
     const MISSING: &'static str = "API credentials for mchid";
 }
@@ -51,11 +70,23 @@ pub struct WechatApi {
     pub(super) merchants: Accounts<ApiMerchant>,
 }
 
-/// A transaction as the query answers it: `transaction_id` and `amount` only once paid.
+/// A transaction as the query answers it: `transaction_id` and `amount` only once paid. A
+/// direct merchant's names `appid` and `mchid`; a partner transaction (服务商模式) names
+/// `sp_appid`, `sp_mchid`, `sub_mchid` and perhaps `sub_appid` instead.
 #[derive(Deserialize)]
 pub(super) struct QueriedTransaction {
-    pub(super) appid: String,
-    pub(super) mchid: String,
+    #[serde(default)]
+    pub(super) appid: Option<String>,
+    #[serde(default)]
+    pub(super) mchid: Option<String>,
+    #[serde(default)]
+    pub(super) sp_appid: Option<String>,
+    #[serde(default)]
+    pub(super) sp_mchid: Option<String>,
+    #[serde(default)]
+    pub(super) sub_appid: Option<String>,
+    #[serde(default)]
+    pub(super) sub_mchid: Option<String>,
     pub(super) out_trade_no: String,
     pub(super) transaction_id: Option<String>,
     pub(super) trade_state: String,
@@ -136,9 +167,10 @@ impl WechatApi {
             merchants.push(ApiMerchant {
                 merchant,
                 serial: serial.clone(),
-                key,
+                key: Arc::new(key),
                 base,
                 downloads: m.downloads(),
+                sub_mchid: None,
             });
         }
         Ok(Self {
@@ -321,6 +353,7 @@ impl WechatApi {
     ) -> Result<T, Miss> {
         let r = self.call(m, false, path, "", now).await?;
         if !(200..300).contains(&r.status) {
+            partner_error(m, &r)?;
             let code = Self::error_code(&r)?;
             return Err(if not_found.contains(&code.as_str()) {
                 Miss::NotFound
@@ -348,11 +381,15 @@ impl ProviderClient for WechatApi {
         out_trade_no: &str,
         now: Timestamp,
     ) -> Result<TradeAnswer, Miss> {
-        let path = format!(
-            "/v3/pay/transactions/out-trade-no/{}?mchid={}",
-            percent_encoding::utf8_percent_encode(out_trade_no, SEGMENT),
-            percent_encoding::utf8_percent_encode(&m.merchant.mchid, SEGMENT)
-        );
+        let no = percent_encoding::utf8_percent_encode(out_trade_no, SEGMENT);
+        let sp = percent_encoding::utf8_percent_encode(&m.merchant.mchid, SEGMENT);
+        let path = match &m.sub_mchid {
+            Some(sub) => format!(
+                "/v3/pay/partner/transactions/out-trade-no/{no}?sp_mchid={sp}&sub_mchid={}",
+                percent_encoding::utf8_percent_encode(sub, SEGMENT)
+            ),
+            None => format!("/v3/pay/transactions/out-trade-no/{no}?mchid={sp}"),
+        };
         let t: QueriedTransaction = self
             .get_verified(
                 m,
@@ -364,10 +401,13 @@ impl ProviderClient for WechatApi {
             .await?;
         // Every id the answer carries is checked: a signed answer about another order or
         // merchant (replayed from elsewhere) says nothing about this one.
-        if t.out_trade_no != out_trade_no || t.mchid != m.merchant.mchid {
+        let (merchant_id, app_id) = answered_by(m, &t);
+        if t.out_trade_no != out_trade_no || merchant_id.is_none() || app_id.is_none() {
             return Err(Failure::Unexpected(format!(
                 "asked about {out_trade_no} of merchant {}, answered about {} of merchant {}",
-                m.merchant.mchid, t.out_trade_no, t.mchid
+                m.id(),
+                t.out_trade_no,
+                named(&t)
             ))
             .into());
         }
@@ -391,15 +431,20 @@ impl ProviderClient for WechatApi {
                     return Err(Failure::Unexpected("amount.total must be positive".into()).into());
                 }
                 let paid = Transaction {
-                    appid: t.appid,
-                    mchid: t.mchid,
+                    appid: app_id.unwrap_or_default(),
+                    mchid: merchant_id.unwrap_or_default(),
                     out_trade_no: t.out_trade_no,
                     transaction_id,
                     trade_state: t.trade_state,
                     amount: TransactionAmount { total, currency },
                     success_time: t.success_time,
                 };
-                let notice = transaction_notice(&m.merchant, paid, NoticeKind::Paid);
+                let mut notice = transaction_notice(&m.merchant, paid, NoticeKind::Paid);
+                if m.sub_mchid.is_some() {
+                    // Both ids were checked above, as a partner notification's are: the
+                    // payment is the sub-merchant's, whichever of its apps it came through.
+                    notice.merchant_matches = true;
+                }
                 let notice = notice.checked().map_err(Failure::Unexpected)?;
                 TradeAnswer::Paid(Box::new(notice))
             }
@@ -414,11 +459,18 @@ impl ProviderClient for WechatApi {
         out_trade_no: &str,
         now: Timestamp,
     ) -> Result<CloseAnswer, Miss> {
-        let path = format!(
-            "/v3/pay/transactions/out-trade-no/{}/close",
-            percent_encoding::utf8_percent_encode(out_trade_no, SEGMENT)
-        );
-        let body = serde_json::json!({ "mchid": m.merchant.mchid }).to_string();
+        let no = percent_encoding::utf8_percent_encode(out_trade_no, SEGMENT);
+        let (path, body) = match &m.sub_mchid {
+            Some(sub) => (
+                format!("/v3/pay/partner/transactions/out-trade-no/{no}/close"),
+                serde_json::json!({ "sp_mchid": m.merchant.mchid, "sub_mchid": sub }),
+            ),
+            None => (
+                format!("/v3/pay/transactions/out-trade-no/{no}/close"),
+                serde_json::json!({ "mchid": m.merchant.mchid }),
+            ),
+        };
+        let body = body.to_string();
         let r = self.call(m, true, &path, &body, now).await?;
         if (200..300).contains(&r.status) {
             // An empty 204 names no order: valid for any close of this merchant within 300 s.
@@ -427,6 +479,7 @@ impl ProviderClient for WechatApi {
             self.verify(m, &r, now)?;
             return Ok(CloseAnswer::Closed);
         }
+        partner_error(m, &r)?;
         match Self::error_code(&r)?.as_str() {
             "ORDERPAID" => Ok(CloseAnswer::NotClosable),
             "ORDER_NOT_EXIST" | "ORDERNOTEXIST" => Err(Miss::NotFound),
@@ -441,10 +494,15 @@ impl ProviderClient for WechatApi {
         out_refund_no: &str,
         now: Timestamp,
     ) -> Result<RefundAnswer, Miss> {
-        let path = format!(
+        let mut path = format!(
             "/v3/refund/domestic/refunds/{}",
             percent_encoding::utf8_percent_encode(out_refund_no, SEGMENT)
         );
+        if let Some(sub) = &m.sub_mchid {
+            // Required of a service provider (WeiXinMPSDK #2954: leaving it out fails).
+            path.push_str("?sub_mchid=");
+            path.extend(percent_encoding::utf8_percent_encode(sub, SEGMENT));
+        }
         let q: QueriedRefund = self
             .get_verified(
                 m,
@@ -478,11 +536,16 @@ impl ProviderClient for WechatApi {
         call: &RefundCall,
         now: Timestamp,
     ) -> Result<RefundReply, Miss> {
-        let body = refund_body(call).to_string();
+        let mut body = refund_body(call);
+        if let Some(sub) = &m.sub_mchid {
+            body["sub_mchid"] = serde_json::Value::String(sub.clone());
+        }
+        let body = body.to_string();
         let r = self
             .call(m, true, "/v3/refund/domestic/refunds", &body, now)
             .await?;
         if !(200..300).contains(&r.status) {
+            partner_error(m, &r)?;
             return Ok(refund_error(&r));
         }
         self.verify(m, &r, now)?;
@@ -519,6 +582,7 @@ impl ProviderClient for WechatApi {
     }
 
     fn transfer_apps(&self, m: &ApiMerchant) -> Result<Vec<String>, String> {
+        not_for_sub(m).map_err(|f| f.detail().to_owned())?;
         Ok(self.transfer_apps_of(m))
     }
 
@@ -528,6 +592,7 @@ impl ProviderClient for WechatApi {
         call: &TransferCall,
         now: Timestamp,
     ) -> Result<TransferReply, Miss> {
+        not_for_sub(m)?;
         self.send_transfer(m, call, now).await
     }
 
@@ -537,6 +602,7 @@ impl ProviderClient for WechatApi {
         out_bill_no: &str,
         now: Timestamp,
     ) -> Result<TransferAnswer, Miss> {
+        not_for_sub(m)?;
         self.query_transfer(m, out_bill_no, now).await
     }
 
@@ -546,7 +612,68 @@ impl ProviderClient for WechatApi {
         out_bill_no: &str,
         now: Timestamp,
     ) -> Result<CancelReply, Miss> {
+        not_for_sub(m)?;
         self.cancel_transfer(m, out_bill_no, now).await
+    }
+}
+
+/// The merchant and app a query answer names, when they are those `m` asked for: a direct
+/// merchant's `mchid` and `appid`; a partner transaction's `sub_mchid` (under `sp_mchid`, the
+/// asking service provider) and `sub_appid`, else `sp_appid`, as a partner notification
+/// names them. `(None, _)` when the answer names another merchant (or another provider).
+fn answered_by(m: &ApiMerchant, t: &QueriedTransaction) -> (Option<String>, Option<String>) {
+    match &m.sub_mchid {
+        Some(sub) => {
+            let ours = t.sp_mchid.as_deref() == Some(m.merchant.mchid.as_str())
+                && t.sub_mchid.as_deref() == Some(sub.as_str())
+                && t.mchid.is_none();
+            let app = t.sub_appid.clone().or_else(|| t.sp_appid.clone());
+            (ours.then(|| sub.clone()), app)
+        }
+        None => {
+            let ours =
+                t.mchid.as_deref() == Some(m.merchant.mchid.as_str()) && t.sub_mchid.is_none();
+            (ours.then(|| m.merchant.mchid.clone()), t.appid.clone())
+        }
+    }
+}
+
+/// A service provider's call answered with an error: never an answer about the trade. WeChat
+/// does not document its error for a `sub_mchid` not bound to the service provider, and
+/// its error bodies are never signed, so no 4xx of a partner call is taken as a "no such
+/// trade" or a refusal: the call is retried as unanswered.
+fn partner_error(m: &ApiMerchant, r: &Received) -> Result<(), Failure> {
+    let Some(sub) = &m.sub_mchid else {
+        return Ok(());
+    };
+    WechatApi::error_code(r)?;
+    Err(Failure::Unexpected(format!(
+        "{} (a partner call for sub-merchant {sub}: not asked)",
+        WechatApi::unexpected(r).detail()
+    )))
+}
+
+/// The merchant ids a query answer names, for a failure's words.
+fn named(t: &QueriedTransaction) -> String {
+    match (&t.mchid, &t.sp_mchid, &t.sub_mchid) {
+        (Some(mchid), None, None) => mchid.clone(),
+        (mchid, sp, sub) => format!(
+            "mchid {} sp_mchid {} sub_mchid {}",
+            mchid.as_deref().unwrap_or("-"),
+            sp.as_deref().unwrap_or("-"),
+            sub.as_deref().unwrap_or("-")
+        ),
+    }
+}
+
+/// Merchant transfers and bills are a direct merchant's calls: a sub-merchant's entry has
+/// none of its own.
+pub(super) fn not_for_sub(m: &ApiMerchant) -> Result<(), Failure> {
+    match &m.sub_mchid {
+        Some(sub) => Err(Failure::Unexpected(format!(
+            "merchant transfers and bills are not available for a sub-merchant ({sub})"
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -577,7 +704,7 @@ pub(super) fn refund_notice(m: &ApiMerchant, q: QueriedRefund) -> Result<Notice,
         }),
         merchant_matches: true,
         merchant: MerchantIds {
-            merchant_id: m.merchant.mchid.clone(),
+            merchant_id: m.id().to_owned(),
             app_id: None,
         },
         out_trade_no: q.out_trade_no,

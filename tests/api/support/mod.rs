@@ -1,6 +1,6 @@
 //! What the tests stand on, not tests themselves: the service on a test database of its own
 //! (`helpers`), the providers' stand-ins (`provider`, their bills in `wechat_bill` and
-//! `alipay_bill`, their refund creates in `refunds`, the transfers in `wechat_transfer` and
+//! `alipay_bill`, their refund creates in `refunds`, their service-provider mode in `partner`, the transfers in `wechat_transfer` and
 //! `alipay_transfer`), a test channel with its own signature (`test_channel`), throw-away
 //! keys (`keys`) and the agreement of verify and explain (`agree`).
 
@@ -11,6 +11,7 @@ pub mod browser;
 pub mod helpers;
 pub mod keys;
 pub mod own_db;
+pub mod partner;
 pub mod provider;
 pub mod refunds;
 pub mod test_channel;

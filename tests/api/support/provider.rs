@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use crate::support::alipay_bill;
 use crate::support::alipay_transfer;
 use crate::support::keys::{public_key_path, rsa_key};
+use crate::support::partner;
 use crate::support::refunds;
 use crate::support::wechat_bill;
 use crate::support::wechat_transfer;
@@ -229,6 +230,8 @@ pub struct Fake {
     pub certificate_calls: AtomicUsize,
     /// WeChat merchant transfers: the bills held and how the stand-in behaves.
     pub wechat_transfers: wechat_transfer::Transfers,
+    /// Service-provider mode: providers, sub-merchants, tokens, and the calls received.
+    pub(super) partner: Mutex<partner::Partner>,
     merchant_key: RsaVerifier,
     app_id: String,
     /// More apps the fake gateway serves (under the same seller, signing with the same key).
@@ -488,6 +491,7 @@ impl FakeProvider {
             served_certificates: Mutex::new(Vec::new()),
             certificate_calls: AtomicUsize::new(0),
             wechat_transfers: wechat_transfer::Transfers::default(),
+            partner: Mutex::new(partner::Partner::default()),
             merchant_key: verifier(MERCHANT_KEY),
             app_id: app_id.to_owned(),
             more_apps: Mutex::new(Vec::new()),
@@ -639,6 +643,9 @@ pub(super) fn wechat_error(status: u16, code: &str, message: &str) -> HttpRespon
 }
 
 async fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
+    if let Some(answer) = partner::wechat(req, body, fake).await {
+        return answer;
+    }
     let Some(timestamp) = wechat_request_verifies(req, body, fake) else {
         fake.refused.fetch_add(1, Ordering::SeqCst);
         return wechat_error(401, "SIGN_ERROR", "签名错误");
@@ -864,6 +871,9 @@ async fn alipay(fake: &Fake, body: &[u8], req: &HttpRequest) -> HttpResponse {
     if let Some(refusal) = cert_sn_refusal(fake, &params) {
         fake.refused.fetch_add(1, Ordering::SeqCst);
         return alipay_signed(fake, &method, &refusal);
+    }
+    if let Some(refusal) = partner::alipay(fake, &method, &params) {
+        return refusal;
     }
     fake.verified.fetch_add(1, Ordering::SeqCst);
     let biz: Value = params

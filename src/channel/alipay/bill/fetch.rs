@@ -8,6 +8,7 @@ use chrono::NaiveDate;
 use super::AlipayBill;
 use super::archive::open;
 use crate::channel::alipay::AlipayApi;
+use crate::channel::alipay::api::not_for_authorized;
 use crate::channel::api::{ApiFuture, Failure};
 use crate::channel::bill::{self, BillError, BillSource, Fetched};
 use crate::notice::ChannelId;
@@ -30,6 +31,10 @@ impl BillSource for AlipayApi {
         let mut sellers: Vec<String> = Vec::new();
         let mut first = Vec::new();
         for a in self.apps.list() {
+            // An authorized app's bill is its merchant's, not the ISV seller's.
+            if a.authorized.is_some() {
+                continue;
+            }
             if !sellers.contains(&a.app.seller_id) {
                 sellers.push(a.app.seller_id.clone());
                 first.push(a.app.app_id.clone());
@@ -48,7 +53,11 @@ impl BillSource for AlipayApi {
             self.apps
                 .list()
                 .iter()
-                .filter(|o| o.app.seller_id == a.app.seller_id && o.app.app_id != account)
+                .filter(|o| {
+                    o.authorized.is_none()
+                        && o.app.seller_id == a.app.seller_id
+                        && o.app.app_id != account
+                })
                 .map(|o| o.app.app_id.clone()),
         );
         apps
@@ -64,6 +73,7 @@ impl BillSource for AlipayApi {
     ) -> ApiFuture<'a, Result<Fetched, BillError>> {
         Box::pin(async move {
             let a = self.apps.get(account)?;
+            not_for_authorized(&a)?;
             let biz = serde_json::json!({
                 "bill_type": "trade",
                 "bill_date": date.format("%Y-%m-%d").to_string(),

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::verified_tradebill;
 use crate::channel::api::{ApiFuture, Failure};
 use crate::channel::bill::{self, BillError, BillSource, Fetched};
-use crate::channel::wechat::api::{ApiMerchant, WechatApi};
+use crate::channel::wechat::api::{ApiMerchant, WechatApi, not_for_sub};
 use crate::notice::ChannelId;
 use crate::time::Timestamp;
 
@@ -26,8 +26,14 @@ impl BillSource for WechatApi {
         ChannelId::Wechat
     }
 
+    /// A sub-merchant's bill is its service provider's to fetch: sub-merchants are not listed.
     fn accounts(&self) -> Vec<String> {
-        self.merchants.ids()
+        self.merchants
+            .list()
+            .iter()
+            .filter(|m| m.sub_mchid.is_none())
+            .map(|m| m.merchant.mchid.clone())
+            .collect()
     }
 
     fn fetch<'a>(
@@ -39,6 +45,7 @@ impl BillSource for WechatApi {
     ) -> ApiFuture<'a, Result<Fetched, BillError>> {
         Box::pin(async move {
             let m = self.merchants.get(account)?;
+            not_for_sub(&m)?;
             let Some(answer) = self.apply(&m, date, now).await? else {
                 return Ok(Fetched::NoBill(format!(
                     "NO_STATEMENT_EXIST: WeChat has no bill of {date} for merchant {account}"
