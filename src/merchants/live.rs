@@ -288,6 +288,9 @@ impl Merchants {
             tracing::warn!(%channel, %account, error = %why, "stored account not reloaded");
         }
         let mut applied = 0;
+        // A row that did not open or build is read again by every reload until it does (the
+        // next read starts no later than its change), so a failure keeps failing loudly.
+        let mut read_from = now;
         for row in fresh {
             let key = (row.channel, row.account.clone());
             let refused_here = refused.iter().any(|(k, _)| *k == key);
@@ -299,9 +302,11 @@ impl Merchants {
             if !refused_here && opened_here {
                 state.applied.insert(key, Applied::of(row));
                 applied += 1;
+            } else if row.updated_at.unix_seconds() + LOOKBACK_SECS < read_from.unix_seconds() {
+                read_from = row.updated_at.plus_seconds(LOOKBACK_SECS);
             }
         }
-        state.read_from = Some(now);
+        state.read_from = Some(read_from);
         if failed {
             self.metrics
                 .account_reload

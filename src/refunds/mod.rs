@@ -104,6 +104,10 @@ pub enum StartError {
     OtherRequest,
     #[error("{0}")]
     NoAccount(String),
+    /// The account the order names cannot be asked now: disabled (`/admin/merchants`), or
+    /// without API credentials.
+    #[error("{0}")]
+    AccountOff(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -168,6 +172,11 @@ impl Refunds {
             )));
         };
         if let Some(named) = self.store.order_account(order_no, channel).await? {
+            if !api.accounts().contains(&named) {
+                return Err(StartError::AccountOff(format!(
+                    "the order's {channel} account {named} cannot be asked: it is disabled, or has no API credentials"
+                )));
+            }
             return Ok(named);
         }
         match api.accounts().as_slice() {

@@ -90,6 +90,7 @@ pub async fn start(
             | StartError::OtherRequest),
         ) => Err(ApiError::Conflict(e.to_string())),
         Err(StartError::NoAccount(why)) => Err(ApiError::Unprocessable(why)),
+        Err(StartError::AccountOff(why)) => Err(ApiError::Conflict(why)),
         Err(StartError::Store(e)) => Err(ApiError::Database(e)),
     }
 }

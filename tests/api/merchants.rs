@@ -27,6 +27,8 @@ crate::on_every_backend!(
     no_admin_answer_and_no_metric_holds_a_key,
     an_app_auth_token_is_never_shown,
     the_accounts_gauge_follows_an_add_and_a_disable,
+    an_instance_whose_key_does_not_open_a_change_keeps_failing_its_reloads,
+    a_refund_of_an_order_of_a_disabled_account_is_409,
 );
 
 /// `secrets.master_key`: base64 of 32 bytes, the same for every instance of a test.
@@ -1095,4 +1097,53 @@ async fn the_accounts_gauge_follows_an_add_and_a_disable(backend: Backend) {
         accounts_gauge(&text, series("alipay", "api", "enabled")),
         0.0
     );
+}
+
+/// An instance still on another master key (a rotation half done): the change it cannot open
+/// fails every reload, long after the change, so the lag grows and the alert fires; the
+/// account is not live there meanwhile.
+async fn an_instance_whose_key_does_not_open_a_change_keeps_failing_its_reloads(backend: Backend) {
+    let a = app(backend).await;
+    let b = a
+        .spawn_beside(|s| {
+            file_accounts(s);
+            s.secrets.master_key = Secret::new("b3RoZXItbWFzdGVyLWtleS1mb3ItdGhlLXRlc3QtMzI=");
+        })
+        .await;
+    pass_a_second(&a, &b);
+    added(&a, &wechat_body(ACCOUNT, &[OLD])).await;
+    let failed = || paynotify::metrics::Metrics::count(&b.metrics.account_reload, &["failed"]);
+    for round in 1..=3 {
+        assert_eq!(
+            b.merchants.reload().await.expect("reload"),
+            0,
+            "round {round}"
+        );
+        assert_eq!(failed(), round, "round {round}");
+        // Minutes pass: the change is long out of the look-back, and still read again.
+        a.clock.advance(300);
+        b.clock.advance(300);
+    }
+    wechat_order(&a, "MK-1").await;
+    assert_wechat_refused(&b, &wechat_paid(&b, OLD, "MK-1")).await;
+}
+
+/// A disabled account is asked nothing: a refund of its order answers 409 and nothing is
+/// recorded.
+async fn a_refund_of_an_order_of_a_disabled_account_is_409(backend: Backend) {
+    let app = app(backend).await;
+    added(&app, &wechat_body(ACCOUNT, &[OLD])).await;
+    wechat_order(&app, "MD-1").await;
+    assert_wechat_applied(&app, &wechat_paid(&app, OLD, "MD-1"), "MD-1").await;
+    assert_eq!(delete(&app, "wechat", ACCOUNT).await.0, 200);
+    let body = json!({"out_refund_no": "MD-1-R1", "amount_fen": 100});
+    let (status, answer) = request(&app, Method::POST, "/orders/MD-1/refunds", Some(&body)).await;
+    assert_eq!(status, 409, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("disabled")),
+        "{answer}"
+    );
+    assert_eq!(app.db.count("refund_request").await, 0);
 }
