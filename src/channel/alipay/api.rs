@@ -704,6 +704,8 @@ fn paid(a: &ApiApp, r: ApiResponse) -> Result<TradeAnswer, Miss> {
             .unwrap_or_else(|| auth.auth_app_id.clone());
         notice.merchant_matches = auth.seller_id.as_ref().is_none_or(|s| *s == seller);
         notice.merchant.merchant_id = seller;
+        // The order's account, as the notification names it (`auth_app_id`).
+        notice.merchant.app_id = Some(auth.auth_app_id.clone());
         notice = notice.checked().map_err(Failure::Unexpected)?;
     }
     Ok(TradeAnswer::Paid(Box::new(notice)))
