@@ -36,6 +36,7 @@ pub mod cert_sn;
 pub mod content;
 mod explain;
 pub mod settings;
+mod trade;
 pub mod transfer;
 mod verify;
 mod wire;
@@ -257,9 +258,8 @@ pub fn mount(
 
 #[cfg(test)]
 mod tests {
-    use super::api::{
-        ApiResponse, beijing, beijing_time, refund_biz, refund_reply, signed_response,
-    };
+    use super::api::{ApiResponse, beijing, beijing_time, signed_response};
+    use super::trade::{refund_biz, refund_reply};
     use super::*;
     use crate::channel::api::{Failure, RefundCall, RefundReply, RefundState};
     use crate::notice::{NoticeKind, Refund, RefundAmount};

@@ -32,6 +32,7 @@ pub mod bill;
 mod certificates;
 mod explain;
 pub mod settings;
+mod trade;
 mod transfer;
 mod verify;
 mod wire;
