@@ -37,6 +37,16 @@ impl Mode {
     }
 }
 
+/// When a book parses an account's API private key: [`AccountBook::check`] parses it now,
+/// so a key that is not one is refused before it is stored; [`AccountBook::apply`] installs
+/// an account that passed that check, and its key is parsed on its first signature
+/// ([`crate::channel::keys::Signer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parse {
+    Now,
+    OnFirstUse,
+}
+
 /// The settings of an account that are not keys, stored in clear.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AccountSettings {

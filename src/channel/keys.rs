@@ -243,6 +243,48 @@ impl RsaSigner {
     }
 }
 
+/// A merchant's API private key as an account added through `/admin/merchants` holds it: its
+/// text, parsed on the first signature rather than when the account is installed. Parsing one
+/// key takes milliseconds (the `rsa` decode and `ring`'s consistency checks), so ten thousand
+/// stored accounts would hold start-up for tens of seconds; most accounts never sign a call
+/// between two restarts. The text passed [`private_key_text`] when the account was added or
+/// changed (the book's `check`), so a later failure means the stored keys were altered.
+pub struct Signer {
+    text: crate::config::value::Secret,
+    parsed: std::sync::OnceLock<Result<RsaSigner, String>>,
+}
+
+impl Signer {
+    /// A key already parsed (the configuration file's, read at start-up).
+    pub fn parsed(key: RsaSigner) -> Self {
+        Self {
+            text: crate::config::value::Secret::new(""),
+            parsed: std::sync::OnceLock::from(Ok(key)),
+        }
+    }
+
+    /// A key parsed when first used.
+    pub fn deferred(text: &str) -> Self {
+        Self {
+            text: crate::config::value::Secret::new(text),
+            parsed: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The parsed key, or why the text is not one ([`private_key_text`]'s words).
+    pub fn get(&self) -> Result<&RsaSigner, String> {
+        self.parsed
+            .get_or_init(|| private_key_text(self.text.expose()))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// [`RsaSigner::sign_base64`], parsing the key first if it was not yet.
+    pub fn sign_base64(&self, message: &[u8]) -> Result<String, String> {
+        self.get()?.sign_base64(message)
+    }
+}
+
 /// A private key file: PKCS#8 or PKCS#1 PEM, or the bare base64 of either's DER as the
 /// Alipay key tool writes it.
 pub fn private_key_file(key: &str, path: &Path) -> Result<RsaSigner, ConfigError> {

@@ -341,10 +341,18 @@ impl Merchants {
                     .set(i64::try_from(n).unwrap_or(i64::MAX));
             }
         }
+        // Summed per label first: one gauge update per label, not one per account (this
+        // runs after every add, with thousands of accounts applied).
+        let mut per_label: HashMap<(&str, &str, &str), i64> = HashMap::new();
         for ((channel, _), a) in &state.applied {
+            *per_label
+                .entry((channel.as_str(), a.mode.as_str(), a.status.as_str()))
+                .or_default() += 1;
+        }
+        for ((channel, mode, status), n) in per_label {
             gauge
-                .with_label_values(&[channel.as_str(), a.mode.as_str(), "api", a.status.as_str()])
-                .inc();
+                .with_label_values(&[channel, mode, "api", status])
+                .set(n);
         }
     }
 

@@ -11,6 +11,7 @@ use super::api::{ApiApp, Authorized, CertSn, GATEWAY};
 use super::{Alipay, AlipayApi, App, AuthorizedApp, cert_sn};
 use crate::channel::accounts::{
     AccountBook, AccountSettings, AccountSpec, Change, ConfiguredAccount, Facts, Invalid, Mode,
+    Parse,
 };
 use crate::channel::api::Account;
 use crate::channel::keys;
@@ -56,7 +57,7 @@ pub struct AlipayBook {
 }
 
 impl AlipayBook {
-    fn build(&self, spec: &AccountSpec, now: Timestamp) -> Result<Built, Invalid> {
+    fn build(&self, spec: &AccountSpec, now: Timestamp, parse: Parse) -> Result<Built, Invalid> {
         let id = &spec.account;
         if id.is_empty() || id.len() > 32 || !id.bytes().all(|b| b.is_ascii_digit()) {
             return Err(Invalid::new(
@@ -78,7 +79,7 @@ impl AlipayBook {
         }
         match spec.mode {
             Mode::PartnerSub => self.build_sub(spec),
-            Mode::Direct => self.build_direct(spec, now),
+            Mode::Direct => self.build_direct(spec, now, parse),
         }
     }
 
@@ -113,7 +114,12 @@ impl AlipayBook {
         ))
     }
 
-    fn build_direct(&self, spec: &AccountSpec, now: Timestamp) -> Result<Built, Invalid> {
+    fn build_direct(
+        &self,
+        spec: &AccountSpec,
+        now: Timestamp,
+        parse: Parse,
+    ) -> Result<Built, Invalid> {
         if spec.sp_account.is_some() {
             return Err(Invalid::new("sp_account", "only for a partner_sub"));
         }
@@ -171,8 +177,11 @@ impl AlipayBook {
                 None
             }
             Some(pem) => {
-                let key = keys::private_key_text(pem)
-                    .map_err(|e| Invalid::new("keys.app_private_key_pem", e))?;
+                let key = keys::Signer::deferred(pem);
+                if parse == Parse::Now {
+                    key.get()
+                        .map_err(|e| Invalid::new("keys.app_private_key_pem", e))?;
+                }
                 let cert_sn = cert_sn_of(&keys, certificate_mode, now)?;
                 let gateway = spec
                     .settings
@@ -263,7 +272,7 @@ impl AccountBook for AlipayBook {
     }
 
     fn check(&self, spec: &AccountSpec, now: Timestamp) -> Result<Facts, Invalid> {
-        Ok(match self.build(spec, now)? {
+        Ok(match self.build(spec, now, Parse::Now)? {
             Built::Sub(..) => Facts {
                 has_app_auth_token: true,
                 ..Facts::default()
@@ -292,7 +301,7 @@ impl AccountBook for AlipayBook {
                 continue;
             }
             match change {
-                Change::Put(spec) => match self.build(&spec, now) {
+                Change::Put(spec) => match self.build(&spec, now, Parse::OnFirstUse) {
                     Ok(b) => built.push((account, Some(b))),
                     Err(why) => refused.push((account, why)),
                 },

@@ -26,7 +26,7 @@ pub const GATEWAY: &str = "https://openapi.alipay.com/gateway.do";
 pub struct ApiApp {
     /// The app whose keys these are: an authorized app's ISV app.
     pub(super) app: Arc<App>,
-    pub(super) key: Arc<keys::RsaSigner>,
+    pub(super) key: Arc<keys::Signer>,
     pub(super) gateway: String,
     /// Certificate mode: what every request carries besides the common parameters.
     pub(super) cert_sn: Option<CertSn>,
@@ -308,7 +308,7 @@ impl AlipayApi {
             };
             apps.push(ApiApp {
                 app,
-                key: Arc::new(key),
+                key: Arc::new(keys::Signer::parsed(key)),
                 gateway,
                 cert_sn,
                 authorized: None,

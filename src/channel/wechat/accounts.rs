@@ -11,6 +11,7 @@ use super::api::{API_BASE, ApiMerchant, WechatApi};
 use super::{Book, Merchant, PlatformVerifier, SubMerchant, WechatPay};
 use crate::channel::accounts::{
     AccountBook, AccountSettings, AccountSpec, Change, ConfiguredAccount, Facts, Invalid, Mode,
+    Parse,
 };
 use crate::channel::api::Account;
 use crate::channel::keys;
@@ -60,7 +61,7 @@ pub struct WechatBook {
 }
 
 impl WechatBook {
-    fn build(&self, spec: &AccountSpec, now: Timestamp) -> Result<Built, Invalid> {
+    fn build(&self, spec: &AccountSpec, now: Timestamp, parse: Parse) -> Result<Built, Invalid> {
         let mchid = &spec.account;
         if mchid.is_empty() || mchid.len() > 32 || !mchid.bytes().all(|b| b.is_ascii_digit()) {
             return Err(Invalid::new("account", "a WeChat mchid is 1 to 32 digits"));
@@ -80,7 +81,7 @@ impl WechatBook {
         }
         match spec.mode {
             Mode::PartnerSub => self.build_sub(spec),
-            Mode::Direct => self.build_direct(spec, now),
+            Mode::Direct => self.build_direct(spec, now, parse),
         }
     }
 
@@ -119,7 +120,12 @@ impl WechatBook {
         }))
     }
 
-    fn build_direct(&self, spec: &AccountSpec, now: Timestamp) -> Result<Built, Invalid> {
+    fn build_direct(
+        &self,
+        spec: &AccountSpec,
+        now: Timestamp,
+        parse: Parse,
+    ) -> Result<Built, Invalid> {
         if spec.sp_account.is_some() {
             return Err(Invalid::new("sp_account", "only for a partner_sub"));
         }
@@ -162,8 +168,11 @@ impl WechatBook {
         let api = match (&keys.private_key_pem, &keys.merchant_serial) {
             (None, None) => None,
             (Some(pem), Some(serial)) if !serial.is_empty() => {
-                let key = keys::private_key_text(pem)
-                    .map_err(|e| Invalid::new("keys.private_key_pem", e))?;
+                let key = keys::Signer::deferred(pem);
+                if parse == Parse::Now {
+                    key.get()
+                        .map_err(|e| Invalid::new("keys.private_key_pem", e))?;
+                }
                 let base = spec
                     .settings
                     .api_base
@@ -310,7 +319,7 @@ impl AccountBook for WechatBook {
     }
 
     fn check(&self, spec: &AccountSpec, now: Timestamp) -> Result<Facts, Invalid> {
-        Ok(facts_of(&self.build(spec, now)?))
+        Ok(facts_of(&self.build(spec, now, Parse::Now)?))
     }
 
     fn apply(&self, changes: Vec<Change>, now: Timestamp) -> Vec<(String, Invalid)> {
@@ -329,7 +338,7 @@ impl AccountBook for WechatBook {
                 continue;
             }
             match change {
-                Change::Put(spec) => match self.build(&spec, now) {
+                Change::Put(spec) => match self.build(&spec, now, Parse::OnFirstUse) {
                     Ok(b) => built.push((account, Some(b))),
                     Err(why) => refused.push((account, why)),
                 },

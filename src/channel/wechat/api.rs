@@ -26,7 +26,7 @@ pub struct ApiMerchant {
     /// The merchant whose keys these are: a sub-merchant's service provider.
     pub(super) merchant: Arc<Merchant>,
     pub(super) serial: String,
-    pub(super) key: Arc<keys::RsaSigner>,
+    pub(super) key: Arc<keys::Signer>,
     pub(super) base: String,
     /// `certificates = "download"`: its platform certificates are fetched and kept fresh.
     pub(super) downloads: bool,
@@ -160,7 +160,7 @@ impl WechatApi {
             merchants.push(ApiMerchant {
                 merchant,
                 serial: serial.clone(),
-                key: Arc::new(key),
+                key: Arc::new(keys::Signer::parsed(key)),
                 base,
                 downloads: m.downloads(),
                 sub_mchid: None,
