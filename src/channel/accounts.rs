@@ -146,6 +146,46 @@ pub enum Change {
     Remove(String),
 }
 
+/// A batch of changes built, before it is swapped in.
+pub struct Batch<B> {
+    /// Each account to swap in, in order (`None`: the account is removed).
+    pub built: Vec<(String, Option<B>)>,
+    /// Each account that did not build, with why.
+    pub refused: Vec<(String, Invalid)>,
+}
+
+/// Each of `changes` built with `build`, in order. An account of the configuration file
+/// (`file`) is never changed: the file wins.
+pub fn build_changes<B>(
+    changes: Vec<Change>,
+    file: &[String],
+    mut build: impl FnMut(&AccountSpec) -> Result<B, Invalid>,
+) -> Batch<B> {
+    let mut built = Vec::new();
+    let mut refused = Vec::new();
+    for change in changes {
+        let account = match &change {
+            Change::Put(spec) => spec.account.clone(),
+            Change::Remove(account) => account.clone(),
+        };
+        if file.contains(&account) {
+            refused.push((
+                account,
+                Invalid::new("account", "configured in the file, which wins"),
+            ));
+            continue;
+        }
+        match change {
+            Change::Put(spec) => match build(&spec) {
+                Ok(b) => built.push((account, Some(b))),
+                Err(why) => refused.push((account, why)),
+            },
+            Change::Remove(_) => built.push((account, None)),
+        }
+    }
+    Batch { built, refused }
+}
+
 /// A channel's live set of accounts: those of the file (fixed at start-up) and those
 /// installed from the database. Lookups on the notification path read an immutable snapshot
 /// the book swaps whole, so they never wait for a change being applied.

@@ -10,8 +10,8 @@ use serde::Deserialize;
 use super::api::{ApiApp, Authorized, CertSn, GATEWAY};
 use super::{Alipay, AlipayApi, App, AuthorizedApp, cert_sn};
 use crate::channel::accounts::{
-    AccountBook, AccountSettings, AccountSpec, Change, ConfiguredAccount, Facts, Invalid, Mode,
-    Parse,
+    AccountBook, AccountSettings, AccountSpec, Batch, Change, ConfiguredAccount, Facts, Invalid,
+    Mode, Parse, build_changes,
 };
 use crate::channel::api::Account;
 use crate::channel::keys;
@@ -286,28 +286,9 @@ impl AccountBook for AlipayBook {
     }
 
     fn apply(&self, changes: Vec<Change>, now: Timestamp) -> Vec<(String, Invalid)> {
-        let mut refused = Vec::new();
-        let mut built: Vec<(String, Option<Built>)> = Vec::new();
-        for change in changes {
-            let account = match &change {
-                Change::Put(spec) => spec.account.clone(),
-                Change::Remove(account) => account.clone(),
-            };
-            if self.channel.file.contains(&account) {
-                refused.push((
-                    account,
-                    Invalid::new("account", "configured in the file, which wins"),
-                ));
-                continue;
-            }
-            match change {
-                Change::Put(spec) => match self.build(&spec, now, Parse::OnFirstUse) {
-                    Ok(b) => built.push((account, Some(b))),
-                    Err(why) => refused.push((account, why)),
-                },
-                Change::Remove(_) => built.push((account, None)),
-            }
-        }
+        let Batch { built, refused } = build_changes(changes, &self.channel.file, |spec| {
+            self.build(spec, now, Parse::OnFirstUse)
+        });
         let mut api_put: Vec<ApiApp> = Vec::new();
         let mut api_removed = Vec::new();
         let touched: HashSet<String> = built.iter().map(|(a, _)| a.clone()).collect();
