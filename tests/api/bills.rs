@@ -120,9 +120,10 @@ fn payment(channel: &str, order_no: &str, fen: i64) -> Notice {
         channel: channel_id(channel),
         kind: NoticeKind::Paid,
         merchant_matches: true,
+        // As each channel's notification names its account: WeChat's mchid, Alipay's app.
         merchant: MerchantIds {
             merchant_id: account(channel).to_owned(),
-            app_id: None,
+            app_id: (channel == "alipay").then(|| account(channel).to_owned()),
         },
         out_trade_no: order_no.to_owned(),
         transaction_id: transaction_id(channel, order_no),
