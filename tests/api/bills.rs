@@ -845,7 +845,10 @@ async fn a_sellers_bill_is_read_once_for_all_its_apps(backend: Backend) {
     paid_here(&app, "alipay", "SA-1", 1000).await;
     for (no, fen) in [("SA-2", 2000), ("SA-3", 3000)] {
         create_naming(&app, no, fen, second.clone()).await;
-        record(&app, &payment("alipay", no, fen)).await;
+        // Paid through the app the order names.
+        let mut paid = payment("alipay", no, fen);
+        paid.merchant.app_id = Some(SECOND_APP.into());
+        record(&app, &paid).await;
     }
     create_naming(&app, "SA-4", 4000, Value::Null).await;
     record(&app, &payment("alipay", "SA-4", 4000)).await;
