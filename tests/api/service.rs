@@ -421,7 +421,15 @@ async fn slow_bodies_do_not_hold_a_graceful_shutdown() {
     for path in ["/notify/wechat/pay", "/notify/alipay", "/orders"] {
         slow.push(start_slow_body(port, path, "application/json").await);
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The server must hold the three requests before it is told to stop (a connection still
+    // in the listen backlog is refused at the stop, never answered): a request sent after them
+    // is answered only once the acceptor has passed them on, and the workers then read their
+    // heads well inside the 500 ms deadline.
+    let health = reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+        .await
+        .expect("the server answers while the slow bodies trickle");
+    assert!(health.status().is_success(), "{}", health.status());
+    tokio::time::sleep(Duration::from_millis(250)).await;
     let started = Instant::now();
     handle.stop(true).await;
     let stopped = tokio::time::timeout(Duration::from_secs(10), server).await;
