@@ -246,8 +246,16 @@ impl Intake {
     /// Remembers a payment or refund answered 2xx, for the recheck after a failover
     /// (`reconcile/failover.rs`).
     fn acknowledged(&self, notice: &Notice) {
-        if matches!(notice.kind, NoticeKind::Paid | NoticeKind::Refunded(_)) {
-            self.store.writer().acknowledged(&notice.out_trade_no);
+        match &notice.kind {
+            NoticeKind::Paid | NoticeKind::Refunded(_) => {
+                self.store.writer().acknowledged(&notice.out_trade_no);
+            }
+            NoticeKind::Combined(combination) => {
+                for sub in combination.subs.iter().filter(|s| s.is_paid()) {
+                    self.store.writer().acknowledged(&sub.out_trade_no);
+                }
+            }
+            _ => {}
         }
     }
 }

@@ -58,7 +58,45 @@ pub enum NoticeKind {
     /// notice's `out_trade_no` is the `out_bill_no`, its `transaction_id` the provider's bill
     /// number, its `amount_fen` the provider's amount (0 when it names none).
     Transfer(Box<TransferSeen>),
+    /// A WeChat combined payment (合单支付): one delivery for up to fifty sub-orders, each
+    /// its own payment, applied in one transaction (`store::ledger::combined`). The notice's
+    /// `out_trade_no` is the `combine_out_trade_no` (the gate's key), its `merchant` the
+    /// `combine_mchid` and `combine_appid`, `merchant_matches` whether those are the
+    /// verifying merchant's, `transaction_id` empty and `amount_fen` the sub-orders' sum.
+    Combined(Box<Combination>),
 }
+
+/// The sub-orders of a combined payment, in the order the provider lists them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Combination {
+    pub subs: Vec<SubPayment>,
+}
+
+/// One sub-order of a combined payment (`sub_orders[]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubPayment {
+    pub out_trade_no: String,
+    pub transaction_id: String,
+    /// `amount.total_amount`, in fen (not `payer_amount`, which coupons reduce).
+    pub amount_fen: i64,
+    pub currency: String,
+    /// `sub_orders[].mchid`: the merchant the sub-order is settled to.
+    pub mchid: String,
+    /// `trade_state`: `SUCCESS` in a notification; a query also says `REFUND`, `NOTPAY`,
+    /// `CLOSED`, `PAYERROR`, `USERPAYING`.
+    pub trade_state: String,
+    pub occurred_at: Option<Timestamp>,
+}
+
+impl SubPayment {
+    /// Whether the provider says this sub-order was paid (`REFUND`: paid, then refunded).
+    pub fn is_paid(&self) -> bool {
+        matches!(self.trade_state.as_str(), "SUCCESS" | "REFUND")
+    }
+}
+
+/// The most sub-orders a combination holds (WeChat's limit).
+pub const MAX_SUB_ORDERS: usize = 50;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refund {
@@ -191,6 +229,19 @@ impl Notice {
                     make_storable(text);
                 }
             }
+            NoticeKind::Combined(c) => {
+                for sub in &mut c.subs {
+                    for text in [
+                        &mut sub.out_trade_no,
+                        &mut sub.transaction_id,
+                        &mut sub.currency,
+                        &mut sub.mchid,
+                        &mut sub.trade_state,
+                    ] {
+                        make_storable(text);
+                    }
+                }
+            }
             NoticeKind::Paid | NoticeKind::Closed => {}
         }
     }
@@ -214,6 +265,20 @@ impl Notice {
         if let NoticeKind::Refunded(r) = &self.kind {
             fields.push(("out_refund_no", &r.out_refund_no, max_len::OUT_REFUND_NO));
             fields.push(("refund id", &r.refund_id, max_len::REFUND_ID));
+        }
+        if let NoticeKind::Combined(c) = &self.kind {
+            for sub in &c.subs {
+                fields.push((
+                    "sub_orders[].out_trade_no",
+                    &sub.out_trade_no,
+                    max_len::ORDER_NO,
+                ));
+                fields.push((
+                    "sub_orders[].transaction_id",
+                    &sub.transaction_id,
+                    max_len::TRANSACTION_ID,
+                ));
+            }
         }
         for (name, value, max) in fields {
             let chars = value.chars().count();
@@ -260,6 +325,30 @@ impl Notice {
                 t.account,
                 t.fail_reason,
             ]),
+            NoticeKind::Combined(c) => {
+                let subs: Vec<_> = c
+                    .subs
+                    .iter()
+                    .map(|sub| {
+                        serde_json::json!([
+                            sub.out_trade_no,
+                            sub.transaction_id,
+                            sub.amount_fen,
+                            sub.currency,
+                            sub.mchid,
+                            sub.trade_state,
+                        ])
+                    })
+                    .collect();
+                serde_json::json!([
+                    "combination",
+                    self.channel,
+                    self.out_trade_no,
+                    self.merchant.merchant_id,
+                    app_id,
+                    subs,
+                ])
+            }
             NoticeKind::Closed => serde_json::json!([
                 "closed",
                 self.channel,
@@ -277,6 +366,47 @@ impl Notice {
                 app_id,
             ]),
         };
+        Digest::of(content.to_string().as_bytes())
+    }
+}
+
+impl Notice {
+    /// One sub-order of a combined payment (`self` carries the [`Combination`]) as the
+    /// payment notice the single-order rules judge: its own `out_trade_no`, transaction,
+    /// amount and currency, the sub-order's `mchid` with the `combine_appid`, matching when
+    /// the combination's merchant ids are the verifier's.
+    pub fn sub_payment(&self, sub: &SubPayment) -> Notice {
+        Notice {
+            channel: self.channel,
+            kind: NoticeKind::Paid,
+            out_trade_no: sub.out_trade_no.clone(),
+            transaction_id: sub.transaction_id.clone(),
+            amount_fen: sub.amount_fen,
+            currency: sub.currency.clone(),
+            merchant: MerchantIds {
+                merchant_id: sub.mchid.clone(),
+                app_id: self.merchant.app_id.clone(),
+            },
+            merchant_matches: self.merchant_matches,
+            occurred_at: sub.occurred_at,
+        }
+    }
+
+    /// The digest of one sub-order's business content (interface.md, "Business content of a
+    /// sub-order"): channel, `out_trade_no`, `transaction_id`, `total_amount`, `currency`,
+    /// the sub-order's `mchid`, and the combination's `combine_mchid` and `combine_appid`.
+    pub fn sub_digest(&self, sub: &SubPayment) -> Digest {
+        let content = serde_json::json!([
+            "combined payment",
+            self.channel,
+            sub.out_trade_no,
+            sub.transaction_id,
+            sub.amount_fen,
+            sub.currency,
+            sub.mchid,
+            self.merchant.merchant_id,
+            self.merchant.app_id,
+        ]);
         Digest::of(content.to_string().as_bytes())
     }
 }
@@ -303,6 +433,9 @@ pub enum AnomalyReason {
     /// A verified transfer notification about an `out_bill_no` never started here: money
     /// out that paynotify did not send (`TRANSFER_ANOMALY`).
     UnknownTransfer,
+    /// A combined notification lists an `out_trade_no` that is not a sub-order of its
+    /// combination here (unknown, an ordinary order, or another combination's).
+    NotInCombination,
 }
 
 impl AnomalyReason {
@@ -316,6 +449,7 @@ impl AnomalyReason {
             Self::BillMismatch => "BILL_MISMATCH",
             Self::BillMismatchSettled => "BILL_MISMATCH_SETTLED",
             Self::UnknownTransfer => "UNKNOWN_TRANSFER",
+            Self::NotInCombination => "NOT_IN_COMBINATION",
         }
     }
 }

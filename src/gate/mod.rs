@@ -172,6 +172,10 @@ impl Gate {
                 n.channel,
                 escape(&r.out_refund_no)
             )),
+            // The combination's key: its sub-orders' keys are the ledger's alone.
+            NoticeKind::Combined(_) => {
+                Some(format!("{}{{{order}}}:combine:{}", self.prefix, n.channel))
+            }
             NoticeKind::Closed | NoticeKind::Other { .. } | NoticeKind::Transfer(_) => None,
         }
     }

@@ -95,6 +95,7 @@ fn every_wechat_vector_gets_its_expected_answer() {
                     NoticeKind::Other { status } => format!("refund_{}", status.to_lowercase()),
                     NoticeKind::Closed => "closed".to_owned(),
                     NoticeKind::Transfer(_) => "transfer".to_owned(),
+                    NoticeKind::Combined(_) => "combined".to_owned(),
                 };
                 assert_eq!(kind, want["kind"], "{name}");
                 assert_eq!(notice.out_trade_no, want["out_trade_no"], "{name}");

@@ -200,6 +200,9 @@ impl Store {
             }
             NoticeKind::Closed => self.record_status(notice, now).await,
             NoticeKind::Other { .. } => Ok(Outcome::Ignored),
+            // Until combinations are recorded here, every one is unknown: 404, nothing
+            // written, and WeChat retries.
+            NoticeKind::Combined(_) => Ok(Outcome::UnknownOrder),
             NoticeKind::Transfer(seen) => {
                 self.apply_transfer(notice.channel, seen, notice.merchant_matches, now)
                     .await
