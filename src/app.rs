@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::bills::Bills;
 use crate::certificates::Certificates;
 use crate::channel::{NotifyRoute, Provider};
+use crate::combined::{ChannelAccounts as CombinedAccounts, Combinations};
 use crate::config::{ConfigError, Secret, Settings};
 use crate::gate::Gate;
 use crate::intake::Intake;
@@ -98,6 +99,8 @@ pub struct App {
     pub transfers: Arc<Transfers>,
     /// The accounts stored through `/admin/merchants`, live in every channel.
     pub merchants: Arc<Merchants>,
+    /// Combined payments (`POST /combined-orders`).
+    pub combined: Arc<Combinations>,
     /// `server.api_token`: who may use `/orders` and `/admin`.
     pub api_token: Secret,
     /// `orders.expire_after_secs`: an order's default lifetime.
@@ -152,6 +155,7 @@ impl App {
         let metrics = Arc::new(Metrics::new());
         // The accounts stored through /admin/merchants, before the certificates stored for
         // them are read (those of an account not installed would be skipped).
+        let channel_books: Vec<_> = books.iter().map(|b| (b.channel(), Arc::clone(b))).collect();
         let merchants = Arc::new(Merchants::new(
             store.clone(),
             books,
@@ -212,6 +216,17 @@ impl App {
             &settings.refunds,
             settings.provider_api.timeout(),
         ));
+        let combined = Arc::new(Combinations::new(
+            store.clone(),
+            channel_books
+                .into_iter()
+                .map(|(channel, book)| CombinedAccounts {
+                    channel,
+                    book,
+                    api: apis.iter().find(|a| a.channel() == channel).cloned(),
+                })
+                .collect(),
+        ));
         let transfers = Arc::new(Transfers::new(
             operated
                 .iter()
@@ -266,6 +281,7 @@ impl App {
             refunds,
             transfers,
             merchants,
+            combined,
             api_token: settings.server.api_token.clone(),
             expire_after_secs: settings.orders.expire_after_secs,
         })

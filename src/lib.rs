@@ -8,6 +8,7 @@ pub mod bills;
 pub mod body_deadline;
 pub mod certificates;
 pub mod channel;
+pub mod combined;
 pub mod config;
 pub mod console;
 pub mod gate;

@@ -85,6 +85,9 @@ pub struct Order {
     #[serde(skip)]
     #[schema(ignore)]
     pub expire_at: Timestamp,
+    /// The combination a sub-order belongs to (`POST /combined-orders`); `null` for an
+    /// ordinary order.
+    pub combine_out_trade_no: Option<String>,
 }
 
 /// A refund started through paynotify (`refund_request.status`). Final: `SUCCESS`, `CLOSED`,
@@ -124,6 +127,9 @@ impl RefundStatus {
     }
 }
 
+/// Thirty days: longer than any provider keeps a trade open.
+pub const MAX_EXPIRE_AFTER_SECS: u64 = 30 * 24 * 3600;
+
 /// A new order, already validated by the HTTP layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewOrder {
@@ -136,6 +142,8 @@ pub struct NewOrder {
     /// The provider account to ask about this order, at most one per channel (the WeChat
     /// `mchid`, the Alipay `app_id`); empty: every account with API credentials.
     pub accounts: Vec<(ChannelId, String)>,
+    /// The combination this order is a sub-order of; `None` for an ordinary order.
+    pub combine_out_trade_no: Option<String>,
 }
 
 #[cfg(test)]

@@ -68,6 +68,46 @@ impl Message {
         }
     }
 
+    /// [`Message::order_paid`] of a sub-order of the combination `combination`.
+    pub fn sub_order_paid(n: &Notice, paid_at: Timestamp, combination: &str) -> Self {
+        Self::order_paid(n, paid_at).in_combination(Some(combination))
+    }
+
+    /// The message about a sub-order of `combination` (`None`: an ordinary order, unchanged):
+    /// its payload also names the combination.
+    pub fn in_combination(mut self, combination: Option<&str>) -> Self {
+        if let (Some(c), Some(payload)) = (combination, self.payload.as_object_mut()) {
+            payload.insert("combine_out_trade_no".to_owned(), json!(c));
+        }
+        self
+    }
+
+    /// A combined notification's sub-order `n` that is not a sub-order of the combination
+    /// `combination` here (`order`: the order of that number, if there is one):
+    /// `PAYMENT_ANOMALY`, reason `NOT_IN_COMBINATION`, keyed as every payment anomaly.
+    pub fn not_in_combination(n: &Notice, combination: &str, order: Option<&Order>) -> Self {
+        Self {
+            topic: Topic::PaymentAnomaly,
+            biz_key: format!("{}:{}:{}", n.out_trade_no, n.channel, n.transaction_id),
+            payload: json!({
+                "order_no": n.out_trade_no,
+                "channel": n.channel,
+                "reason": AnomalyReason::NotInCombination,
+                "transaction_id": n.transaction_id,
+                "amount_fen": n.amount_fen,
+                "currency": n.currency,
+                "merchant_id": n.merchant.merchant_id,
+                "app_id": n.merchant.app_id,
+                "refund": serde_json::Value::Null,
+                "order_status": order.map(|o| o.status),
+                "order_amount_fen": order.map(|o| o.amount_fen),
+                "order_currency": order.map(|o| &o.currency),
+                "order_channel": order.and_then(|o| o.channel.as_ref()),
+                "combine_out_trade_no": combination,
+            }),
+        }
+    }
+
     /// A refund of `refund_fen` succeeded; `order` is the order after it.
     pub fn order_refunded(n: &Notice, refund: &Refund, refund_fen: i64, order: &Order) -> Self {
         Self {
@@ -84,6 +124,7 @@ impl Message {
                 "status": order.status,
             }),
         }
+        .in_combination(order.combine_out_trade_no.as_deref())
     }
 
     /// The order moved `WAIT_PAY → CLOSED`; `by` says who closed it.
@@ -98,6 +139,7 @@ impl Message {
                 "closed_by": by,
             }),
         }
+        .in_combination(order.combine_out_trade_no.as_deref())
     }
 
     /// Money arrived that must not mark the order paid (or a refund that does not fit it).
@@ -142,6 +184,7 @@ impl Message {
                 "order_channel": order.channel,
             }),
         }
+        .in_combination(order.combine_out_trade_no.as_deref())
     }
 
     /// A difference a bill run left open (`account`'s bill of `date`): `PAYMENT_ANOMALY`,

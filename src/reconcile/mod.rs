@@ -55,6 +55,10 @@ pub struct Said {
 
 /// What closing an order with its providers came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a short-lived answer, matched at once by its caller"
+)]
 pub enum Closing {
     /// Every provider closed the trade (or never had it), or there was none to ask, and the
     /// order was closed here (or was already closed, paid, gone: the [`CloseResult`]).

@@ -23,6 +23,8 @@ pub struct OrderAtProvider {
     pub expire_at: Timestamp,
     /// Closes at the provider that failed so far (the backoff's exponent).
     pub close_attempts: i32,
+    /// The combination a sub-order belongs to; `None` for an ordinary order.
+    pub combine_out_trade_no: Option<String>,
 }
 
 /// One row of `order_account`: the account an order is paid through on one channel.
@@ -50,6 +52,7 @@ struct Row {
     status: OrderStatus,
     expire_at: Timestamp,
     close_attempts: i32,
+    combine_out_trade_no: Option<String>,
 }
 
 type Columns = (
@@ -57,6 +60,7 @@ type Columns = (
     orders::status,
     orders::expire_at,
     orders::close_attempts,
+    orders::combine_out_trade_no,
 );
 
 const COLUMNS: Columns = (
@@ -64,6 +68,7 @@ const COLUMNS: Columns = (
     orders::status,
     orders::expire_at,
     orders::close_attempts,
+    orders::combine_out_trade_no,
 );
 
 impl Store {
@@ -168,6 +173,7 @@ impl Store {
                 status: row.status,
                 expire_at: row.expire_at,
                 close_attempts: row.close_attempts,
+                combine_out_trade_no: row.combine_out_trade_no,
             })
             .collect())
     }

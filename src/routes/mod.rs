@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod bills;
+pub mod combined;
 pub mod health;
 pub mod merchants;
 pub mod notify;
@@ -61,6 +62,11 @@ pub fn configure(
         .route("/orders/{order_no}/close", web::post().to(orders::close))
         .route("/orders/{order_no}/refunds", web::post().to(refunds::start))
         .route("/orders/{order_no}/refunds", web::get().to(refunds::list))
+        .route("/combined-orders", web::post().to(combined::create))
+        .route(
+            "/combined-orders/{combine_out_trade_no}",
+            web::get().to(combined::get),
+        )
         .route("/transfers", web::post().to(transfers::start))
         .route("/transfers/{out_bill_no}", web::get().to(transfers::get))
         .route(

@@ -21,8 +21,7 @@ const MAX_SUBJECT: usize = 256;
 const MAX_IDEMPOTENCY_KEY: usize = 255;
 /// Ten trillion yuan: far above any real order, far below where sums of fen could overflow.
 const MAX_AMOUNT_FEN: i64 = 1_000_000_000_000_000;
-/// Thirty days: longer than any provider keeps a trade open.
-pub const MAX_EXPIRE_AFTER_SECS: u64 = 30 * 24 * 3600;
+pub use crate::order::MAX_EXPIRE_AFTER_SECS;
 
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -204,6 +203,7 @@ pub async fn create(
         created_at: now,
         expire_at: now.plus_seconds(i64::try_from(expire_after).unwrap_or(i64::MAX / 2)),
         accounts,
+        combine_out_trade_no: None,
     };
     if let (Some(gate), Some(key)) = (state.intake.gate(), key)
         && let Some(cached) = gate.idempotent_answer(key).await
@@ -276,7 +276,7 @@ pub async fn get(
         (status = 200, description = "Closed now, or already closed", body = Order),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
         (status = 404, description = "No such order", body = ErrorBody),
-        (status = 409, description = "Paid or refunded: never closed", body = ErrorBody),
+        (status = 409, description = "Paid or refunded: never closed; or a sub-order of a WeChat combination, which closes only whole", body = ErrorBody),
         (status = 503, description = "A provider could not be asked to close its trade: the order stays WAIT_PAY; try again", body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn close(
@@ -289,7 +289,18 @@ pub async fn close(
     let closing = state
         .detach(async move {
             let store = reconciler.store();
-            match store.reconcile_target(&order_no).await? {
+            let target = store.reconcile_target(&order_no).await?;
+            if let Some(no) = target
+                .as_ref()
+                .and_then(|o| o.combine_out_trade_no.as_deref())
+                && store
+                    .combination(no)
+                    .await?
+                    .is_some_and(|c| c.row.channel == crate::notice::ChannelId::Wechat.as_str())
+            {
+                return Ok(None);
+            }
+            match target {
                 Some(order) if order.status == crate::order::OrderStatus::WaitPay => {
                     reconciler
                         .close(&order, "api", false, &mut Vec::new())
@@ -299,8 +310,14 @@ pub async fn close(
                     store.close_order(&order_no, "api", now).await?,
                 )),
             }
+            .map(Some)
         })
         .await?;
+    let Some(closing) = closing else {
+        return Err(ApiError::Conflict(
+            "a sub-order of a WeChat combination is closed only with its combination: POST /combined-orders/{combine_out_trade_no}/close".to_owned(),
+        ));
+    };
     match closing {
         Closing::Done(CloseResult::Closed(order) | CloseResult::AlreadyClosed(order)) => {
             Ok(HttpResponse::Ok().json(order))

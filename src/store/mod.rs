@@ -18,7 +18,7 @@ pub mod orders;
 pub mod outbox;
 pub mod relay;
 pub mod schema;
-mod statements;
+pub(crate) mod statements;
 pub mod writer;
 
 /// "The order is still waiting", for a by-key statement written with diesel's DSL: an

@@ -15,6 +15,10 @@ use crate::time::Timestamp;
 
 /// What `POST /orders` did, before it is rendered.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a short-lived answer, matched at once by its caller"
+)]
 pub enum CreateOutcome {
     Created(Order),
     /// An order with this `order_no` exists already.

@@ -19,6 +19,28 @@ diesel::table! {
         expire_at -> UtcTs,
         next_query_at -> Nullable<UtcTs>,
         close_attempts -> Integer,
+        /// The combination a sub-order belongs to (`combined_order`); `NULL` for an
+        /// ordinary order.
+        combine_out_trade_no -> Nullable<Text>,
+    }
+}
+
+diesel::table! {
+    use diesel::sql_types::*;
+    use crate::store::types::UtcTs;
+
+    /// A combined payment (合单支付) and its sub-orders' numbers (src/combined/).
+    combined_order (combine_out_trade_no) {
+        combine_out_trade_no -> Text,
+        channel -> Text,
+        account -> Text,
+        amount_fen -> BigInt,
+        sub_order_count -> Integer,
+        /// The sub-orders' `order_no`, a JSON array in the order of the request.
+        sub_orders -> Text,
+        request_digest -> Text,
+        created_at -> UtcTs,
+        expire_at -> UtcTs,
     }
 }
 
@@ -334,6 +356,7 @@ diesel::table! {
 }
 
 diesel::allow_tables_to_appear_in_same_query!(
+    combined_order,
     merchant_account,
     transfer,
     transfer_account,

@@ -181,11 +181,33 @@ pub struct InsertOrder<'a> {
 }
 
 statement!(InsertOrder, |self, out| {
-    "INSERT INTO orders (order_no, amount_fen, currency, subject, created_at, expire_at) VALUES ("
+    "INSERT INTO orders (order_no, amount_fen, currency, subject, created_at, expire_at, combine_out_trade_no) VALUES ("
     [Text: &self.order.order_no] ", " [BigInt: &self.order.amount_fen] ", "
     [Text: &self.order.currency] ", " [Text: &self.order.subject] ", "
-    [UtcTs: &self.order.created_at] ", " [UtcTs: &self.order.expire_at] ")"
+    [UtcTs: &self.order.created_at] ", " [UtcTs: &self.order.expire_at] ", "
+    [Nullable<Text>: &self.order.combine_out_trade_no] ")"
 }, unless_exists: " ON CONFLICT (order_no) DO NOTHING");
+
+/// A new combination (`combined_order`); 0 rows when its number exists.
+pub struct InsertCombination<'a> {
+    pub combine_out_trade_no: &'a str,
+    pub channel: &'a str,
+    pub account: &'a str,
+    pub amount_fen: i64,
+    pub sub_order_count: i32,
+    pub sub_orders: &'a str,
+    pub request_digest: &'a str,
+    pub created_at: Timestamp,
+    pub expire_at: Timestamp,
+}
+
+statement!(InsertCombination, |self, out| {
+    "INSERT INTO combined_order (combine_out_trade_no, channel, account, amount_fen, sub_order_count, sub_orders, request_digest, created_at, expire_at) VALUES ("
+    [Text: self.combine_out_trade_no] ", " [Text: self.channel] ", " [Text: self.account] ", "
+    [BigInt: &self.amount_fen] ", " [diesel::sql_types::Integer: &self.sub_order_count] ", "
+    [Text: self.sub_orders] ", " [Text: self.request_digest] ", "
+    [UtcTs: &self.created_at] ", " [UtcTs: &self.expire_at] ")"
+}, unless_exists: " ON CONFLICT (combine_out_trade_no) DO NOTHING");
 
 /// The account a new order names for one channel, written in the order's transaction right
 /// after [`InsertOrder`] wrote the order. A row already there is an error: orders are never
@@ -253,13 +275,33 @@ macro_rules! owned_by_other {
     };
 }
 
+// A sub-order of a combination is not moved here: its `ORDER_PAID` names the combination,
+// which only the full transaction reads (`MarkSubPaid`).
 statement!(MarkPaid, |self, out| {
     "UPDATE orders SET status = 'PAID', channel = " [Text: self.channel]
     ", transaction_id = " [Text: self.transaction_id] ", paid_at = " [UtcTs: &self.paid_at]
     " WHERE order_no = " [Text: self.order_no] " AND " {WAITING} " AND amount_fen = "
     [BigInt: &self.amount_fen] " AND currency = " [Text: self.currency]
+    " AND combine_out_trade_no IS NULL"
     " AND NOT " {owned_by_other!("orders.order_no")} [Text: self.channel]
     " AND oa.account <> " [Text: self.account] ")"
+});
+
+/// [`MarkPaid`] for a sub-order of the combination `combination`: the same checks, and the
+/// order must be a sub-order of exactly that combination.
+pub struct MarkSubPaid<'a> {
+    pub paid: MarkPaid<'a>,
+    pub combination: &'a str,
+}
+
+statement!(MarkSubPaid, |self, out| {
+    "UPDATE orders SET status = 'PAID', channel = " [Text: self.paid.channel]
+    ", transaction_id = " [Text: self.paid.transaction_id] ", paid_at = " [UtcTs: &self.paid.paid_at]
+    " WHERE order_no = " [Text: self.paid.order_no] " AND " {WAITING} " AND amount_fen = "
+    [BigInt: &self.paid.amount_fen] " AND currency = " [Text: self.paid.currency]
+    " AND combine_out_trade_no = " [Text: self.combination]
+    " AND NOT " {owned_by_other!("orders.order_no")} [Text: self.paid.channel]
+    " AND oa.account <> " [Text: self.paid.account] ")"
 });
 
 /// A new pending outbox message, an event the transaction just earned (written once by the
@@ -358,7 +400,7 @@ impl QueryFragment<Pg> for PayFirst<'_> {
         sql!(out;
             "WITH target AS (SELECT order_no FROM orders WHERE order_no = " [Text: self.out_trade_no]
             " AND " {WAITING} " AND amount_fen = " [BigInt: &self.amount_fen]
-            " AND currency = " [Text: self.currency]
+            " AND currency = " [Text: self.currency] " AND combine_out_trade_no IS NULL"
             " AND NOT " {owned_by_other!("orders.order_no")} [Text: self.channel]
             " AND oa.account <> " [Text: self.account] ") FOR UPDATE), "
             "cb AS (INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at, occurred_at) "
@@ -430,7 +472,7 @@ impl QueryFragment<Pg> for PayGroup<'_> {
             ") WITH ORDINALITY AS i(out_trade_no, channel, transaction_id, amount_fen, currency, digest, payload, now, occurred_at, account, position)), "
             "locked AS (SELECT order_no, amount_fen, currency FROM orders "
             "WHERE order_no = ANY(ARRAY(SELECT out_trade_no FROM input)) AND " {WAITING}
-            " ORDER BY order_no FOR UPDATE SKIP LOCKED), "
+            " AND combine_out_trade_no IS NULL ORDER BY order_no FOR UPDATE SKIP LOCKED), "
             "target AS (SELECT l.order_no FROM locked l JOIN input i ON i.out_trade_no = l.order_no "
             "WHERE l.amount_fen = i.amount_fen AND l.currency = i.currency AND NOT "
             {owned_by_other!("l.order_no")} "i.channel AND oa.account <> i.account)), "

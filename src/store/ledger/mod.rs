@@ -7,6 +7,7 @@
 //! SQLite: every write transaction here starts with a write, so it takes the write lock at
 //! its first statement and waits on the busy timeout instead of failing with SQLITE_BUSY.
 
+mod combined;
 mod fast_path;
 mod refund_plan;
 mod transfer;
@@ -18,7 +19,7 @@ use super::group::{GroupResult, Payment};
 use super::schema::{order_account, orders, pay_callback, refund_callback, refund_request};
 use super::statements::{
     InsertAnomaly, InsertMessage, InsertPayCallback, InsertRefundCallback, InsertStatusCallback,
-    MarkPaid, PRIMARY, unless_exists,
+    MarkPaid, MarkSubPaid, PRIMARY, unless_exists,
 };
 use super::{Store, StoreError, with_conn};
 use crate::notice::{
@@ -200,9 +201,7 @@ impl Store {
             }
             NoticeKind::Closed => self.record_status(notice, now).await,
             NoticeKind::Other { .. } => Ok(Outcome::Ignored),
-            // Until combinations are recorded here, every one is unknown: 404, nothing
-            // written, and WeChat retries.
-            NoticeKind::Combined(_) => Ok(Outcome::UnknownOrder),
+            NoticeKind::Combined(c) => self.apply_combined(notice, c, now).await,
             NoticeKind::Transfer(seen) => {
                 self.apply_transfer(notice.channel, seen, notice.merchant_matches, now)
                     .await
@@ -286,6 +285,20 @@ impl Store {
                 let Some(order) = load_order!(conn, &n.out_trade_no)? else {
                     return Err(Abort::With(Outcome::UnknownOrder));
                 };
+                // A sub-order of a combination paid on its own (an Alipay merge payment
+                // notifies each trade): the same compare-and-set, its message naming the
+                // combination.
+                if let Some(combination) = order.combine_out_trade_no.as_deref()
+                    && n.merchant_matches
+                    && order.status == OrderStatus::WaitPay
+                {
+                    let paid = MarkPaid::of(n, now);
+                    if (MarkSubPaid { paid, combination }).execute(conn).await? == 1 {
+                        let message = Message::sub_order_paid(n, now, combination);
+                        InsertMessage::pending(&message, now).execute(conn).await?;
+                        return Ok(Outcome::Applied);
+                    }
+                }
                 let owner: Option<String> = order_account::table
                     .find((&n.out_trade_no, channel))
                     .select(order_account::account)

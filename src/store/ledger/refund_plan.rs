@@ -122,6 +122,7 @@ mod tests {
             paid_at: Some(now),
             closed_at: None,
             expire_at: now,
+            combine_out_trade_no: None,
         }
     }
 

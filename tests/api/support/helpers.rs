@@ -579,10 +579,11 @@ impl Drop for TestApp {
 pub const API_TOKEN: &str = "test-token";
 
 /// Every key of an order in `GET /orders/{order_no}` (interface.md), sorted.
-pub const ORDER_KEYS: [&str; 10] = [
+pub const ORDER_KEYS: [&str; 11] = [
     "amount_fen",
     "channel",
     "closed_at",
+    "combine_out_trade_no",
     "created_at",
     "currency",
     "order_no",
