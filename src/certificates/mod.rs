@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::channel::api::{
-    ApiFuture, CancelReply, CloseAnswer, Failure, ProviderApi, RefundAnswer, RefundCall,
-    RefundReply, TradeAnswer, TransferAnswer, TransferReply,
+    ApiFuture, CancelReply, CloseAnswer, CombineAnswer, Failure, ProviderApi, RefundAnswer,
+    RefundCall, RefundReply, TradeAnswer, TransferAnswer, TransferReply,
 };
 use crate::channel::platform::{KeySource, KnownKey};
 use crate::metrics::{Metrics, RefreshResult};
@@ -374,6 +374,7 @@ macro_rules! keyed_answer {
 keyed_answer!(
     TradeAnswer,
     CloseAnswer,
+    CombineAnswer,
     RefundReply,
     RefundAnswer,
     TransferReply,
@@ -429,6 +430,32 @@ impl ProviderApi for Relearning {
     ) -> ApiFuture<'a, CloseAnswer> {
         Box::pin(self.asked(account, now, move |now| {
             self.inner.close(account, out_trade_no, now)
+        }))
+    }
+
+    fn combine_query<'a>(
+        &'a self,
+        account: &'a str,
+        combine_out_trade_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, CombineAnswer> {
+        Box::pin(self.asked(account, now, move |now| {
+            self.inner.combine_query(account, combine_out_trade_no, now)
+        }))
+    }
+
+    /// Sent again after a refresh: closing a closed combination is closing it.
+    fn combine_close<'a>(
+        &'a self,
+        account: &'a str,
+        combine_out_trade_no: &'a str,
+        combine_appid: &'a str,
+        subs: &'a [(String, String)],
+        now: Timestamp,
+    ) -> ApiFuture<'a, CloseAnswer> {
+        Box::pin(self.asked(account, now, move |now| {
+            self.inner
+                .combine_close(account, combine_out_trade_no, combine_appid, subs, now)
         }))
     }
 

@@ -258,7 +258,7 @@ impl Metrics {
         );
         let provider_calls = counter(
             "paynotify_provider_calls_total",
-            "Calls to a provider's API (query, close, refund_query, refund, transfer, transfer_query, transfer_cancel) by channel and answer",
+            "Calls to a provider's API (query, close, combine_query, combine_close, refund_query, refund, transfer, transfer_query, transfer_cancel) by channel and answer",
             &["channel", "call", "result"],
         );
         let refunds_started = counter(

@@ -40,6 +40,10 @@ impl RefreshResult {
 pub enum ProviderCall {
     Query,
     Close,
+    /// WeChat's combine query (合单查询): one call for every sub-order of a combination.
+    CombineQuery,
+    /// WeChat's combine close (关闭合单订单): the combination closed whole.
+    CombineClose,
     RefundQuery,
     Refund,
     Transfer,
@@ -52,6 +56,8 @@ impl ProviderCall {
         match self {
             Self::Query => "query",
             Self::Close => "close",
+            Self::CombineQuery => "combine_query",
+            Self::CombineClose => "combine_close",
             Self::RefundQuery => "refund_query",
             Self::Refund => "refund",
             Self::Transfer => "transfer",

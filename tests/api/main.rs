@@ -51,6 +51,7 @@ mod transfer_ops;
 mod transfers;
 mod wechat;
 mod wechat_bill;
+mod wechat_combine_calls;
 mod wechat_transfer_calls;
 mod wechat_transfer_notify;
 mod wechat_vectors;

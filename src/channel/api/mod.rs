@@ -1,5 +1,6 @@
-//! Asking a provider about one trade (query, close, refund, refund query) or one transfer
-//! (transfer, its query, its cancel): the neutral answers every
+//! Asking a provider about one trade (query, close, refund, refund query), one combined
+//! payment (its query, its close) or one transfer (transfer, its query, its cancel): the
+//! neutral answers every
 //! provider's client gives, the [`ProviderApi`] trait each provider implements in its own
 //! file, and the HTTPS plumbing they share — rustls on ring, the system's roots plus
 //! `provider_api.ca_file`, connect and overall timeouts, and a per-provider rate limit.
@@ -69,6 +70,29 @@ impl CloseAnswer {
             Self::Closed => "closed",
             Self::NotFound => "not_found",
             Self::NotClosable => "not_closable",
+            Self::Failed(f) => f.label(),
+        }
+    }
+}
+
+/// A provider's answer to "what became of this combined payment?" (WeChat's combine query).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CombineAnswer {
+    /// A verified answer naming this combination and the asking merchant: the combination's
+    /// notice ([`crate::notice::NoticeKind::Combined`]) with every sub-order and its
+    /// `trade_state`, paid or not. Only the sub-orders [`crate::notice::SubPayment::is_paid`]
+    /// says are paid carry a payment.
+    Found(Box<Notice>),
+    /// The provider has no such combination (WeChat `ORDER_NOT_EXIST`).
+    NotFound,
+    Failed(Failure),
+}
+
+impl CombineAnswer {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Found(_) => "found",
+            Self::NotFound => "not_found",
             Self::Failed(f) => f.label(),
         }
     }
@@ -254,6 +278,28 @@ pub trait ProviderApi: Send + Sync + 'static {
         now: Timestamp,
     ) -> ApiFuture<'a, CloseAnswer>;
 
+    /// Asks about combined payment `combine_out_trade_no` of `account`, the combination's
+    /// merchant (WeChat `combine_mchid`). A provider without combined payments answers
+    /// [`Failure::Unexpected`] without asking.
+    fn combine_query<'a>(
+        &'a self,
+        account: &'a str,
+        combine_out_trade_no: &'a str,
+        now: Timestamp,
+    ) -> ApiFuture<'a, CombineAnswer>;
+
+    /// Closes combined payment `combine_out_trade_no` of `account` whole: `subs` are its
+    /// sub-orders as recorded, `(mchid, out_trade_no)` each, every one of them (WeChat
+    /// closes a combination only when they are exactly those of the create).
+    fn combine_close<'a>(
+        &'a self,
+        account: &'a str,
+        combine_out_trade_no: &'a str,
+        combine_appid: &'a str,
+        subs: &'a [(String, String)],
+        now: Timestamp,
+    ) -> ApiFuture<'a, CloseAnswer>;
+
     fn refund_query<'a>(
         &'a self,
         account: &'a str,
@@ -316,6 +362,15 @@ impl From<Failure> for Miss {
 }
 
 impl From<Miss> for TradeAnswer {
+    fn from(miss: Miss) -> Self {
+        match miss {
+            Miss::NotFound => Self::NotFound,
+            Miss::Failed(f) => Self::Failed(f),
+        }
+    }
+}
+
+impl From<Miss> for CombineAnswer {
     fn from(miss: Miss) -> Self {
         match miss {
             Miss::NotFound => Self::NotFound,
@@ -410,6 +465,30 @@ pub trait ProviderClient: Send + Sync + 'static {
         now: Timestamp,
     ) -> impl Future<Output = Result<CloseAnswer, Miss>> + Send;
 
+    /// [`ProviderApi::combine_query`]; a provider without combined payments keeps this
+    /// answer, given without asking.
+    fn combine_query(
+        &self,
+        _account: &Self::Account,
+        _combine_out_trade_no: &str,
+        _now: Timestamp,
+    ) -> impl Future<Output = Result<CombineAnswer, Miss>> + Send {
+        std::future::ready(Err(no_combine_api(Self::CHANNEL)))
+    }
+
+    /// [`ProviderApi::combine_close`]; a provider without combined payments keeps this
+    /// answer, given without asking.
+    fn combine_close(
+        &self,
+        _account: &Self::Account,
+        _combine_out_trade_no: &str,
+        _combine_appid: &str,
+        _subs: &[(String, String)],
+        _now: Timestamp,
+    ) -> impl Future<Output = Result<CloseAnswer, Miss>> + Send {
+        std::future::ready(Err(no_combine_api(Self::CHANNEL)))
+    }
+
     fn refund_query(
         &self,
         account: &Self::Account,
@@ -448,6 +527,14 @@ pub trait ProviderClient: Send + Sync + 'static {
         out_bill_no: &str,
         now: Timestamp,
     ) -> impl Future<Output = Result<CancelReply, Miss>> + Send;
+}
+
+/// The answer of a provider without a combine API. Alipay's merged payment (合并支付) is one
+/// ordinary trade per sub-order, each asked about on its own.
+fn no_combine_api(channel: ChannelId) -> Miss {
+    Miss::Failed(Failure::Unexpected(format!(
+        "{channel} has no combine API: each sub-order is an ordinary trade, asked about on its own"
+    )))
 }
 
 /// One [`ProviderApi`] call of a [`ProviderClient`]: they differ only in their name, the
@@ -497,6 +584,7 @@ impl<C: ProviderClient> ProviderApi for C {
 
     forward!(query(out_trade_no) -> TradeAnswer);
     forward!(close(out_trade_no) -> CloseAnswer);
+    forward!(combine_query(combine_out_trade_no) -> CombineAnswer);
     forward!(refund_query(out_trade_no, out_refund_no) -> RefundAnswer);
     forward!(transfer_query(out_bill_no) -> TransferAnswer);
     forward!(transfer_cancel(out_bill_no) -> CancelReply);
@@ -516,6 +604,24 @@ impl<C: ProviderClient> ProviderApi for C {
     ) -> ApiFuture<'a, TransferReply> {
         with_account!(self, account, |a| ProviderClient::transfer(
             self, a, call, now
+        ))
+    }
+
+    fn combine_close<'a>(
+        &'a self,
+        account: &'a str,
+        combine_out_trade_no: &'a str,
+        combine_appid: &'a str,
+        subs: &'a [(String, String)],
+        now: Timestamp,
+    ) -> ApiFuture<'a, CloseAnswer> {
+        with_account!(self, account, |a| ProviderClient::combine_close(
+            self,
+            a,
+            combine_out_trade_no,
+            combine_appid,
+            subs,
+            now
         ))
     }
 

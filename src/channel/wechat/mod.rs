@@ -30,6 +30,7 @@ mod accounts;
 mod api;
 pub mod bill;
 mod certificates;
+mod combine;
 mod explain;
 pub mod settings;
 mod trade;

@@ -1,5 +1,6 @@
 //! The trade calls of the API v3 client: query, close, refund and refund query, a
-//! sub-merchant's through its service provider's partner endpoints, each answer verified.
+//! sub-merchant's through its service provider's partner endpoints, each answer verified (a
+//! combination's query and close are in `combine.rs`).
 
 use super::api::{
     ApiError, ApiMerchant, QueriedAmount, QueriedRefund, QueriedTransaction, SEGMENT, WechatApi,
@@ -7,8 +8,9 @@ use super::api::{
 };
 use super::wire::{Transaction, TransactionAmount, parse_time, transaction_notice};
 use crate::channel::api::{
-    Account, Accounts, CancelReply, CloseAnswer, Failure, Miss, ProviderClient, Received,
-    RefundAnswer, RefundCall, RefundReply, RefundState, TradeAnswer, TransferAnswer, TransferReply,
+    Account, Accounts, CancelReply, CloseAnswer, CombineAnswer, Failure, Miss, ProviderClient,
+    Received, RefundAnswer, RefundCall, RefundReply, RefundState, TradeAnswer, TransferAnswer,
+    TransferReply,
 };
 use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind, Refund, RefundAmount};
 use crate::time::Timestamp;
@@ -132,6 +134,27 @@ impl ProviderClient for WechatApi {
             "ORDER_NOT_EXIST" | "ORDERNOTEXIST" => Err(Miss::NotFound),
             _ => Err(Self::unexpected(&r).into()),
         }
+    }
+
+    async fn combine_query(
+        &self,
+        m: &ApiMerchant,
+        combine_out_trade_no: &str,
+        now: Timestamp,
+    ) -> Result<CombineAnswer, Miss> {
+        self.query_combination(m, combine_out_trade_no, now).await
+    }
+
+    async fn combine_close(
+        &self,
+        m: &ApiMerchant,
+        combine_out_trade_no: &str,
+        combine_appid: &str,
+        subs: &[(String, String)],
+        now: Timestamp,
+    ) -> Result<CloseAnswer, Miss> {
+        self.close_combination(m, combine_out_trade_no, combine_appid, subs, now)
+            .await
     }
 
     async fn refund_query(

@@ -23,6 +23,7 @@ use crate::support::keys::{public_key_path, rsa_key};
 use crate::support::partner;
 use crate::support::refunds;
 use crate::support::wechat_bill;
+use crate::support::wechat_combine;
 use crate::support::wechat_transfer;
 
 pub const MERCHANT_SERIAL: &str = "3775B6A45ACD588826D15E583A95F5DD00000001";
@@ -230,6 +231,8 @@ pub struct Fake {
     pub certificate_calls: AtomicUsize,
     /// WeChat merchant transfers: the bills held and how the stand-in behaves.
     pub wechat_transfers: wechat_transfer::Transfers,
+    /// WeChat combined payments: the combinations held and the requests they got.
+    pub wechat_combinations: wechat_combine::Combinations,
     /// Service-provider mode: providers, sub-merchants, tokens, and the calls received.
     pub(super) partner: Mutex<partner::Partner>,
     merchant_key: RsaVerifier,
@@ -491,6 +494,7 @@ impl FakeProvider {
             served_certificates: Mutex::new(Vec::new()),
             certificate_calls: AtomicUsize::new(0),
             wechat_transfers: wechat_transfer::Transfers::default(),
+            wechat_combinations: wechat_combine::Combinations::default(),
             partner: Mutex::new(partner::Partner::default()),
             merchant_key: verifier(MERCHANT_KEY),
             app_id: app_id.to_owned(),
@@ -674,6 +678,9 @@ async fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
     if path.starts_with(wechat_transfer::PATH) {
         return wechat_transfer::answer(req, body, fake, &timestamp).await;
     }
+    if path.starts_with(wechat_combine::PATH) {
+        return wechat_combine::answer(req, body, fake, &timestamp).await;
+    }
     let Some(rest) = path.strip_prefix("/v3/pay/transactions/out-trade-no/") else {
         return wechat_error(404, "NOT_FOUND", "no such API");
     };
@@ -692,6 +699,15 @@ async fn wechat(req: &HttpRequest, body: &[u8], fake: &Fake) -> HttpResponse {
     ));
     if fake.lying() == Lie::NotFoundUnsigned {
         return wechat_error(404, "ORDER_NOT_EXIST", "订单不存在");
+    }
+    // WeChat's FAQ: a sub-order of a combination is seen only through the combine query
+    // ("不能使用普通支付的查单接口"). Its ordinary close is answered as a close of a trade WeChat
+    // never saw, and closes nothing (the fake's choice).
+    if fake.wechat_combinations.holds_sub(&no) {
+        return match close {
+            true => wechat_signed(fake, 204, &timestamp, String::new()),
+            false => wechat_error(404, "ORDER_NOT_EXIST", "订单不存在"),
+        };
     }
     let trade = fake.trade(&no);
     if close {
