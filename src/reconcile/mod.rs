@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+mod combined;
 pub mod failover;
 mod order;
 pub mod store;
@@ -228,6 +229,13 @@ impl Reconciler {
 
     /// Asks every provider account about an unpaid order and applies a paid answer.
     pub async fn query_order(&self, order: &OrderAtProvider) -> Result<Vec<Said>, StoreError> {
+        if let Some(combination) = self
+            .wechat_combination_of(order.combine_out_trade_no.as_deref())
+            .await?
+        {
+            // A sub-order of a WeChat combination is asked about only through its combination.
+            return Ok(vec![self.query_combination(&combination).await?.0]);
+        }
         let mut all = Vec::new();
         for (api, account) in self.accounts_for(order) {
             all.push(self.query_one(api, &account, &order.order_no).await?);
@@ -247,6 +255,7 @@ impl Reconciler {
             .orders_to_query(now, now.plus_seconds(-self.after_secs), self.batch)
             .await?;
         let mut recovered = 0;
+        let mut combinations = std::collections::HashSet::new();
         for (done, order) in due.iter().enumerate() {
             if self.out_of_time(now) {
                 tracing::info!(
@@ -255,6 +264,18 @@ impl Reconciler {
                     "reconcile run stopped after reconcile.max_run_secs; the next run goes on"
                 );
                 break;
+            }
+            if let Some(combination) = self
+                .wechat_combination_of(order.combine_out_trade_no.as_deref())
+                .await?
+            {
+                // Once per combination and run, whichever of its sub-orders came first.
+                if combinations.insert(combination.row.combine_out_trade_no.clone())
+                    && self.reconcile_combination(&combination).await?
+                {
+                    recovered += 1;
+                }
+                continue;
             }
             // First: a provider that hangs must not make this order the first of every run.
             let asked_at = self.clock.now();
@@ -388,6 +409,7 @@ impl Reconciler {
     pub async fn expire_due(&self, now: Timestamp, batch: i64) -> Result<usize, StoreError> {
         let mut closed = 0;
         let mut seen = std::collections::HashSet::new();
+        let mut combinations = std::collections::HashSet::new();
         loop {
             let due = self.store.expired_unpaid(now, batch).await?;
             let fresh: Vec<&OrderAtProvider> = due
@@ -403,9 +425,22 @@ impl Reconciler {
                     return Ok(closed);
                 }
                 let mut said = Vec::new();
-                if let Closing::Done(CloseResult::Closed(_)) =
-                    self.close(order, "expiry", true, &mut said).await?
+                let closing = match self
+                    .wechat_combination_of(order.combine_out_trade_no.as_deref())
+                    .await?
                 {
+                    // Closed whole, once per run, whichever of its sub-orders came first.
+                    Some(combination) => {
+                        if !combinations.insert(combination.row.combine_out_trade_no.clone()) {
+                            continue;
+                        }
+                        let attempts = order.close_attempts;
+                        self.close_combination(&combination, "expiry", true, attempts, &mut said)
+                            .await?
+                    }
+                    None => self.close(order, "expiry", true, &mut said).await?,
+                };
+                if let Closing::Done(CloseResult::Closed(_)) = closing {
                     closed += 1;
                 }
             }

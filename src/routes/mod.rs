@@ -67,6 +67,10 @@ pub fn configure(
             "/combined-orders/{combine_out_trade_no}",
             web::get().to(combined::get),
         )
+        .route(
+            "/combined-orders/{combine_out_trade_no}/close",
+            web::post().to(combined::close),
+        )
         .route("/transfers", web::post().to(transfers::start))
         .route("/transfers/{out_bill_no}", web::get().to(transfers::get))
         .route(

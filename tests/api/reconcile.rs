@@ -68,7 +68,7 @@ pub(crate) fn configure(s: &mut Settings, url: &str) {
     s.provider_api.timeout_ms = 5000;
 }
 
-async fn app_with(backend: Backend, fake: &FakeProvider) -> TestApp {
+pub(crate) async fn app_with(backend: Backend, fake: &FakeProvider) -> TestApp {
     app_configured(backend, fake, |_| {}).await
 }
 

@@ -158,6 +158,30 @@ macro_rules! decide_sub {
     }};
 }
 
+/// Whether every sub-order of `subs` has its callback row with its own digest: the whole
+/// delivery is a repeat of a recorded one (one statement, the common retry).
+macro_rules! all_recorded {
+    ($conn:expr, $subs:expr, $digests:expr) => {{
+        let subs: &[&SubPayment] = $subs;
+        let keys: Vec<&str> = subs.iter().map(|s| s.out_trade_no.as_str()).collect();
+        let recorded: Vec<(String, String)> = pay_callback::table
+            .filter(pay_callback::channel.eq(crate::notice::ChannelId::Wechat.as_str()))
+            .filter(pay_callback::out_trade_no.eq_any(&keys))
+            .select((pay_callback::out_trade_no, pay_callback::digest))
+            .load($conn)
+            .await?;
+        !subs.is_empty()
+            && subs
+                .iter()
+                .zip($digests)
+                .all(|(s, d): (&&SubPayment, &String)| {
+                    recorded
+                        .iter()
+                        .any(|(no, seen)| *no == s.out_trade_no && seen == d)
+                })
+    }};
+}
+
 impl Store {
     /// Applies a verified combined payment `n` (its sub-orders `c`) in one transaction. An
     /// unknown combination is `UnknownOrder` (404) and writes nothing: it may be created
@@ -171,7 +195,15 @@ impl Store {
         let combination = n.out_trade_no.as_str();
         let mut subs: Vec<&SubPayment> = c.subs.iter().filter(|s| s.is_paid()).collect();
         subs.sort_by(|a, b| a.out_trade_no.cmp(&b.out_trade_no));
+        let digests: Vec<String> = subs
+            .iter()
+            .map(|s| n.sub_digest(s).as_str().to_owned())
+            .collect();
         let result = with_conn!(self, conn => {
+            // A retry of a delivery recorded whole needs no lock and writes nothing.
+            if all_recorded!(conn, &subs, &digests) {
+                return Ok(Outcome::Duplicate);
+            }
             conn.transaction::<_, Abort, _>(async |conn| {
                 let held = diesel::update(combined_order::table.find(combination))
                     .set(combined_order::sub_order_count.eq(combined_order::sub_order_count))
@@ -179,6 +211,10 @@ impl Store {
                     .await?;
                 if held == 0 {
                     return Err(Abort::With(Outcome::UnknownOrder));
+                }
+                // A twin that held the lock before this one may have recorded it all.
+                if all_recorded!(conn, &subs, &digests) {
+                    return Err(Abort::With(Outcome::Duplicate));
                 }
                 let (channel, account): (String, String) = combined_order::table
                     .find(combination)
