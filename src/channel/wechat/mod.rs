@@ -32,6 +32,8 @@ pub mod bill;
 mod certificates;
 mod explain;
 pub mod settings;
+#[cfg(test)]
+mod tests;
 mod trade;
 mod transfer;
 mod verify;
