@@ -10,6 +10,7 @@ mod archive;
 mod bills;
 mod certificates;
 mod cli;
+mod combined_notify;
 mod commit;
 mod console;
 mod consumer_example;
