@@ -11,6 +11,7 @@ mod bills;
 mod certificates;
 mod cli;
 mod combined;
+mod combined_notify;
 mod combined_reconcile;
 mod commit;
 mod console;

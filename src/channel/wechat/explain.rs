@@ -10,7 +10,7 @@ use super::wire::Resource;
 use super::{Merchant, PlatformVerifier, WechatPay};
 use crate::channel::keys::RsaVerifier;
 use crate::channel::{Channel, Explanation, Inbound, Provider, Rejection, Trail, Verdict};
-use crate::notice::{ChannelId, Notice, NoticeKind};
+use crate::notice::{ChannelId, Combination, Notice, NoticeKind};
 use crate::time::Timestamp;
 
 impl WechatPay {
@@ -174,6 +174,11 @@ impl Provider for WechatPay {
                     e.notice = Some(notice);
                     return e;
                 }
+                if let NoticeKind::Combined(c) = &notice.kind {
+                    explain_combined(&mut e, &event_type, &notice, c);
+                    e.notice = Some(notice);
+                    return e;
+                }
                 e.push("decoded fields", Verdict::Info, format!(
                     "event {event_type}, out_trade_no {}, transaction_id {}, amount_fen {}, currency {}, mchid {}, appid {}",
                     notice.out_trade_no, notice.transaction_id, notice.amount_fen,
@@ -197,6 +202,47 @@ impl Provider for WechatPay {
             }
         }
         e
+    }
+}
+
+/// A combined notification's decoded fields: the combination, each sub-order in WeChat's
+/// order, and whether the combine merchant is the verifying one.
+fn explain_combined(e: &mut Explanation, event_type: &str, notice: &Notice, c: &Combination) {
+    let app_id = notice.merchant.app_id.as_deref().unwrap_or("-");
+    e.push(
+        "decoded fields",
+        Verdict::Info,
+        format!(
+            "event {event_type}, a combined payment: combine_out_trade_no {}, combine_mchid {}, combine_appid {app_id}, {} sub-orders, total_amount {} in all",
+            notice.out_trade_no,
+            notice.merchant.merchant_id,
+            c.subs.len(),
+            notice.amount_fen
+        ),
+    );
+    for (i, sub) in c.subs.iter().enumerate() {
+        e.push(
+            format!("sub-order {}", i + 1),
+            Verdict::Info,
+            format!(
+                "out_trade_no {}, transaction_id {}, total_amount {}, currency {}, mchid {}, trade_state {}",
+                sub.out_trade_no,
+                sub.transaction_id,
+                sub.amount_fen,
+                sub.currency,
+                sub.mchid,
+                sub.trade_state
+            ),
+        );
+    }
+    if notice.merchant_matches {
+        e.push(
+            "merchant",
+            Verdict::Pass,
+            "combine_mchid and combine_appid are those configured for this key",
+        );
+    } else {
+        e.push("merchant", Verdict::Fail, format!("combine_mchid {} / combine_appid {app_id} are not those configured for this key: every sub-order is recorded as a MERCHANT_MISMATCH anomaly, none is paid", notice.merchant.merchant_id));
     }
 }
 

@@ -33,6 +33,8 @@ mod certificates;
 mod combine;
 mod explain;
 pub mod settings;
+#[cfg(test)]
+mod tests;
 mod trade;
 mod transfer;
 mod verify;

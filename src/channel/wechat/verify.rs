@@ -8,9 +8,9 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 
 use super::wire::{
-    Envelope, PartnerProbe, PartnerTransaction, RefundResource, TRANSFER_EVENT, Transaction,
-    TransferResource, bad_json, parse_time, route_base, single_header, transaction_notice,
-    transfer_notice,
+    CombinedProbe, CombinedTransaction, Envelope, PartnerProbe, PartnerTransaction, RefundResource,
+    TRANSFER_EVENT, Transaction, TransferResource, bad_json, combined_notice, parse_time,
+    route_base, single_header, transaction_notice, transfer_notice,
 };
 use super::{
     Merchant, PROBE_PREFIX, PlatformVerifier, SIGNATURE_TYPE, SubMerchant, TIMESTAMP_WINDOW_SECS,
@@ -282,6 +282,28 @@ impl WechatPay {
     }
 }
 
+/// A combined payment (合单支付) notified to its combine merchant: the combination, every
+/// sub-order in it. The path rule is an ordinary payment's.
+fn combined_payment(v: &Verified) -> Result<Notice, Rejection> {
+    let m = &v.merchant;
+    if v.account.as_deref().is_some_and(|a| a != m.mchid) {
+        return Err(Rejection::UnknownMerchant(format!(
+            "a combined payment of merchant {} on the path of another account",
+            m.mchid
+        )));
+    }
+    let t: CombinedTransaction =
+        serde_json::from_slice(&v.plaintext).map_err(bad_json("combined transaction"))?;
+    t.check().map_err(Rejection::BadRequest)?;
+    // WeChat notifies paid sub-orders only, each with its payment.
+    if let Some(i) = t.sub_orders.iter().position(|s| s.transaction_id.is_none()) {
+        return Err(Rejection::BadRequest(format!(
+            "sub_orders[{i}]: missing field `transaction_id`"
+        )));
+    }
+    Ok(combined_notice(m, t))
+}
+
 /// The header `check` names (`header Wechatpay-…`), present once. The inner error is the
 /// refusal a trail that goes on keeps until a check needs the header.
 fn signature_header<'a>(
@@ -311,6 +333,13 @@ fn signature_header<'a>(
         .map(Err)
 }
 
+/// Whether a decrypted payment is a combined one (合单支付: it names a top-level
+/// `combine_out_trade_no`).
+fn is_combined(plaintext: &[u8]) -> bool {
+    serde_json::from_slice::<CombinedProbe>(plaintext)
+        .is_ok_and(|p| p.combine_out_trade_no.is_some())
+}
+
 /// Whether a decrypted payment is a service provider's (it names a `sub_mchid`).
 fn is_partner(plaintext: &[u8]) -> bool {
     serde_json::from_slice::<PartnerProbe>(plaintext).is_ok_and(|p| p.sub_mchid.is_some())
@@ -336,6 +365,7 @@ impl Channel for WechatPay {
     fn decode(&self, v: Verified) -> Result<Notice, Rejection> {
         let m = &v.merchant;
         match v.event_type.as_str() {
+            "TRANSACTION.SUCCESS" if is_combined(&v.plaintext) => combined_payment(&v),
             "TRANSACTION.SUCCESS" if is_partner(&v.plaintext) => self.partner_payment(&v),
             "TRANSACTION.SUCCESS" => {
                 if v.account.as_deref().is_some_and(|a| a != m.mchid) {

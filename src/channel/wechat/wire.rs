@@ -1,5 +1,6 @@
 //! The notification on the wire: its headers, its JSON and the decryption of its `resource`.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use actix_web::http::header::HeaderMap;
@@ -10,7 +11,9 @@ use serde::Deserialize;
 
 use super::{Merchant, PAY_ROUTE, REFUND_ROUTE, TRANSFER_ROUTE, Verified, WechatPay};
 use crate::channel::{Rejection, Trail};
-use crate::notice::{ChannelId, MerchantIds, Notice, NoticeKind};
+use crate::notice::{
+    ChannelId, Combination, MAX_SUB_ORDERS, MerchantIds, Notice, NoticeKind, SubPayment,
+};
 use crate::time::Timestamp;
 use crate::transfer::{TransferSeen, TransferState};
 
@@ -66,6 +69,98 @@ pub(super) struct TransactionAmount {
     /// The order amount; not `payer_total`, which coupons reduce.
     pub(super) total: i64,
     pub(super) currency: Option<String>,
+}
+
+/// A combined payment's decrypted resource (合单支付, `original_type = transaction`): the
+/// combine merchant's, one for every sub-order. No top-level `out_trade_no`, `transaction_id`,
+/// `mchid` or `payer`. The combine query answers the same fields (and `combine_transaction_id`,
+/// not used).
+#[derive(Deserialize)]
+pub(super) struct CombinedTransaction {
+    pub(super) combine_appid: String,
+    pub(super) combine_out_trade_no: String,
+    pub(super) combine_mchid: String,
+    pub(super) sub_orders: Vec<CombinedSubOrder>,
+}
+
+/// One of `sub_orders[]` (`trade_type`, `bank_type`, `attach` and `scene_info` are carried too
+/// and not used).
+#[derive(Deserialize)]
+pub(super) struct CombinedSubOrder {
+    pub(super) mchid: String,
+    /// Partner mode (电商收付通, 服务商) names the sub-merchant here; not taken.
+    #[serde(default)]
+    pub(super) sub_mchid: Option<String>,
+    pub(super) trade_state: String,
+    pub(super) amount: CombinedAmount,
+    pub(super) success_time: Option<String>,
+    /// Always in a notification; a query answer about an unpaid sub-order may have none.
+    #[serde(default)]
+    pub(super) transaction_id: Option<String>,
+    pub(super) out_trade_no: String,
+}
+
+#[derive(Deserialize)]
+pub(super) struct CombinedAmount {
+    /// The sub-order's amount; not `payer_amount`, which coupons reduce.
+    pub(super) total_amount: i64,
+    pub(super) currency: Option<String>,
+}
+
+/// Whether a decrypted payment is a combined one: it names a top-level `combine_out_trade_no`.
+#[derive(Deserialize)]
+pub(super) struct CombinedProbe {
+    #[serde(default)]
+    pub(super) combine_out_trade_no: Option<serde::de::IgnoredAny>,
+}
+
+/// WeChat's limit on `combine_out_trade_no`.
+const COMBINE_OUT_TRADE_NO_MAX: usize = 32;
+
+impl CombinedTransaction {
+    /// What a combination must be before its sub-orders are judged, a notification's or a
+    /// query answer's alike: its number within 1 to [`MAX_SUB_ORDERS`], 1 to 32 characters,
+    /// every sub-order its own `out_trade_no` and a positive amount, and a direct merchant's
+    /// (partner mode is not in the contract). The lengths of the sub-orders' ids are
+    /// [`Notice::checked`]'s.
+    pub(super) fn check(&self) -> Result<(), String> {
+        let chars = self.combine_out_trade_no.chars().count();
+        if chars == 0 || chars > COMBINE_OUT_TRADE_NO_MAX {
+            return Err(format!(
+                "combine_out_trade_no is {chars} characters, 1 to {COMBINE_OUT_TRADE_NO_MAX} allowed"
+            ));
+        }
+        let count = self.sub_orders.len();
+        if count == 0 || count > MAX_SUB_ORDERS {
+            return Err(format!(
+                "sub_orders has {count} entries, 1 to {MAX_SUB_ORDERS} allowed"
+            ));
+        }
+        let mut seen = HashSet::with_capacity(count);
+        let mut sum: i64 = 0;
+        for (i, sub) in self.sub_orders.iter().enumerate() {
+            if sub.sub_mchid.is_some() {
+                return Err(format!(
+                    "sub_orders[{i}] names a sub_mchid: a partner-mode combined payment is not supported"
+                ));
+            }
+            if sub.amount.total_amount <= 0 {
+                return Err(format!(
+                    "sub_orders[{i}].amount.total_amount must be positive"
+                ));
+            }
+            sum = sum.checked_add(sub.amount.total_amount).ok_or_else(|| {
+                "the sub-orders' total_amount add up to more than this service counts".to_owned()
+            })?;
+            if !seen.insert(sub.out_trade_no.as_str()) {
+                return Err(format!(
+                    "sub_orders[{i}].out_trade_no {} is listed twice",
+                    sub.out_trade_no
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A service provider's payment (服务商模式): the sub-merchant's, decrypted with the service
@@ -195,6 +290,51 @@ pub(super) fn transaction_notice(m: &Merchant, t: Transaction, kind: NoticeKind)
         amount_fen: t.amount.total,
         currency: t.amount.currency.unwrap_or_else(|| "CNY".to_owned()),
         occurred_at: parse_time(t.success_time.as_deref()),
+    }
+}
+
+/// A combined payment's notice, from the combination a notification or a combine query
+/// answer carries: `out_trade_no` the `combine_out_trade_no`, no `transaction_id`, the amount
+/// the sub-orders' sum, the merchant the combine merchant and app, matching when they are
+/// `m`'s (whose key verified it), as for an ordinary payment. Its sub-orders in WeChat's
+/// order, each as WeChat states it (`trade_state` included: the ledger decides what each
+/// means). Call [`CombinedTransaction::check`] first.
+pub(super) fn combined_notice(m: &Merchant, t: CombinedTransaction) -> Notice {
+    let subs: Vec<SubPayment> = t
+        .sub_orders
+        .into_iter()
+        .map(|sub| SubPayment {
+            occurred_at: parse_time(sub.success_time.as_deref()),
+            out_trade_no: sub.out_trade_no,
+            transaction_id: sub.transaction_id.unwrap_or_default(),
+            amount_fen: sub.amount.total_amount,
+            currency: sub.amount.currency.unwrap_or_else(|| "CNY".to_owned()),
+            mchid: sub.mchid,
+            trade_state: sub.trade_state,
+        })
+        .collect();
+    let amount_fen = subs
+        .iter()
+        .fold(0i64, |sum, sub| sum.saturating_add(sub.amount_fen));
+    // WeChat's combinations are in CNY; the first sub-order's word stands for all of them
+    // (each sub-order's own currency is judged against its order).
+    let currency = subs
+        .first()
+        .map_or_else(|| "CNY".to_owned(), |sub| sub.currency.clone());
+    let occurred_at = subs.iter().filter_map(|sub| sub.occurred_at).max();
+    Notice {
+        channel: ChannelId::Wechat,
+        merchant_matches: t.combine_mchid == m.mchid && m.appids.contains(&t.combine_appid),
+        merchant: MerchantIds {
+            merchant_id: t.combine_mchid,
+            app_id: Some(t.combine_appid),
+        },
+        out_trade_no: t.combine_out_trade_no,
+        transaction_id: String::new(),
+        amount_fen,
+        currency,
+        occurred_at,
+        kind: NoticeKind::Combined(Box::new(Combination { subs })),
     }
 }
 

@@ -2,13 +2,15 @@
 //! (`helpers`), the providers' stand-ins (`provider`, their bills in `wechat_bill` and
 //! `alipay_bill`, their refund creates in `refunds`, their service-provider mode in
 //! `partner`, the transfers in `wechat_transfer` and `alipay_transfer`, WeChat's combined
-//! payments in `wechat_combine`), a test channel with its own signature (`test_channel`),
-//! throw-away keys (`keys`) and the agreement of verify and explain (`agree`).
+//! payments in `wechat_combine` and its combined notification in `combined`), a test channel
+//! with its own signature (`test_channel`), throw-away keys (`keys`) and the agreement of
+//! verify and explain (`agree`).
 
 pub mod agree;
 pub mod alipay_bill;
 pub mod alipay_transfer;
 pub mod browser;
+pub mod combined;
 pub mod helpers;
 pub mod keys;
 pub mod own_db;
