@@ -233,3 +233,150 @@ fn explain_shows_the_combination_and_each_sub_order() {
         assert_eq!(detail("merchant").0, merchant);
     }
 }
+
+// Once a combination is recorded, on every backend: the real notification over HTTP, to two
+// instances at once.
+
+crate::on_every_backend!(
+    twenty_concurrent_deliveries_to_two_instances_make_one_transition_per_sub_order,
+    a_recorded_combination_answers_204_and_a_conflicting_copy_409,
+);
+
+/// Combination `no` of merchant A recorded here with `subs` sub-orders of 100 fen, half of
+/// them settled to merchant B.
+async fn recorded(app: &TestApp, s: &Sandbox, no: &str, subs: usize) -> Combined {
+    let c = Combined::new(
+        s,
+        no,
+        (1..=subs)
+            .map(|i| {
+                let mchid = if i % 2 == 0 {
+                    "1900000002"
+                } else {
+                    s.mchid.as_str()
+                };
+                CombinedSub::paid(&format!("{no}-{i}"), 100, mchid)
+            })
+            .collect(),
+    );
+    let body = serde_json::json!({
+        "combine_out_trade_no": no, "channel": "wechat", "account": s.mchid,
+        "sub_orders": c.subs.iter().map(|sub| serde_json::json!({
+            "order_no": sub.out_trade_no, "amount_fen": sub.total_amount, "account": sub.mchid,
+        })).collect::<Vec<_>>(),
+    });
+    let response = app
+        .client
+        .post(app.url("/combined-orders"))
+        .bearer_auth(&app.api_token)
+        .json(&body)
+        .send()
+        .await
+        .expect("POST /combined-orders");
+    assert_eq!(response.status(), 201);
+    c
+}
+
+async fn twenty_concurrent_deliveries_to_two_instances_make_one_transition_per_sub_order(
+    backend: Backend,
+) {
+    let first = spawn_app_with(backend, |s| s.wechat = settings()).await;
+    let second = first.spawn_beside(|s| s.wechat = settings()).await;
+    let s = sandbox('A');
+    let c = recorded(&first, &s, "CN-TWENTY", 50).await;
+    // Twenty deliveries of the same notification, each re-encrypted and re-signed as
+    // WeChat's retries are, half to each instance, released together.
+    let deliveries: Vec<Delivery> = (0..20).map(|_| c.delivery(&s, now(&first))).collect();
+    let answers = crate::support::helpers::released_together(20, |i| {
+        let app = if i % 2 == 0 { &first } else { &second };
+        let (client, url) = (app.client.clone(), app.url("/notify/wechat/pay"));
+        let d = deliveries[i].clone();
+        async move {
+            let mut request = client.post(url).body(d.body.clone());
+            for (name, value) in &d.headers {
+                request = request.header(name.as_str(), value.as_str());
+            }
+            let response = request.send().await.expect("notify request");
+            let status = response.status().as_u16();
+            (status, response.text().await.unwrap_or_default())
+        }
+    })
+    .await;
+    for (status, body) in &answers {
+        assert_eq!(*status, 204, "every delivery acknowledged: {body}");
+    }
+    assert_eq!(
+        first.messages("ORDER_PAID").await,
+        50,
+        "one event per sub-order"
+    );
+    assert_eq!(first.db.count("local_message").await, 50);
+    assert_eq!(first.db.count("pay_callback").await, 50);
+    assert_eq!(first.db.count("orders WHERE status = 'PAID'").await, 50);
+    assert_eq!(first.db.count("payment_anomaly").await, 0);
+}
+
+async fn a_recorded_combination_answers_204_and_a_conflicting_copy_409(backend: Backend) {
+    let app = spawn_app_with(backend, |s| s.wechat = settings()).await;
+    let s = sandbox('A');
+    let c = recorded(&app, &s, "CN-REC", 3).await;
+    let (status, body) = pay(&app, &c.delivery(&s, now(&app))).await;
+    assert_eq!(status, 204, "{body}");
+    for sub in &c.subs {
+        let order = app.get_order(&sub.out_trade_no).await;
+        assert_eq!(order["status"], "PAID");
+        assert_eq!(order["transaction_id"], sub.transaction_id);
+        assert_eq!(order["combine_out_trade_no"], "CN-REC");
+    }
+    // WeChat's retry: a duplicate, answered alike.
+    app.clock.advance(15);
+    assert_eq!(pay(&app, &c.delivery(&s, now(&app))).await.0, 204);
+    assert_eq!(app.messages("ORDER_PAID").await, 3);
+    // The same transaction with another amount: the whole notification is 409, nothing
+    // written.
+    let mut other = c.clone();
+    other.subs[2].total_amount += 1;
+    let (status, body) = pay(&app, &other.delivery(&s, now(&app))).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(app.db.count("local_message").await, 3);
+    assert_eq!(app.db.count("payment_anomaly").await, 0);
+}
+
+/// With the Redis gate, keyed by the combination: a repeat of an applied combined
+/// notification is answered from Redis (or this instance's memory) without the database,
+/// and the twenty deliveries to two instances still make one transition per sub-order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_answers_a_repeated_combination_and_keeps_it_exactly_once() {
+    let prefix = format!(
+        "pn-test-combined-{}:",
+        paynotify::random::token(b"abcdefghijklmnopqrstuvwxyz", 10).expect("random")
+    );
+    let gated = |s: &mut paynotify::config::Settings| {
+        s.wechat = settings();
+        s.redis.url = paynotify::config::Secret::new("redis://127.0.0.1:6379");
+        s.redis.key_prefix = prefix.clone();
+        s.redis.timeout_ms = 1000;
+    };
+    let first = spawn_app_with(Backend::Postgres, gated).await;
+    let second = first.spawn_beside(gated).await;
+    let s = sandbox('A');
+    let c = recorded(&first, &s, "CN-GATE", 10).await;
+    let (status, body) = pay(&first, &c.delivery(&s, now(&first))).await;
+    assert_eq!(status, 204, "{body}");
+    let cached = |app: &TestApp| {
+        ["hit", "hit_local"]
+            .iter()
+            .map(|r| crate::support::helpers::metric(app, "paynotify_gate_total", &[r]))
+            .sum::<u64>()
+    };
+    // The repeat on the other instance: Redis's cached answer for the combination.
+    let (status, _) = pay(&second, &c.delivery(&s, now(&first))).await;
+    assert_eq!(status, 204);
+    assert_eq!(cached(&second), 1, "answered from the gate");
+    // And on the same instance: its own memory.
+    let (status, _) = pay(&first, &c.delivery(&s, now(&first))).await;
+    assert_eq!(status, 204);
+    assert_eq!(cached(&first), 1, "answered from memory");
+    assert_eq!(first.messages("ORDER_PAID").await, 10);
+    crate::gate::flush(&prefix).await;
+}
