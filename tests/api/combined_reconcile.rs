@@ -20,6 +20,7 @@ crate::on_every_backend!(
     expiry_closes_the_combination_whole_at_wechat_first,
     a_combination_paid_at_wechat_is_applied_at_expiry_never_closed,
     the_close_endpoint_closes_the_combination_whole,
+    a_sub_order_is_refunded_on_its_own,
 );
 
 const APPID: &str = "wx0000000000000001";
@@ -262,4 +263,50 @@ async fn the_close_endpoint_closes_the_combination_whole(backend: Backend) {
     let response = post(&app, "/combined-orders/CL-3/close").await;
     assert_eq!(response.status(), 503);
     assert_eq!(view(&app, "CL-3").await["status"], "WAIT_PAY");
+}
+
+async fn a_sub_order_is_refunded_on_its_own(backend: Backend) {
+    let fake = fake().await;
+    let app = app_with(backend, &fake).await;
+    combination(&app, &fake, "RF-1").await;
+    fake.state.wechat_combinations.pay("RF-1");
+    let outcome = app
+        .store
+        .apply(&notification("RF-1"), app.clock.now())
+        .await
+        .expect("apply");
+    assert_eq!(outcome, Outcome::Applied);
+    // WeChat holds each sub-order's payment as a transaction of its own.
+    for (no, fen) in [("RF-1-1", 100), ("RF-1-2", 250)] {
+        fake.state.set(
+            no,
+            crate::support::provider::Trade::Paid {
+                transaction_id: transaction_id(no),
+                total: fen,
+            },
+        );
+    }
+    let response = app
+        .client
+        .post(app.url("/orders/RF-1-1/refunds"))
+        .bearer_auth(&app.api_token)
+        .json(&json!({"out_refund_no": "RF-1-1-R1", "amount_fen": 100}))
+        .send()
+        .await
+        .expect("POST refunds");
+    assert_eq!(response.status(), 202);
+    let refund: Value = response.json().await.expect("JSON");
+    assert_eq!(refund["status"], "SUCCESS", "{refund}");
+    // Sent for the sub-order's own payment (through its own account, which has API
+    // credentials), its amount.total the sub-order's, not the combination's.
+    let held = fake.state.refunds.lock().expect("refunds")["RF-1-1-R1"].clone();
+    assert_eq!(held.transaction_id, transaction_id("RF-1-1"));
+    assert_eq!((held.total, held.refund_fen), (100, 100));
+    assert_eq!(app.status_of("RF-1-1").await, "REFUNDED");
+    assert_eq!(app.status_of("RF-1-2").await, "PAID");
+    let refunded = app.outbox("ORDER_REFUNDED").await;
+    assert_eq!(refunded.len(), 1);
+    assert_eq!(refunded[0].payload.0["order_no"], "RF-1-1");
+    assert_eq!(refunded[0].payload.0["combine_out_trade_no"], "RF-1");
+    assert_eq!(view(&app, "RF-1").await["status"], "PAID");
 }
