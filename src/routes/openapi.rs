@@ -5,7 +5,7 @@ use actix_web::HttpResponse;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use super::{ErrorBody, admin, bills, health, merchants, orders, refunds, transfers};
+use super::{ErrorBody, admin, bills, combined, health, merchants, orders, refunds, transfers};
 use crate::providers::PROVIDERS;
 
 struct BearerToken;
@@ -32,6 +32,9 @@ impl Modify for BearerToken {
         transfers::start,
         transfers::get,
         transfers::cancel,
+        combined::create,
+        combined::get,
+        combined::close,
         merchants::create,
         merchants::list,
         merchants::get,
@@ -54,7 +57,7 @@ impl Modify for BearerToken {
         health::metrics,
         document,
     ),
-    components(schemas(ErrorBody, health::Readiness, crate::reconcile::Reconciled, crate::reconcile::Said, crate::channel::platform::KnownKey, crate::channel::platform::KeyOrigin, crate::bills::report::Report, crate::refunds::RefundView, crate::order::RefundStatus, refunds::RefundRequest, crate::transfers::TransferView, crate::transfer::TransferStatus, crate::transfer::SceneReportInfo, transfers::TransferRequest, crate::merchants::view::NewMerchant, crate::merchants::view::MerchantChange, crate::merchants::view::MerchantView)),
+    components(schemas(ErrorBody, health::Readiness, crate::reconcile::Reconciled, crate::reconcile::Said, crate::channel::platform::KnownKey, crate::channel::platform::KeyOrigin, crate::bills::report::Report, crate::refunds::RefundView, crate::order::RefundStatus, refunds::RefundRequest, crate::transfers::TransferView, crate::transfer::TransferStatus, crate::transfer::SceneReportInfo, transfers::TransferRequest, crate::merchants::view::NewMerchant, crate::merchants::view::MerchantChange, crate::merchants::view::MerchantView, crate::combined::CombineRequest, crate::combined::SubOrderRequest, crate::combined::CombinationView, crate::combined::SubOrderView)),
     modifiers(&BearerToken)
 )]
 pub struct ApiDoc;
