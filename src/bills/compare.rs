@@ -8,7 +8,7 @@ use super::Bills;
 use super::read::Got;
 use super::report::{Item, ItemType, OurTotals, Report, Resolution, Side, Status};
 use super::store::{BillSide, OursOnly, PendingElsewhere, Scope};
-use crate::channel::api::{RefundAnswer, TradeAnswer};
+use crate::channel::api::{CombineAnswer, RefundAnswer, TradeAnswer};
 use crate::channel::bill::{BillTotals, LineKind};
 use crate::notice::{ChannelId, Notice, Outcome};
 use crate::outbox::Message;
@@ -373,20 +373,39 @@ impl Bills {
         let Some(api) = self.apis.iter().find(|a| a.channel() == scope.channel) else {
             return Ok(Resolution::Open);
         };
-        if self.store.order(&diff.out_trade_no).await?.is_none() {
+        let Some(order) = self.store.order(&diff.out_trade_no).await? else {
             tracing::warn!(order_no = %diff.out_trade_no, channel = %scope.channel, date = scope.date, "the bill has a payment of an order unknown here");
             return Ok(Resolution::Open);
-        }
+        };
         let now = self.clock.now();
-        let notice: Option<Box<Notice>> = match kind {
-            LineKind::Payment => match api.query(scope.account, &diff.out_trade_no, now).await {
+        // A sub-order of a WeChat combination is known to WeChat only through its
+        // combination: the combine query, signed by the combination's account, and its paid
+        // answer applied whole.
+        let combination = match (&order.combine_out_trade_no, kind) {
+            (Some(no), LineKind::Payment) if scope.channel == ChannelId::Wechat => {
+                self.store.combination(no).await?
+            }
+            _ => None,
+        };
+        let notice: Option<Box<Notice>> = match (kind, &combination) {
+            (LineKind::Payment, Some(c)) => match api
+                .combine_query(&c.row.account, &c.row.combine_out_trade_no, now)
+                .await
+            {
+                CombineAnswer::Found(notice) => Some(notice),
+                other => {
+                    tracing::warn!(order_no = %diff.out_trade_no, combine_out_trade_no = %c.row.combine_out_trade_no, answer = other.label(), "the bill has a payment of a sub-order the combine query does not confirm");
+                    None
+                }
+            },
+            (LineKind::Payment, None) => match api.query(scope.account, &diff.out_trade_no, now).await {
                 TradeAnswer::Paid(notice) => Some(notice),
                 other => {
                     tracing::warn!(order_no = %diff.out_trade_no, channel = %scope.channel, answer = other.label(), "the bill has a payment the provider's query does not confirm");
                     None
                 }
             },
-            LineKind::Refund => match api
+            (LineKind::Refund, _) => match api
                 .refund_query(scope.account, &diff.out_trade_no, &diff.out_refund_no, now)
                 .await
             {

@@ -65,6 +65,7 @@ crate::on_every_backend!(
     alipay_a_late_notification_is_dated_by_the_providers_time,
     wechat_a_difference_a_later_bill_explains_is_settled,
     alipay_a_difference_a_later_bill_explains_is_settled,
+    wechat_a_lost_sub_order_is_recovered_through_its_combination,
 );
 
 async fn app_with(backend: Backend, fake: &FakeProvider) -> TestApp {
@@ -1260,4 +1261,63 @@ public_key_file = "{public}"
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(out.status.code(), Some(2), "{stdout}");
     assert!(stdout.contains("unavailable (bad_signature:"), "{stdout}");
+}
+
+/// The bill lists each sub-order of a combined payment as a payment of its own; WeChat knows
+/// a sub-order only through its combination, so a lost one is recovered by the combine query
+/// and applied with its combination, in one transaction.
+async fn wechat_a_lost_sub_order_is_recovered_through_its_combination(backend: Backend) {
+    use crate::support::wechat_combine::transaction_id as sub_transaction;
+    let fake = fake().await;
+    let app = app_with(backend, &fake).await;
+    let response = app
+        .client
+        .post(app.url("/combined-orders"))
+        .bearer_auth(&app.api_token)
+        .json(&serde_json::json!({"combine_out_trade_no": "BC-1", "channel": "wechat",
+            "account": crate::reconcile::MCHID,
+            "sub_orders": [{"order_no": "BC-1-1", "amount_fen": 100},
+                           {"order_no": "BC-1-2", "amount_fen": 200}]}))
+        .send()
+        .await
+        .expect("POST /combined-orders");
+    assert_eq!(response.status(), 201);
+    let mchid = crate::reconcile::MCHID;
+    fake.state.wechat_combinations.register(
+        "BC-1",
+        mchid,
+        "wx0000000000000001",
+        &[(mchid, "BC-1-1", 100), (mchid, "BC-1-2", 200)],
+    );
+    fake.state.wechat_combinations.pay("BC-1");
+    let sub_line = |no: &str, fen: i64, at: &str| FakeLine {
+        transaction_id: sub_transaction(no),
+        ..line("wechat", no, fen, at)
+    };
+    fake.state.set_bill(
+        DAY,
+        bill(vec![
+            sub_line("BC-1-1", 100, "2026-11-30 12:00:00"),
+            sub_line("BC-1-2", 200, "2026-11-30 12:00:00"),
+        ]),
+    );
+    fake.state.set_bill(NEXT, bill(vec![]));
+    app.clock.set(beijing(1, 10, 30, 0, 0));
+    reconcile(&app, DAY, "wechat").await;
+    for no in ["BC-1-1", "BC-1-2"] {
+        let order = app.get_order(no).await;
+        assert_eq!(order["status"], "PAID", "{no}");
+        assert_eq!(order["transaction_id"], sub_transaction(no), "{no}");
+    }
+    let paid = app.outbox("ORDER_PAID").await;
+    assert_eq!(paid.len(), 2, "each sub-order paid once");
+    assert!(paid.iter().all(|m| m.payload.0["combine_out_trade_no"] == "BC-1"));
+    assert!(
+        fake.state
+            .wechat_combinations
+            .asked()
+            .iter()
+            .all(|a| a.call == crate::support::wechat_combine::Call::Query),
+        "asked only through the combine query"
+    );
 }
