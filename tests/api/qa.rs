@@ -433,7 +433,11 @@ async fn replay_wechat_combined_pays_every_sub_order_once() {
         stdout(&first),
         String::from_utf8_lossy(&first.stderr)
     );
-    assert!(stdout(&first).contains("expected 204: ok"), "{}", stdout(&first));
+    assert!(
+        stdout(&first).contains("expected 204: ok"),
+        "{}",
+        stdout(&first)
+    );
     assert_eq!(service.status_of("QA-C1-1").await, "PAID");
     assert_eq!(service.status_of("QA-C1-2").await, "PAID");
     let combination = || async {
@@ -475,7 +479,13 @@ async fn replay_wechat_combined_pays_every_sub_order_once() {
     assert!(!mixed.status.success());
     let bad_sub = service.replay(
         d,
-        &["wechat-combined", "--combine-no", "QA-C2", "--sub", "QA-C2-1"],
+        &[
+            "wechat-combined",
+            "--combine-no",
+            "QA-C2",
+            "--sub",
+            "QA-C2-1",
+        ],
     );
     assert!(!bad_sub.status.success());
     assert!(service.stop().success());
