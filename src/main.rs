@@ -158,11 +158,17 @@ struct ReplayArgs {
     /// Which notification to forge.
     #[arg(value_enum)]
     kind: Kind,
-    #[arg(long)]
-    order_no: String,
+    #[arg(long, required_unless_present = "combine_no")]
+    order_no: Option<String>,
     /// The order amount in fen (WeChat `amount.total`, Alipay `total_amount`).
-    #[arg(long)]
-    amount_fen: i64,
+    #[arg(long, required_unless_present = "combine_no")]
+    amount_fen: Option<i64>,
+    /// wechat-combined: the combination's `combine_out_trade_no`.
+    #[arg(long, conflicts_with_all = ["order_no", "amount_fen"], requires = "sub")]
+    combine_no: Option<String>,
+    /// wechat-combined: one sub-order, paid in full; repeat for each.
+    #[arg(long, value_name = "ORDER_NO:AMOUNT_FEN", value_parser = parse_sub, requires = "combine_no")]
+    sub: Vec<(String, i64)>,
     /// Refunds: the merchant's refund number (Alipay `out_biz_no`).
     #[arg(long)]
     out_refund_no: Option<String>,
@@ -202,6 +208,22 @@ struct ReplayArgs {
     /// service started a moment ago).
     #[arg(long, value_name = "SECS")]
     wait: Option<u64>,
+}
+
+/// `ORDER_NO:AMOUNT_FEN`, as `--sub` takes a combined payment's sub-order.
+fn parse_sub(s: &str) -> Result<(String, i64), String> {
+    let (order_no, fen) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{s:?} is not ORDER_NO:AMOUNT_FEN"))?;
+    let fen: i64 = fen
+        .parse()
+        .map_err(|_| format!("{fen:?} is not an amount in fen"))?;
+    if order_no.is_empty() || fen <= 0 {
+        return Err(format!(
+            "{s:?}: an order number and a positive amount in fen"
+        ));
+    }
+    Ok((order_no.to_owned(), fen))
 }
 
 /// How long the relay may finish its batch in flight after SIGTERM before it gives its
@@ -489,8 +511,11 @@ async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     let settings = load_settings(args.config.as_deref())?;
     let plan = Plan {
         kind: args.kind,
-        order_no: args.order_no,
-        amount_fen: args.amount_fen,
+        order_no: args.combine_no.or(args.order_no).unwrap_or_default(),
+        amount_fen: args
+            .amount_fen
+            .unwrap_or_else(|| args.sub.iter().map(|(_, fen)| fen).sum()),
+        subs: args.sub,
         out_refund_no: args.out_refund_no,
         refund_fen: args.refund_fen,
         times: args.times,

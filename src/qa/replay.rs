@@ -28,18 +28,22 @@ pub enum Kind {
     /// WeChat Pay MCHTRANSFER.BILL.FINISHED (SUCCESS) to /notify/wechat/transfer; --order-no
     /// is the transfer's out_bill_no
     WechatTransfer,
+    /// WeChat Pay combined payment (合单支付) TRANSACTION.SUCCESS to /notify/wechat/pay:
+    /// --combine-no with one --sub ORDER_NO:AMOUNT_FEN per sub-order, each SUCCESS to the
+    /// sandbox merchant
+    WechatCombined,
 }
 
 impl Kind {
     fn is_wechat(self) -> bool {
         matches!(
             self,
-            Self::Wechat | Self::WechatRefund | Self::WechatTransfer
+            Self::Wechat | Self::WechatRefund | Self::WechatTransfer | Self::WechatCombined
         )
     }
     fn path(self) -> &'static str {
         match self {
-            Self::Wechat => "/notify/wechat/pay",
+            Self::Wechat | Self::WechatCombined => "/notify/wechat/pay",
             Self::WechatRefund => "/notify/wechat/refund",
             Self::WechatTransfer => "/notify/wechat/transfer",
             Self::Alipay | Self::AlipayRefund => "/notify/alipay",
@@ -66,7 +70,10 @@ impl Breakage {
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub kind: Kind,
+    /// The order (for `wechat-combined`, the combination's `combine_out_trade_no`).
     pub order_no: String,
+    /// `wechat-combined`: each sub-order's `out_trade_no` and amount; `amount_fen` is their sum.
+    pub subs: Vec<(String, i64)>,
     pub amount_fen: i64,
     pub out_refund_no: Option<String>,
     pub refund_fen: Option<i64>,
@@ -141,7 +148,40 @@ fn wechat_sandbox(settings: &Settings) -> Result<wechat::Sandbox, ReplayError> {
     })
 }
 
+/// A combined payment's decrypted resource: every `--sub` paid (`transaction_id`
+/// `4200000000{order_no}`) to the sandbox merchant; `bump_first` fen more on the first.
+fn combined_plaintext(
+    sandbox: &wechat::Sandbox,
+    plan: &Plan,
+    bump_first: i64,
+) -> Result<String, ReplayError> {
+    let subs: Vec<wechat::CombinedSub> = plan
+        .subs
+        .iter()
+        .enumerate()
+        .map(|(i, (order_no, fen))| wechat::CombinedSub {
+            transaction_id: format!("4200000000{order_no}"),
+            ..wechat::CombinedSub::paid(
+                order_no,
+                if i == 0 { fen + bump_first } else { *fen },
+                &sandbox.mchid,
+            )
+        })
+        .collect();
+    Ok(wechat::combined(
+        &sandbox.appid,
+        &plan.order_no,
+        &sandbox.mchid,
+        &subs,
+        "replay",
+        "2026-11-30T10:00:00+08:00",
+    )?)
+}
+
 fn wechat_delivery(sandbox: &wechat::Sandbox, plan: &Plan) -> Result<Delivery, ReplayError> {
+    if plan.kind == Kind::WechatCombined {
+        return combined_delivery(sandbox, plan);
+    }
     let transaction_id = format!("4200000000{}", plan.order_no);
     let (event, plaintext) = match plan.kind {
         Kind::WechatRefund => (
@@ -206,6 +246,41 @@ fn wechat_delivery(sandbox: &wechat::Sandbox, plan: &Plan) -> Result<Delivery, R
         )
         .into_bytes();
     }
+    Ok(break_headers(d, b))
+}
+
+/// `wechat-combined`: one notification for the whole combination.
+fn combined_delivery(sandbox: &wechat::Sandbox, plan: &Plan) -> Result<Delivery, ReplayError> {
+    const EVENT: &str = "TRANSACTION.SUCCESS";
+    let b = plan.breakage;
+    let now = SystemClock.now().unix_seconds();
+    let timestamp = if b.stale { now - 600 } else { now };
+    let plaintext = combined_plaintext(sandbox, plan, 0)?;
+    let mut d = sandbox.sealed(EVENT, plaintext.as_bytes(), timestamp)?;
+    if b.tamper_amount {
+        // The first sub-order's amount changed after WeChat signed.
+        let changed = combined_plaintext(sandbox, plan, 1)?;
+        let original_type = wechat::original_type(EVENT);
+        let ciphertext = wechat::encrypt(
+            sandbox.apiv3_key.as_bytes(),
+            "replayTamper",
+            original_type,
+            changed.as_bytes(),
+        )?;
+        d.body = wechat::envelope(
+            EVENT,
+            original_type,
+            &ciphertext,
+            original_type,
+            "replayTamper",
+        )
+        .into_bytes();
+    }
+    Ok(break_headers(d, b))
+}
+
+/// The header breakages of a WeChat delivery.
+fn break_headers(mut d: Delivery, b: Breakage) -> Delivery {
     let signature = d
         .header("Wechatpay-Signature")
         .unwrap_or_default()
@@ -225,7 +300,7 @@ fn wechat_delivery(sandbox: &wechat::Sandbox, plan: &Plan) -> Result<Delivery, R
             "PUB_KEY_ID_0000000000000000000000000000000000",
         );
     }
-    Ok(d)
+    d
 }
 
 /// The Alipay sandbox of the configuration: its first app (or an unknown app id), signed
@@ -318,6 +393,11 @@ pub fn forge_requests(
     amount_fen: i64,
     out: &mut dyn std::io::Write,
 ) -> Result<usize, ReplayError> {
+    if kind == Kind::WechatCombined {
+        return Err(ReplayError::Usage(
+            "wechat-combined is sent by `paynotify replay`, not forged in bulk".into(),
+        ));
+    }
     let wechat = if kind.is_wechat() {
         Some(wechat_sandbox(settings)?)
     } else {
@@ -332,6 +412,7 @@ pub fn forge_requests(
         let plan = Plan {
             kind,
             order_no: format!("{prefix}{n}"),
+            subs: Vec::new(),
             amount_fen,
             out_refund_no: None,
             refund_fen: None,
@@ -429,6 +510,21 @@ pub fn validate(plan: &Plan) -> Result<(), ReplayError> {
     }
     if plan.kind == Kind::WechatTransfer && plan.create_order {
         return usage("--create-order is for payments: a transfer is started by POST /transfers");
+    }
+    if plan.kind == Kind::WechatCombined {
+        if plan.create_order {
+            return usage(
+                "--create-order is for single payments: a combination is created by POST /combined-orders",
+            );
+        }
+        if plan.subs.is_empty() || plan.subs.len() > crate::notice::MAX_SUB_ORDERS {
+            return usage("wechat-combined takes 1 to 50 --sub ORDER_NO:AMOUNT_FEN");
+        }
+        if plan.subs.iter().any(|(_, fen)| *fen <= 0) {
+            return usage("every --sub amount must be positive");
+        }
+    } else if !plan.subs.is_empty() {
+        return usage("--combine-no and --sub are for wechat-combined");
     }
     Ok(())
 }

@@ -388,3 +388,105 @@ async fn sandbox_keys_serve_and_replay_end_to_end() {
         "the sandbox database lives in the sandbox directory"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_wechat_combined_pays_every_sub_order_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(BIN)
+        .args(["sandbox-keys", "--out"])
+        .arg(dir.path())
+        .output()
+        .expect("sandbox-keys runs");
+    assert!(out.status.success());
+    let service = Service::start(dir.path()).await;
+    let d = dir.path();
+    let client = reqwest::Client::new();
+    let created = client
+        .post(format!("{}/combined-orders", service.base))
+        .bearer_auth(&service.token)
+        .json(&serde_json::json!({
+            "combine_out_trade_no": "QA-C1",
+            "channel": "wechat",
+            "account": paynotify::qa::sandbox::WECHAT_MCHID,
+            "sub_orders": [
+                {"order_no": "QA-C1-1", "amount_fen": 1000},
+                {"order_no": "QA-C1-2", "amount_fen": 2500}
+            ]
+        }))
+        .send()
+        .await
+        .expect("POST /combined-orders");
+    assert_eq!(created.status(), 201, "{:?}", created.text().await);
+    let args = [
+        "wechat-combined",
+        "--combine-no",
+        "QA-C1",
+        "--sub",
+        "QA-C1-1:1000",
+        "--sub",
+        "QA-C1-2:2500",
+    ];
+    let first = service.replay(d, &args);
+    assert!(
+        first.status.success(),
+        "{}{}",
+        stdout(&first),
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(
+        stdout(&first).contains("expected 204: ok"),
+        "{}",
+        stdout(&first)
+    );
+    assert_eq!(service.status_of("QA-C1-1").await, "PAID");
+    assert_eq!(service.status_of("QA-C1-2").await, "PAID");
+    let combination = || async {
+        client
+            .get(format!("{}/combined-orders/QA-C1", service.base))
+            .bearer_auth(&service.token)
+            .send()
+            .await
+            .expect("GET /combined-orders")
+            .json::<serde_json::Value>()
+            .await
+            .expect("JSON")
+    };
+    assert_eq!(combination().await["status"], "PAID");
+    let paid_events = || async {
+        client
+            .get(format!("{}/admin/messages?limit=1000", service.base))
+            .bearer_auth(&service.token)
+            .send()
+            .await
+            .expect("GET /admin/messages")
+            .text()
+            .await
+            .expect("text")
+            .matches("ORDER_PAID")
+            .count()
+    };
+    let paid = paid_events().await;
+    assert!(paid >= 2, "one ORDER_PAID per sub-order: {paid}");
+
+    // WeChat's retry: re-encrypted, re-signed, the same content. Acknowledged, nothing new.
+    let second = service.replay(d, &args);
+    assert!(second.status.success(), "{}", stdout(&second));
+    assert_eq!(paid_events().await, paid);
+    assert_eq!(combination().await["status"], "PAID");
+
+    // Flags of the other kinds are refused before anything is sent.
+    let mixed = service.replay(d, &["wechat-combined", "--combine-no", "QA-C2"]);
+    assert!(!mixed.status.success());
+    let bad_sub = service.replay(
+        d,
+        &[
+            "wechat-combined",
+            "--combine-no",
+            "QA-C2",
+            "--sub",
+            "QA-C2-1",
+        ],
+    );
+    assert!(!bad_sub.status.success());
+    assert!(service.stop().success());
+}

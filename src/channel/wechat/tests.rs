@@ -410,3 +410,158 @@ fn a_combine_query_answer_may_list_unpaid_sub_orders_without_a_transaction() {
         Err(Rejection::BadRequest(_))
     ));
 }
+
+/// The channel of [`merchant`] that knows `serial` as its platform key, and WeChat's side
+/// of that key: what `paynotify replay` signs with.
+fn signed_channel(serial: &str) -> (WechatPay, crate::qa::forge::wechat::Sandbox) {
+    use rsa::Generate;
+    use rsa::pkcs8::{EncodePublicKey, LineEnding};
+    let private_key = rsa::PrivateKey::try_generate().expect("key");
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("platform.pem");
+    let pem = private_key
+        .to_public_key()
+        .to_public_key_pem(LineEnding::LF)
+        .expect("pem");
+    std::fs::write(&path, pem).expect("write");
+    let key = crate::channel::keys::public_key_file("test", &path).expect("public key");
+    let m = merchant();
+    let platform = Arc::new(super::PlatformVerifier {
+        key,
+        merchant: m.clone(),
+        origin: crate::channel::platform::KeyOrigin::Configured,
+        effective_at: None,
+        expire_at: None,
+        fetched_at: None,
+    });
+    let wechat = WechatPay {
+        book: RwLock::new(Arc::new(Book {
+            merchants: HashMap::from([(m.mchid.clone(), m)]),
+            keys: HashMap::from([(serial.to_uppercase(), platform)]),
+            ..Book::default()
+        })),
+        file: vec![MCHID.into()],
+        refreshed: RwLock::default(),
+    };
+    let sandbox = crate::qa::forge::wechat::Sandbox {
+        serial: serial.into(),
+        private_key,
+        mchid: MCHID.into(),
+        appid: APPID.into(),
+        apiv3_key: APIV3.into(),
+    };
+    (wechat, sandbox)
+}
+
+#[test]
+fn the_qa_forge_s_combined_notification_is_wechat_s_and_verifies_as_the_combination() {
+    use crate::qa::forge::wechat::{CombinedSub, combined};
+
+    let subs = [
+        CombinedSub::paid("S-1", 1000, MCHID),
+        CombinedSub::paid("S-2", 2500, MCHID),
+    ];
+    let success_time = "2026-11-30T10:00:00+08:00";
+    let plaintext = combined(APPID, "C1", MCHID, &subs, "附言", success_time).expect("forged");
+    // Every key where WeChat's doc sample has it (read off the text: a parsed map sorts).
+    let order = |text: &str, names: &[&str]| {
+        let at: Vec<usize> = names
+            .iter()
+            .map(|n| text.find(&format!("\"{n}\":")).expect(n))
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{names:?} in {text}");
+    };
+    order(
+        &plaintext,
+        &[
+            "combine_appid",
+            "combine_out_trade_no",
+            "combine_mchid",
+            "scene_info",
+            "sub_orders",
+            "combine_payer_info",
+        ],
+    );
+    let first = &plaintext[plaintext.find("\"sub_orders\"").expect("subs")..];
+    let first = &first[..first.find("},{").expect("two sub-orders")];
+    order(
+        first,
+        &[
+            "mchid",
+            "trade_type",
+            "trade_state",
+            "bank_type",
+            "attach",
+            "amount",
+            "total_amount",
+            "currency",
+            "payer_amount",
+            "payer_currency",
+            "success_time",
+            "transaction_id",
+            "out_trade_no",
+        ],
+    );
+    assert!(plaintext.starts_with(r#"{"combine_appid":"wx0000000000000001","combine_out_trade_no":"C1","combine_mchid":"1900000001","scene_info":{"device_id":"POS1:1"},"sub_orders":[{"mchid":"1900000001","trade_type":"JSAPI","trade_state":"SUCCESS","bank_type":"OTHERS","attach":"附言","amount":{"total_amount":1000,"currency":"CNY","payer_amount":1000,"payer_currency":"CNY"},"success_time":"2026-11-30T10:00:00+08:00","transaction_id":"42S-1","out_trade_no":"S-1"}"#), "{plaintext}");
+    assert!(
+        plaintext.ends_with(r#""combine_payer_info":{"openid":"oSandboxOpenId0000000000000"}}"#)
+    );
+
+    // Sealed and signed, the service's own channel verifies and decodes it.
+    let (wechat, sandbox) = signed_channel("PUB_KEY_ID_0000000000000000000000000000000001");
+    let now = Timestamp::new(chrono::Utc::now());
+    let delivery = sandbox
+        .sealed(
+            "TRANSACTION.SUCCESS",
+            plaintext.as_bytes(),
+            now.unix_seconds(),
+        )
+        .expect("sealed");
+    let mut headers = actix_web::http::header::HeaderMap::new();
+    for (name, value) in &delivery.headers {
+        headers.insert(name.parse().expect("name"), value.parse().expect("value"));
+    }
+    let request = crate::channel::Inbound {
+        headers: &headers,
+        body: &delivery.body,
+        now,
+        route: Some(PAY_ROUTE),
+    };
+    let notice = crate::channel::admit(&wechat, &request).expect("admitted");
+    assert_eq!(notice.out_trade_no, "C1");
+    assert_eq!(notice.amount_fen, 3500);
+    let NoticeKind::Combined(c) = notice.kind else {
+        panic!("a combination: {notice:?}");
+    };
+    let seen: Vec<_> = c
+        .subs
+        .iter()
+        .map(|s| {
+            (
+                s.out_trade_no.as_str(),
+                s.transaction_id.as_str(),
+                s.amount_fen,
+                s.mchid.as_str(),
+                s.trade_state.as_str(),
+                s.occurred_at,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("S-1", "42S-1", 1000, MCHID, "SUCCESS", at(success_time)),
+            ("S-2", "42S-2", 2500, MCHID, "SUCCESS", at(success_time)),
+        ]
+    );
+    // A byte changed after signing is refused.
+    let mut tampered = delivery.body.clone();
+    if let Some(b) = tampered.iter_mut().rev().find(|b| b.is_ascii_digit()) {
+        *b = if *b == b'0' { b'1' } else { b'0' };
+    }
+    let request = crate::channel::Inbound {
+        body: &tampered,
+        ..request
+    };
+    assert!(crate::channel::admit(&wechat, &request).is_err());
+}

@@ -17,31 +17,8 @@
 //! ```
 
 use paynotify::qa::forge::Delivery;
-use paynotify::qa::forge::wechat::{Sandbox, encrypt, envelope};
-use serde::Serialize;
-
-/// One sub-order as the notification lists it; `trade_state` `SUCCESS` in a real one.
-#[derive(Debug, Clone)]
-pub struct CombinedSub {
-    pub out_trade_no: String,
-    pub transaction_id: String,
-    pub total_amount: i64,
-    pub mchid: String,
-    pub trade_state: String,
-}
-
-impl CombinedSub {
-    /// `out_trade_no` paid `total_amount` to `mchid`, transaction `42{out_trade_no}`.
-    pub fn paid(out_trade_no: &str, total_amount: i64, mchid: &str) -> Self {
-        Self {
-            out_trade_no: out_trade_no.into(),
-            transaction_id: format!("42{out_trade_no}"),
-            total_amount,
-            mchid: mchid.into(),
-            trade_state: "SUCCESS".into(),
-        }
-    }
-}
+pub use paynotify::qa::forge::wechat::CombinedSub;
+use paynotify::qa::forge::wechat::{Sandbox, combined};
 
 /// A combination as one notification carries it.
 #[derive(Debug, Clone)]
@@ -93,39 +70,15 @@ impl Combined {
 
     /// The decrypted resource, compact, in the doc sample's key order.
     pub fn plaintext(&self) -> String {
-        let attach = "附".repeat(self.attach_len);
-        let resource = Resource {
-            combine_appid: &self.combine_appid,
-            combine_out_trade_no: &self.combine_out_trade_no,
-            combine_mchid: &self.combine_mchid,
-            scene_info: SceneInfo {
-                device_id: "POS1:1",
-            },
-            sub_orders: self
-                .subs
-                .iter()
-                .map(|sub| SubOrder {
-                    mchid: &sub.mchid,
-                    trade_type: "JSAPI",
-                    trade_state: &sub.trade_state,
-                    bank_type: "OTHERS",
-                    attach: &attach,
-                    amount: Amount {
-                        total_amount: sub.total_amount,
-                        currency: "CNY",
-                        payer_amount: sub.total_amount,
-                        payer_currency: "CNY",
-                    },
-                    success_time: &self.success_time,
-                    transaction_id: &sub.transaction_id,
-                    out_trade_no: &sub.out_trade_no,
-                })
-                .collect(),
-            combine_payer_info: PayerInfo {
-                openid: "oSandboxOpenId0000000000000",
-            },
-        };
-        serde_json::to_string(&resource).expect("json")
+        combined(
+            &self.combine_appid,
+            &self.combine_out_trade_no,
+            &self.combine_mchid,
+            &self.subs,
+            &"附".repeat(self.attach_len),
+            &self.success_time,
+        )
+        .expect("json")
     }
 
     /// The whole notification, encrypted with `s`'s APIv3 key and signed at `timestamp`.
@@ -139,62 +92,6 @@ impl Combined {
 /// `plaintext` (any decrypted resource, broken ones included) as a signed
 /// `TRANSACTION.SUCCESS` notification of `s`.
 pub fn sealed(s: &Sandbox, plaintext: &str, timestamp: i64) -> Delivery {
-    const NONCE_CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let nonce = paynotify::random::token(NONCE_CHARS, 12).expect("random");
-    let ciphertext = encrypt(
-        s.apiv3_key.as_bytes(),
-        &nonce,
-        "transaction",
-        plaintext.as_bytes(),
-    )
-    .expect("encrypt");
-    let body = envelope(
-        "TRANSACTION.SUCCESS",
-        "transaction",
-        &ciphertext,
-        "transaction",
-        &nonce,
-    );
-    s.sign(timestamp, body.into_bytes()).expect("sign")
-}
-
-#[derive(Serialize)]
-struct Resource<'a> {
-    combine_appid: &'a str,
-    combine_out_trade_no: &'a str,
-    combine_mchid: &'a str,
-    scene_info: SceneInfo<'a>,
-    sub_orders: Vec<SubOrder<'a>>,
-    combine_payer_info: PayerInfo<'a>,
-}
-
-#[derive(Serialize)]
-struct SceneInfo<'a> {
-    device_id: &'a str,
-}
-
-#[derive(Serialize)]
-struct SubOrder<'a> {
-    mchid: &'a str,
-    trade_type: &'a str,
-    trade_state: &'a str,
-    bank_type: &'a str,
-    attach: &'a str,
-    amount: Amount<'a>,
-    success_time: &'a str,
-    transaction_id: &'a str,
-    out_trade_no: &'a str,
-}
-
-#[derive(Serialize)]
-struct Amount<'a> {
-    total_amount: i64,
-    currency: &'a str,
-    payer_amount: i64,
-    payer_currency: &'a str,
-}
-
-#[derive(Serialize)]
-struct PayerInfo<'a> {
-    openid: &'a str,
+    s.sealed("TRANSACTION.SUCCESS", plaintext.as_bytes(), timestamp)
+        .expect("seal")
 }
