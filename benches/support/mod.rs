@@ -37,7 +37,8 @@ impl BenchDatabase {
         }
     }
 
-    /// A connection of its own to the bench database.
+    /// A connection of its own to the bench database (not every bench needs one).
+    #[allow(dead_code)]
     pub async fn connect(&self) -> AsyncPgConnection {
         AsyncPgConnection::establish(&self.url)
             .await
