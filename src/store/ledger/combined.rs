@@ -11,7 +11,7 @@
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::{Abort, outcome_of, payment_anomaly};
+use super::{Abort, load_order, outcome_of, payment_anomaly};
 use crate::notice::{AnomalyReason, Combination, Notice, Outcome, SubPayment};
 use crate::order::Order;
 use crate::outbox::Message;
@@ -63,17 +63,6 @@ macro_rules! anomaly_once {
             Decided::Anomaly($reason)
         }
     }};
-}
-
-macro_rules! load_order {
-    ($conn:expr, $order_no:expr) => {
-        orders::table
-            .find($order_no)
-            .select(Order::as_select())
-            .first($conn)
-            .await
-            .optional()
-    };
 }
 
 /// One sub-order, inside the delivery's transaction: `Err(Abort::With(Conflict))` undoes

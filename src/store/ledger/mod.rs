@@ -64,6 +64,7 @@ macro_rules! load_order {
             .optional()
     };
 }
+pub(super) use load_order;
 
 /// Records a payment anomaly once, with its `PAYMENT_ANOMALY` message: `Outcome::Anomaly`
 /// when it is new; when its `payment_anomaly` row exists already, the notice is a repeat of a
