@@ -398,13 +398,15 @@ impl Bills {
                     None
                 }
             },
-            (LineKind::Payment, None) => match api.query(scope.account, &diff.out_trade_no, now).await {
-                TradeAnswer::Paid(notice) => Some(notice),
-                other => {
-                    tracing::warn!(order_no = %diff.out_trade_no, channel = %scope.channel, answer = other.label(), "the bill has a payment the provider's query does not confirm");
-                    None
+            (LineKind::Payment, None) => {
+                match api.query(scope.account, &diff.out_trade_no, now).await {
+                    TradeAnswer::Paid(notice) => Some(notice),
+                    other => {
+                        tracing::warn!(order_no = %diff.out_trade_no, channel = %scope.channel, answer = other.label(), "the bill has a payment the provider's query does not confirm");
+                        None
+                    }
                 }
-            },
+            }
             (LineKind::Refund, _) => match api
                 .refund_query(scope.account, &diff.out_trade_no, &diff.out_refund_no, now)
                 .await

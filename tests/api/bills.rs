@@ -1274,10 +1274,12 @@ async fn wechat_a_lost_sub_order_is_recovered_through_its_combination(backend: B
         .client
         .post(app.url("/combined-orders"))
         .bearer_auth(&app.api_token)
-        .json(&serde_json::json!({"combine_out_trade_no": "BC-1", "channel": "wechat",
+        .json(
+            &serde_json::json!({"combine_out_trade_no": "BC-1", "channel": "wechat",
             "account": crate::reconcile::MCHID,
             "sub_orders": [{"order_no": "BC-1-1", "amount_fen": 100},
-                           {"order_no": "BC-1-2", "amount_fen": 200}]}))
+                           {"order_no": "BC-1-2", "amount_fen": 200}]}),
+        )
         .send()
         .await
         .expect("POST /combined-orders");
@@ -1311,7 +1313,10 @@ async fn wechat_a_lost_sub_order_is_recovered_through_its_combination(backend: B
     }
     let paid = app.outbox("ORDER_PAID").await;
     assert_eq!(paid.len(), 2, "each sub-order paid once");
-    assert!(paid.iter().all(|m| m.payload.0["combine_out_trade_no"] == "BC-1"));
+    assert!(
+        paid.iter()
+            .all(|m| m.payload.0["combine_out_trade_no"] == "BC-1")
+    );
     assert!(
         fake.state
             .wechat_combinations
