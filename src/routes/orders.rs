@@ -290,13 +290,13 @@ pub async fn close(
         .detach(async move {
             let store = reconciler.store();
             let target = store.reconcile_target(&order_no).await?;
-            if let Some(no) = target
+            let combination = target
                 .as_ref()
-                .and_then(|o| o.combine_out_trade_no.as_deref())
-                && store
-                    .combination(no)
-                    .await?
-                    .is_some_and(|c| c.row.channel == crate::notice::ChannelId::Wechat.as_str())
+                .and_then(|o| o.combine_out_trade_no.as_deref());
+            if reconciler
+                .wechat_combination_of(combination)
+                .await?
+                .is_some()
             {
                 return Ok(None);
             }
