@@ -26,9 +26,12 @@
 # gate on vs off (GATE_ROUNDS, N each, 0 to skip). IO_ROUNDS compares server.io_threads
 # (0: a quarter of the cores) with one thread per core; RECENT_ROUNDS compares the gate with
 # and without redis.recent_answers, first deliveries then the same requests again (both off
-# by default).
+# by default). BUILD_ROUNDS compares two builds, BIN_BEFORE (another binary) and BIN, first
+# deliveries then the same requests again (off by default).
 # pgbench runs benches/sql/ledger_first.sql (three statements, five round trips),
-# ledger_first_cte.sql (the same rows in one statement) and ledger_duplicate.sql.
+# ledger_first_cte.sql (the same rows in one statement), ledger_group_cte.sql (ten notices
+# in one statement, as group apply writes them) and ledger_duplicate.sql. Every pass and
+# pgbench run also reports the WAL the server wrote per notice (`pg_stat_wal`).
 #
 # Prints a table; with WRITE_DOCS=1 (the default) writes it between the markers in
 # docs/benchmarks.md and the latency plot to docs/bench/latency.png.
@@ -48,6 +51,8 @@ GROUP_ROUNDS=${GROUP_ROUNDS:-4}
 GATE_ROUNDS=${GATE_ROUNDS:-4}
 IO_ROUNDS=${IO_ROUNDS:-0}
 RECENT_ROUNDS=${RECENT_ROUNDS:-0}
+BUILD_ROUNDS=${BUILD_ROUNDS:-0}
+BIN_BEFORE=${BIN_BEFORE:-}
 RECEIPT_N=${RECEIPT_N:-$((N / 2))}
 PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
@@ -77,64 +82,15 @@ fi
 echo "building (release)"
 [ "${BUILD:-1}" = 1 ] && cargo build --release --locked --bin paynotify 2>&1 | tail -1
 
-RUN_ID=$$
-DB=paynotify_bench_$RUN_ID
-DBURL=$PGURL/$DB
-WORK=$(mktemp -d /tmp/paynotify-bench.XXXXXX)
-REDIS_PREFIX="paynotify:bench:$RUN_ID:"
-SERVICE_PID=
-cleanup() {
-    [ -n "$SERVICE_PID" ] && kill "$SERVICE_PID" 2>/dev/null && wait "$SERVICE_PID" 2>/dev/null
-    psql -q "$PGURL/postgres" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1 || true
-    redis-cli -u "$REDIS_URL" --scan --pattern "${REDIS_PREFIX}*" | xargs -r -n 500 redis-cli -u "$REDIS_URL" DEL >/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-createdb_url() { psql -q "$PGURL/postgres" -c "CREATE DATABASE $DB" >/dev/null; }
-sql() { psql -qAt "$DBURL" -c "$1"; }
-
-createdb_url
-"$BIN" sandbox-keys --out "$WORK/keys" --listen "127.0.0.1:$PORT" >/dev/null
-# The schema, from the service's own migrations.
-(cd "$WORK/keys" && PAYNOTIFY__DATABASE__URL=$DBURL "$BIN" migrate --config paynotify.toml >/dev/null 2>&1)
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 CLK_TCK=$(getconf CLK_TCK)
 MACHINE="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), $(psql -qAt "$PGURL/postgres" -c 'SHOW server_version' | cut -d' ' -f1) PostgreSQL, synchronous_commit=$(psql -qAt "$PGURL/postgres" -c 'SHOW synchronous_commit'); history $HISTORY orders, statistics $([ "$STALE" = 1 ] && echo "stale (the pass's orders never analysed)" || echo fresh)"
-RESULTS=$WORK/results.tsv   # config channel pass answered ok errors rate p50 p99 p999 cpu_us rss_mb check group machine_us db_us
+RESULTS=$WORK/results.tsv   # config channel pass answered ok errors rate p50 p99 p999 cpu_us rss_mb check group machine_us db_us wal_bytes wal_syncs
 : >"$RESULTS"
 
-seed_orders() { # prefix count [amount]
-    local analyse="ANALYZE orders;"
-    [ "$STALE" = 1 ] && analyse=
-    sql "INSERT INTO orders (order_no, status, amount_fen, refunded_fen, currency, subject, created_at, expire_at)
-         SELECT '$1' || g, 'WAIT_PAY', ${3:-$AMOUNT}, 0, 'CNY', 'bench', now(), now() + interval '1 day'
-         FROM generate_series(1, $2) g; $analyse"
-}
-
-# HISTORY paid orders, a day old, with their callback rows and sent messages; analysed.
-seed_history() {
-    [ "$HISTORY" -gt 0 ] || return 0
-    echo "seeding $HISTORY orders of history"
-    sql "INSERT INTO orders (order_no, status, amount_fen, refunded_fen, currency, subject, channel, transaction_id, created_at, paid_at, expire_at)
-         SELECT 'H' || g, 'PAID', $AMOUNT, 0, 'CNY', 'history', 'wechat', 'TH' || g, now() - interval '1 day', now() - interval '1 day', now()
-         FROM generate_series(1, $HISTORY) g;
-         INSERT INTO pay_callback (out_trade_no, channel, transaction_id, amount_fen, digest, created_at)
-         SELECT 'H' || g, 'wechat', 'TH' || g, $AMOUNT, md5(g::text) || md5(g::text), now() - interval '1 day'
-         FROM generate_series(1, $HISTORY) g;
-         INSERT INTO local_message (topic, biz_key, payload, status, attempts, next_attempt_at, created_at, sent_at)
-         SELECT 'ORDER_PAID', 'H' || g, jsonb_build_object('order_no', 'H' || g, 'amount_fen', $AMOUNT), 1, 1,
-                now() - interval '1 day', now() - interval '1 day', now() - interval '1 day'
-         FROM generate_series(1, $HISTORY) g;"
-    local t
-    for t in orders pay_callback local_message; do sql "VACUUM ANALYZE $t"; done
-}
 seed_history
-
-forge() { # kind prefix count file
-    (cd "$WORK/keys" && "$BIN" forge "$1" --prefix "$2" --count "$3" --amount-fen $AMOUNT \
-        --out "$4" --config paynotify.toml >/dev/null 2>&1)
-}
 
 # The mix: 9 requests of $1 (fresh orders), then 1 of $2 (a redelivery), repeated.
 interleave() { # fresh redeliveries out
@@ -157,6 +113,10 @@ EOF
 }
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$SERVICE_PID/stat"; }
+# WAL written by the whole server so far (bytes; PostgreSQL 14+).
+wal_bytes() { psql -qAt "$PGURL/postgres" -c "SELECT wal_bytes::bigint FROM pg_stat_wal"; }
+# WAL flushes (fsync/fdatasync) of the whole server so far.
+wal_syncs() { psql -qAt "$PGURL/postgres" -c "SELECT wal_sync FROM pg_stat_wal"; }
 # Busy ticks of the whole machine (service, database, Redis, wrk: all it costs on two cores).
 machine_ticks() { awk '$1 == "cpu" {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
 # "groups payments gate-round-trips gate-calls" so far (from /metrics).
@@ -178,43 +138,6 @@ db_ticks() {
 }
 rss_mb() { awk '/VmRSS/ {printf "%.0f", $2 / 1024}' "/proc/$SERVICE_PID/status"; }
 
-# Exactly-once for the orders $1*: every one PAID, one callback, one ORDER_PAID, nothing else.
-check() { # prefix count
-    local got
-    got=$(sql "SELECT (SELECT count(*) FROM orders WHERE order_no LIKE '$1%' AND status = 'PAID' AND paid_at IS NOT NULL)
-        || ' ' || (SELECT count(*) FROM pay_callback WHERE out_trade_no LIKE '$1%')
-        || ' ' || (SELECT count(*) FROM local_message WHERE topic = 'ORDER_PAID' AND biz_key LIKE '$1%')
-        || ' ' || (SELECT count(DISTINCT biz_key) FROM local_message WHERE topic = 'ORDER_PAID' AND biz_key LIKE '$1%')
-        || ' ' || (SELECT count(*) FROM local_message WHERE topic <> 'ORDER_PAID' AND biz_key LIKE '$1%')")
-    if [ "$got" = "$2 $2 $2 $2 0" ]; then
-        echo ok
-    else
-        echo "FAILED($1: paid callbacks messages distinct other = $got, want $2)" >&2
-        echo FAILED
-    fi
-}
-
-start_service() { # name, then VAR=value settings
-    local name=$1
-    shift
-    (cd "$WORK/keys" && exec env PAYNOTIFY__DATABASE__URL="$DBURL" PAYNOTIFY__DATABASE__AUTO_MIGRATE=false \
-        $SERVICE_ENV "$@" "$BIN" serve --config paynotify.toml >"$WORK/$name.log" 2>&1) &
-    SERVICE_PID=$!
-    for _ in $(seq 100); do
-        curl -fs "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "the service did not become ready; its log:" >&2
-    tail -20 "$WORK/$name.log" >&2
-    exit 1
-}
-
-stop_service() {
-    kill -TERM "$SERVICE_PID"
-    wait "$SERVICE_PID" || true
-    SERVICE_PID=
-}
-
 # One wrk pass over a file of requests; appends a row to $RESULTS.
 pass() { # config channel pass file checks...
     local config=$1 channel=$2 name=$3 file=$4
@@ -233,6 +156,9 @@ pass() { # config channel pass file checks...
     local machine_before db_before
     machine_before=$(machine_ticks)
     db_before=$(db_ticks)
+    local wal_before syncs_before
+    wal_before=$(wal_bytes)
+    syncs_before=$(wal_syncs)
     rm -f "$WORK"/done.*
     BENCH_REQUESTS=$file BENCH_THREADS=$THREADS BENCH_DONE=$WORK/done wrk -t"$THREADS" -c"$CONNS" \
         -d300s --timeout 10s -s bench/notify.lua "http://127.0.0.1:$PORT" >"$WORK/wrk.out" &
@@ -251,6 +177,9 @@ pass() { # config channel pass file checks...
     local machine_after db_after
     machine_after=$(machine_ticks)
     db_after=$(db_ticks)
+    local wal_after syncs_after
+    wal_after=$(wal_bytes)
+    syncs_after=$(wal_syncs)
     local group pipeline counts
     counts="$groups_before $(group_counts)"
     # The mean group size of the pass: payments per group ("-" when nothing was grouped).
@@ -280,34 +209,43 @@ pass() { # config channel pass file checks...
     cpu=$(awk -v t=$((after - before)) -v hz="$CLK_TCK" -v a="$answered" 'BEGIN {printf "%.0f", t / hz / a * 1e6}')
     machine=$(awk -v t=$((machine_after - machine_before)) -v hz="$CLK_TCK" -v a="$answered" 'BEGIN {printf "%.0f", t / hz / a * 1e6}')
     db=$(awk -v t=$((db_after - db_before)) -v hz="$CLK_TCK" -v a="$answered" 'BEGIN {printf "%.0f", t / hz / a * 1e6}')
+    # WAL the whole server wrote during the pass, per request (the relay's marks included as
+    # far as it kept up).
+    local wal syncs
+    wal=$(awk -v w=$((wal_after - wal_before)) -v a="$answered" 'BEGIN {printf "%.0f", w / a}')
+    syncs=$(awk -v w=$((syncs_after - syncs_before)) -v a="$answered" 'BEGIN {printf "%.2f", w / a}')
     local ms50 ms99 ms999
     ms50=$(awk -v v="$p50" 'BEGIN {printf "%.1f", v / 1000}')
     ms99=$(awk -v v="$p99" 'BEGIN {printf "%.1f", v / 1000}')
     ms999=$(awk -v v="$p999" 'BEGIN {printf "%.1f", v / 1000}')
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$config" "$channel" "$name" \
-        "$answered" "$ok" "$errors" "$rate" "$ms50" "$ms99" "$ms999" "$cpu" "$(rss_mb)" "$verdict" "$group" "$machine" "$db" >>"$RESULTS"
-    printf '  %-17s %-6s %-9s %6s answered, %s errors (%s), %6s/s, p50 %s ms, p99 %s ms, CPU %s µs/request (database %s, machine %s), group %s, gate pipeline %s, exactly-once %s\n' \
-        "$config" "$channel" "$name" "$answered" "$errors" "$statuses" "$rate" "$ms50" "$ms99" "$cpu" "$db" "$machine" "$group" "$pipeline" "$verdict"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$config" "$channel" "$name" \
+        "$answered" "$ok" "$errors" "$rate" "$ms50" "$ms99" "$ms999" "$cpu" "$(rss_mb)" "$verdict" "$group" "$machine" "$db" "$wal" "$syncs" >>"$RESULTS"
+    printf '  %-17s %-6s %-9s %6s answered, %s errors (%s), %6s/s, p50 %s ms, p99 %s ms, CPU %s µs/request (database %s, machine %s), WAL %s bytes and %s flushes per request, group %s, gate pipeline %s, exactly-once %s\n' \
+        "$config" "$channel" "$name" "$answered" "$errors" "$statuses" "$rate" "$ms50" "$ms99" "$cpu" "$db" "$machine" "$wal" "$syncs" "$group" "$pipeline" "$verdict"
 }
 
 PG_ROWS=$WORK/pgbench.tsv
 : >"$PG_ROWS"
-pgbench_run() { # label script transactions
-    local per_client=$(($3 / PGBENCH_CLIENTS)) tps
+pgbench_run() { # label script transactions [notices per transaction]
+    local per_client=$(($3 / PGBENCH_CLIENTS)) tps per=${4:-1} wal_before wal_after wal
+    wal_before=$(wal_bytes)
     tps=$(pgbench -n -M prepared -c "$PGBENCH_CLIENTS" -j 2 -t "$per_client" -D "norders=$N" \
-        -f "$2" "$DBURL" 2>/dev/null | awk '/^tps = / {printf "%.0f", $3}')
-    printf '%s\t%s\n' "$1" "$tps" >>"$PG_ROWS"
-    echo "  pgbench $1: $tps tx/s"
+        -f "$2" "$DBURL" 2>/dev/null | awk -v per="$per" '/^tps = / {printf "%.0f", $3 * per}')
+    wal_after=$(wal_bytes)
+    wal=$(((wal_after - wal_before) / (per_client * PGBENCH_CLIENTS * per)))
+    printf '%s\t%s\t%s\n' "$1" "$tps" "$wal" >>"$PG_ROWS"
+    echo "  pgbench $1: $tps notices/s, $wal WAL bytes per notice"
 }
 
 pgbench_all() { # round
     # Orders B1..B{3N}: B1..BN for the three statements, B{N+1}..B{2N} for the single
-    # statement; the duplicate script replays B1..BN.
+    # statement, B{2N+1}..B{3N} ten at a time; the duplicate script replays B1..BN.
     sql "DELETE FROM pay_callback WHERE out_trade_no LIKE 'B%'; DELETE FROM local_message WHERE biz_key LIKE 'B%'; DELETE FROM orders WHERE order_no LIKE 'B%';
          DROP SEQUENCE IF EXISTS bench_seq; CREATE SEQUENCE bench_seq START 1;" >/dev/null
-    seed_orders B $((2 * N)) 100 >/dev/null   # the amount the SQL scripts say
+    seed_orders B $((3 * N)) 100 >/dev/null   # the amount the SQL scripts say
     pgbench_run "three statements (5 round trips) #$1" benches/sql/ledger_first.sql "$N"
     pgbench_run "one statement (CTE) #$1" benches/sql/ledger_first_cte.sql "$N"
+    pgbench_run "ten notices per statement (group) #$1" benches/sql/ledger_group_cte.sql $((N / 10)) 10
     sql "ALTER SEQUENCE bench_seq RESTART 1" >/dev/null
     pgbench_run "duplicate (4 round trips) #$1" benches/sql/ledger_duplicate.sql "$N"
     sql "DELETE FROM pay_callback WHERE out_trade_no LIKE 'B%'; DELETE FROM local_message WHERE biz_key LIKE 'B%';" >/dev/null
@@ -406,6 +344,13 @@ if [ "$RECENT_ROUNDS" -gt 0 ]; then
     ALT_PASSES=first
 fi
 
+if [ "$BUILD_ROUNDS" -gt 0 ]; then
+    echo "build before ($BIN_BEFORE) vs after ($BIN): $BUILD_ROUNDS rounds each of $N WeChat first deliveries, then the same again"
+    ALT_PASSES="first duplicate"
+    alternate "$BUILD_ROUNDS" "$N" before "BIN=$BIN_BEFORE" after "BIN=$BIN"
+    ALT_PASSES=first
+fi
+
 if [ "$RECEIPT_ROUNDS" -gt 0 ]; then
     echo "receipts.store rejected vs off: $RECEIPT_ROUNDS rounds each of $RECEIPT_N WeChat first deliveries"
     alternate "$RECEIPT_ROUNDS" "$RECEIPT_N" receipts-rejected PAYNOTIFY__RECEIPTS__STORE=rejected \
@@ -426,23 +371,23 @@ results, pg_rows, report, machine, n, conns, clients, when, commit, load = sys.a
 rows = [l.rstrip("\n").split("\t") for l in open(results) if l.strip()]
 pg = [l.rstrip("\n").split("\t") for l in open(pg_rows) if l.strip()]
 def mean_pg(prefix):
-    v = [float(t) for label, t in pg if label.startswith(prefix) and t]
+    v = [float(t) for label, t, _ in pg if label.startswith(prefix) and t]
     return statistics.mean(v) if v else float("nan")
-three, cte, dup = mean_pg("three"), mean_pg("one"), mean_pg("duplicate")
+three, cte, dup, ten = mean_pg("three"), mean_pg("one"), mean_pg("duplicate"), mean_pg("ten")
 out = []
 w = out.append
 w(f"Run of {when}, commit {commit}: {machine}; N = {n} per pass, wrk {conns} connections; "
   f"pgbench {clients} clients; load average at the end {load}.\n")
-w("| configuration | channel | pass | answered | errors | per s | p50 ms | p99 ms | p99.9 ms | service CPU µs/request | database CPU µs/request | machine CPU µs/request | RSS MB | mean group | exactly-once |")
-w("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+w("| configuration | channel | pass | answered | errors | per s | p50 ms | p99 ms | p99.9 ms | service CPU µs/request | database CPU µs/request | machine CPU µs/request | WAL bytes/request | WAL flushes/request | RSS MB | mean group | exactly-once |")
+w("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for r in rows:
-    config, channel, name, answered, ok, errors, rate, p50, p99, p999, cpu, rss, check, group, machine, db = r
-    w(f"| {config} | {channel} | {name} | {answered} | {errors} | {int(rate):,} | {p50} | {p99} | {p999} | {cpu} | {db} | {machine} | {rss} | {group} | {check} |")
+    config, channel, name, answered, ok, errors, rate, p50, p99, p999, cpu, rss, check, group, machine, db, wal, syncs = r
+    w(f"| {config} | {channel} | {name} | {answered} | {errors} | {int(rate):,} | {p50} | {p99} | {p999} | {cpu} | {db} | {machine} | {wal} | {syncs} | {rss} | {group} | {check} |")
 w("")
-w("| pgbench (same server, same run) | tx/s |")
-w("|---|---:|")
-for label, tps in pg:
-    w(f"| {label} | {int(tps):,} |" if tps else f"| {label} | failed |")
+w("| pgbench (same server, same run) | notices/s | WAL bytes/notice |")
+w("|---|---:|---:|")
+for label, tps, wal in pg:
+    w(f"| {label} | {int(tps):,} | {wal} |" if tps else f"| {label} | failed | |")
 w("")
 def rate(config, channel, name):
     v = [float(r[6]) for r in rows if r[0] == config and r[1] == channel and r[2] == name]
@@ -455,6 +400,7 @@ for channel in ("wechat", "alipay"):
         if f == f:
             w(f"| {channel}, {config}: first deliveries / pgbench three statements | {f / three:.2f} |")
             w(f"| {channel}, {config}: first deliveries / pgbench one statement | {f / cte:.2f} |")
+            w(f"| {channel}, {config}: first deliveries / pgbench ten per statement | {f / ten:.2f} |")
     l, g, one = rate("ledger", channel, "first"), rate("gate", channel, "first"), rate("single", channel, "first")
     if l == l and g == g:
         w(f"| {channel}: gate on / gate off, first deliveries | {g / l:.2f} |")
@@ -485,6 +431,8 @@ alternated("receipts-rejected", "receipts-off", "receipts rejected / off")
 alternated("io-auto", "io-cores", "io_threads auto / one per core")
 alternated("recent-on", "recent-off", "recent answers on / off")
 alternated("recent-on", "recent-off", "recent answers on / off", "duplicate")
+alternated("after", "before", "build after / before")
+alternated("after", "before", "build after / before", "duplicate")
 open(report, "w").write("\n".join(out) + "\n")
 EOF
 echo

@@ -52,6 +52,9 @@ enum Command {
     /// QA: forge one signed notification per order into a file of raw HTTP requests, for a
     /// load generator to replay (`bench/run.sh`).
     Forge(ForgeArgs),
+    /// QA: send a file of raw HTTP requests (`forge`'s) at a fixed rate, open loop, and
+    /// print the latencies counted from each request's due time (`bench/openloop.sh`).
+    Load(LoadArgs),
     /// Write a fresh sandbox key set and a matching paynotify.toml into DIR.
     SandboxKeys {
         #[arg(long, value_name = "DIR")]
@@ -151,6 +154,25 @@ struct ForgeArgs {
     out: PathBuf,
     #[arg(long)]
     config: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct LoadArgs {
+    /// The requests, each after a line with its length in bytes (`paynotify forge --out`).
+    #[arg(long, value_name = "FILE")]
+    requests: PathBuf,
+    /// Where they go.
+    #[arg(long, value_name = "HOST:PORT")]
+    target: std::net::SocketAddr,
+    /// Requests per second, whatever the answers do.
+    #[arg(long)]
+    rate: f64,
+    /// Keep-alive connections, each with at most one request in flight.
+    #[arg(long, default_value_t = 64)]
+    connections: usize,
+    /// An answer later than this is an error.
+    #[arg(long, default_value_t = 10)]
+    timeout_secs: u64,
 }
 
 #[derive(clap::Args)]
@@ -266,6 +288,7 @@ fn main() -> ExitCode {
         Command::Replay(args) => on_runtime(None, replay(args)),
         Command::Explain(args) => on_runtime(None, explain(args)),
         Command::Forge(args) => on_runtime(None, async move { forge(args) }),
+        Command::Load(args) => on_runtime(Some(1), load(args)),
         Command::SandboxKeys { out, listen } => {
             paynotify::telemetry::init();
             on_runtime(None, async move { sandbox_keys(&out, listen) })
@@ -594,6 +617,19 @@ fn forge(args: ForgeArgs) -> anyhow::Result<()> {
     std::io::Write::flush(&mut out)
         .with_context(|| format!("cannot write {}", args.out.display()))?;
     println!("{written} requests written to {}", args.out.display());
+    Ok(())
+}
+
+async fn load(args: LoadArgs) -> anyhow::Result<()> {
+    let requests = paynotify::qa::load::read_requests(&args.requests)?;
+    let plan = paynotify::qa::load::Plan {
+        target: args.target,
+        rate: args.rate,
+        connections: args.connections,
+        timeout: Duration::from_secs(args.timeout_secs),
+    };
+    let report = paynotify::qa::load::run(&plan, requests).await?;
+    println!("{}", report.result_line(&plan));
     Ok(())
 }
 

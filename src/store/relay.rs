@@ -29,15 +29,33 @@ pub struct Claimed {
     pub created_at: Timestamp,
 }
 
+/// PostgreSQL: the relay's own commits — its leases and its "sent" marks — do not wait for the
+/// WAL to reach the disk (`synchronous_commit = off` for that statement's transaction only;
+/// `set_config(…, true)` ends with it, so the pooled connection's next transaction, a payment
+/// say, is as durable as ever). Losing one in a crash only sends a message again, which
+/// at-least-once allows; and every flush a payment's commit waits for carries them anyway. So
+/// the relay adds no flush of its own per batch for the payments' commits to queue behind.
+/// The condition, always true, that says so: an uncorrelated subquery, evaluated once per
+/// statement.
+macro_rules! async_commit_postgres {
+    () => {
+        "(SELECT set_config('synchronous_commit', 'off', true)) = 'off'"
+    };
+}
+const ASYNC_COMMIT_POSTGRES: &str = async_commit_postgres!();
+
 /// Due pending rows without a live lease, oldest due first, leased to `owner`. The partial
 /// index `local_message_pending_due (next_attempt_at, id) WHERE status = 0` serves it, so
 /// sent rows are never re-read while a backlog drains. `SKIP LOCKED` lets several relays
 /// claim side by side; SQLite has one writer and needs none.
-const CLAIM_POSTGRES: &str = "UPDATE local_message SET locked_by = $1, locked_until = $2 \
+const CLAIM_POSTGRES: &str = concat!(
+    "UPDATE local_message SET locked_by = $1, locked_until = $2 \
      WHERE id IN (SELECT id FROM local_message \
        WHERE status = 0 AND next_attempt_at <= $3 AND (locked_until IS NULL OR locked_until < $4) \
-       ORDER BY next_attempt_at, id LIMIT $5 FOR UPDATE SKIP LOCKED) \
-     RETURNING id, topic, biz_key, payload, attempts, created_at";
+       ORDER BY next_attempt_at, id LIMIT $5 FOR UPDATE SKIP LOCKED) AND ",
+    async_commit_postgres!(),
+    " RETURNING id, topic, biz_key, payload, attempts, created_at"
+);
 const CLAIM_SQLITE: &str = "UPDATE local_message SET locked_by = $1, locked_until = $2 \
      WHERE id IN (SELECT id FROM local_message \
        WHERE status = 0 AND next_attempt_at <= $3 AND (locked_until IS NULL OR locked_until < $4) \
@@ -221,13 +239,19 @@ impl Store {
         written_since: Timestamp,
         now: Timestamp,
     ) -> Result<usize, StoreError> {
-        with_conn!(self, conn => {
+        with_conn!(self, conn, dialect => {
+            let durability = match dialect {
+                Dialect::Postgres => ASYNC_COMMIT_POSTGRES,
+                // MySQL's flush is a server setting; SQLite's writes are local.
+                Dialect::Mysql | Dialect::Sqlite => "1 = 1",
+            };
             Ok(diesel::update(
                 local_message::table
                     .filter(local_message::id.eq_any(ids))
                     .filter(local_message::created_at.ge(written_since))
                     .filter(local_message::locked_by.eq(owner))
-                    .filter(diesel::dsl::sql::<diesel::sql_types::Bool>(STILL_PENDING)),
+                    .filter(diesel::dsl::sql::<diesel::sql_types::Bool>(STILL_PENDING))
+                    .filter(diesel::dsl::sql::<diesel::sql_types::Bool>(durability)),
             )
             .set((
                 local_message::status.eq(status::SENT),

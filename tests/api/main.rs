@@ -45,6 +45,7 @@ mod reconcile;
 mod refund_calls;
 mod refunds;
 mod relay;
+mod relay_commit;
 mod service;
 mod shutdown;
 mod support;

@@ -490,3 +490,98 @@ async fn replay_wechat_combined_pays_every_sub_order_once() {
     assert!(!bad_sub.status.success());
     assert!(service.stop().success());
 }
+
+/// `paynotify forge` then `paynotify load` (the open-loop benchmark's two tools) against a
+/// served sandbox: every forged notification is answered 204 once, every order is paid, and
+/// the same file sent again is answered 204 again as repeats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forge_then_load_pays_every_order_once_at_a_fixed_rate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(BIN)
+        .args(["sandbox-keys", "--out"])
+        .arg(dir.path())
+        .output()
+        .expect("sandbox-keys runs");
+    assert!(out.status.success());
+    let service = Service::start(dir.path()).await;
+    let d = dir.path();
+    let client = reqwest::Client::new();
+    const N: usize = 30;
+    for i in 1..=N {
+        let created = client
+            .post(format!("{}/orders", service.base))
+            .bearer_auth(&service.token)
+            .json(&serde_json::json!({ "order_no": format!("QA-L{i}"), "amount_fen": 700, "subject": "load" }))
+            .send()
+            .await
+            .expect("POST /orders");
+        assert_eq!(created.status(), 201, "{:?}", created.text().await);
+    }
+    let file = d.join("requests");
+    let forged = Command::new(BIN)
+        .args([
+            "forge",
+            "wechat",
+            "--prefix",
+            "QA-L",
+            "--count",
+            &N.to_string(),
+        ])
+        .args(["--amount-fen", "700", "--config", "paynotify.toml", "--out"])
+        .arg(&file)
+        .current_dir(d)
+        .output()
+        .expect("forge runs");
+    assert!(
+        forged.status.success(),
+        "{}",
+        String::from_utf8_lossy(&forged.stderr)
+    );
+    let target = service.base.trim_start_matches("http://").to_owned();
+    let load = |rate: &str| {
+        let out = Command::new(BIN)
+            .args([
+                "load",
+                "--target",
+                &target,
+                "--rate",
+                rate,
+                "--connections",
+                "4",
+                "--requests",
+            ])
+            .arg(&file)
+            .output()
+            .expect("load runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout(&out)
+    };
+    let started = Instant::now();
+    let first = load("100");
+    // Thirty requests due 10 ms apart: the last is due 290 ms after the first.
+    assert!(started.elapsed() >= Duration::from_millis(290), "{first}");
+    assert!(
+        first.contains(&format!(" sent={N} ok={N} errors=0 statuses=- ")),
+        "{first}"
+    );
+    for i in [1, N / 2, N] {
+        assert_eq!(service.status_of(&format!("QA-L{i}")).await, "PAID");
+    }
+    let again = load("500");
+    assert!(
+        again.contains(&format!(" sent={N} ok={N} errors=0 ")),
+        "{again}"
+    );
+    // Each order applied once, then answered as a duplicate once.
+    let metrics = service.metrics().await;
+    for (outcome, want) in [("applied", N), ("duplicate", N)] {
+        let series =
+            format!(r#"paynotify_notifications_total{{channel="wechat",outcome="{outcome}"}}"#);
+        assert_eq!(sample(&metrics, &series), want as f64, "{series}");
+    }
+    assert!(service.stop().success());
+}
