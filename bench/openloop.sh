@@ -74,8 +74,9 @@ load_pass() { # name rate file prefix count
     local name=$1 rate=$2 file=$3 prefix=$4 count=$5 line before after
     drain_relay
     before=$(cpu_ticks)
-    line=$("$BIN" load --requests "$file" --target "127.0.0.1:$PORT" --rate "$rate" \
-        --connections "$CONNS" | grep '^RESULT')
+    "$BIN" load --requests "$file" --target "127.0.0.1:$PORT" --rate "$rate" \
+        --connections "$CONNS" >"$WORK/load.out"
+    line=$(grep '^RESULT' "$WORK/load.out")
     after=$(cpu_ticks)
     local verdict
     verdict=$(check "$prefix" "$count")
@@ -96,6 +97,8 @@ load_pass() { # name rate file prefix count
     printf '  %-8s %5s/s: %5s/s answered, p50 %s ms, p99 %s ms, p99.9 %s ms, max %s ms, errors %s (%s), send lag p99 %s ms, service CPU %s µs/request, exactly-once %s\n' \
         "$name" "$rate" "$achieved" "$(ms "$p50")" "$(ms "$p99")" "$(ms "$p999")" "$(ms "$max")" "$errors" \
         "$statuses" "$(ms "$lag")" "$cpu" "$verdict"
+    # The slowest answers, "due ms:latency ms" (a stall shows as several due close together).
+    echo "           $(grep '^SLOWEST' "$WORK/load.out" | cut -d' ' -f2-11)"
     [ "$verdict" = ok ] && [ "$errors" = 0 ] && [ "$p99" -lt $((P99_LIMIT_MS * 1000)) ] &&
         awk -v a="$achieved" -v r="$rate" 'BEGIN {exit !(a >= 0.95 * r)}'
 }

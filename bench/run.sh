@@ -218,7 +218,7 @@ pass() { # config channel pass file checks...
     ms50=$(awk -v v="$p50" 'BEGIN {printf "%.1f", v / 1000}')
     ms99=$(awk -v v="$p99" 'BEGIN {printf "%.1f", v / 1000}')
     ms999=$(awk -v v="$p999" 'BEGIN {printf "%.1f", v / 1000}')
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$config" "$channel" "$name" \
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$config" "$channel" "$name" \
         "$answered" "$ok" "$errors" "$rate" "$ms50" "$ms99" "$ms999" "$cpu" "$(rss_mb)" "$verdict" "$group" "$machine" "$db" "$wal" "$syncs" >>"$RESULTS"
     printf '  %-17s %-6s %-9s %6s answered, %s errors (%s), %6s/s, p50 %s ms, p99 %s ms, CPU %s µs/request (database %s, machine %s), WAL %s bytes and %s flushes per request, group %s, gate pipeline %s, exactly-once %s\n' \
         "$config" "$channel" "$name" "$answered" "$errors" "$statuses" "$rate" "$ms50" "$ms99" "$cpu" "$db" "$machine" "$wal" "$syncs" "$group" "$pipeline" "$verdict"

@@ -630,6 +630,7 @@ async fn load(args: LoadArgs) -> anyhow::Result<()> {
     };
     let report = paynotify::qa::load::run(&plan, requests).await?;
     println!("{}", report.result_line(&plan));
+    println!("{}", report.slowest_line());
     Ok(())
 }
 

@@ -21,6 +21,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{Mutex, mpsc};
 
+/// How many of the slowest answers the report keeps.
+const SLOWEST: usize = 20;
+
 /// What to send, where and how fast.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -57,6 +60,9 @@ pub struct Report {
     /// sorted: when its high end is near the latencies', the connections, not the service, were
     /// the limit.
     pub send_lag_us: Vec<u64>,
+    /// The slowest answers, slowest first: `(due, latency)` in µs, `due` from the first
+    /// request's due time (a stall shows as several close together in time).
+    pub slowest: Vec<(u64, u64)>,
 }
 
 impl Report {
@@ -82,6 +88,16 @@ impl Report {
         } else {
             0.0
         }
+    }
+
+    /// The slowest answers as `due_ms:latency_ms`, slowest first.
+    pub fn slowest_line(&self) -> String {
+        let answers: Vec<String> = self
+            .slowest
+            .iter()
+            .map(|(due, latency)| format!("{}:{:.1}", due / 1000, *latency as f64 / 1000.0))
+            .collect();
+        format!("SLOWEST {}", answers.join(" "))
     }
 
     /// One line for scripts: `RESULT key=value …`, latencies in µs.
@@ -175,7 +191,7 @@ pub async fn run(plan: &Plan, requests: Vec<Vec<u8>>) -> anyhow::Result<Report> 
     // Every request is released by the pacer at its due time; a free connection takes it.
     let (due_tx, due_rx) = mpsc::unbounded_channel::<(usize, Instant)>();
     let due_rx = Arc::new(Mutex::new(due_rx));
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Answer, u64, u64)>();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(usize, Answer, u64, u64)>();
     let start = Instant::now() + Duration::from_millis(20);
     let pacer = std::thread::spawn(move || pace(start, interval, sent, &due_tx));
     let mut workers = Vec::with_capacity(plan.connections);
@@ -197,7 +213,7 @@ pub async fn run(plan: &Plan, requests: Vec<Vec<u8>>) -> anyhow::Result<Report> 
                 let latency = Instant::now().saturating_duration_since(due);
                 let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
                 if done_tx
-                    .send((answer, micros(latency), micros(lag)))
+                    .send((i, answer, micros(latency), micros(lag)))
                     .is_err()
                 {
                     return;
@@ -213,12 +229,16 @@ pub async fn run(plan: &Plan, requests: Vec<Vec<u8>>) -> anyhow::Result<Report> 
         duration: Duration::ZERO,
         latencies_us: Vec::with_capacity(sent),
         send_lag_us: Vec::with_capacity(sent),
+        slowest: Vec::new(),
     };
-    while let Some((answer, latency, lag)) = done_rx.recv().await {
+    let mut timeline = Vec::with_capacity(sent);
+    let interval_us = interval.as_secs_f64() * 1e6;
+    while let Some((i, answer, latency, lag)) = done_rx.recv().await {
         match answer {
             Answer::Status(status) => {
                 *report.statuses.entry(status).or_default() += 1;
                 report.latencies_us.push(latency);
+                timeline.push(((i as f64 * interval_us) as u64, latency));
             }
             Answer::Failed => report.failed += 1,
         }
@@ -233,6 +253,9 @@ pub async fn run(plan: &Plan, requests: Vec<Vec<u8>>) -> anyhow::Result<Report> 
     }
     report.latencies_us.sort_unstable();
     report.send_lag_us.sort_unstable();
+    timeline.sort_unstable_by(|a, b| b.1.cmp(&a.1));
+    timeline.truncate(SLOWEST);
+    report.slowest = timeline;
     Ok(report)
 }
 
@@ -436,6 +459,10 @@ mod tests {
         // The last is due at 45 ms and answered at 10 × 20 = 200 ms at the earliest.
         assert!(max >= 150_000, "the queueing is counted: {max} µs");
         assert!(percentile(&report.send_lag_us, 100.0) >= 100_000);
+        // The slowest is the last one due (45 ms after the first), waiting for all before it.
+        assert_eq!(report.slowest.len(), 10);
+        assert_eq!(report.slowest[0], (45_000, max));
+        assert!(report.slowest_line().starts_with("SLOWEST 45:"));
     }
 
     #[tokio::test]
