@@ -641,10 +641,13 @@ async fn a_remembered_answer_expires_with_the_redis_one() {
     flush(&prefix).await;
 }
 
+/// What one connection sent to Redis.
+type Sent = Arc<std::sync::Mutex<Vec<u8>>>;
+
 /// A TCP proxy to Redis that keeps what its clients sent, to count the gate's commands.
 struct Recorder {
     port: u16,
-    sent: Arc<std::sync::Mutex<Vec<Arc<std::sync::Mutex<Vec<u8>>>>>>,
+    sent: Arc<std::sync::Mutex<Vec<Sent>>>,
 }
 
 impl Recorder {
@@ -652,11 +655,11 @@ impl Recorder {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
-        let sent: Arc<std::sync::Mutex<Vec<Arc<std::sync::Mutex<Vec<u8>>>>>> = Arc::default();
+        let sent: Arc<std::sync::Mutex<Vec<Sent>>> = Arc::default();
         let connections = sent.clone();
         tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
-                let bytes: Arc<std::sync::Mutex<Vec<u8>>> = Arc::default();
+                let bytes: Sent = Arc::default();
                 connections.lock().expect("lock").push(bytes.clone());
                 tokio::spawn(async move {
                     let Ok(upstream) = TcpStream::connect("127.0.0.1:6379").await else {
