@@ -7,12 +7,15 @@
 //! when its digest equals the notice's, so a stale entry can never turn a conflict into a
 //! success.
 //!
-//! A notice makes two calls. Before the ledger, one round trip reads the cached answer and
-//! takes the marker (`GET`, `SET NX PX`, pipelined); the request waits for it. After the
-//! ledger, caching the answer and deleting the marker is queued ([`Batcher`]) and goes once
+//! A notice has one key, whose value is either the marker ([`call::MARKER`]: someone is
+//! applying it) or its final answer. A first delivery makes two calls of one command each.
+//! Before the ledger, `SET key marker NX PX ttl GET` takes the marker if the key is free and
+//! reads what it held otherwise (the answer, or another request's marker); the request waits
+//! for it. After the ledger, `SET key answer EX ttl` replaces the marker with the answer
+//! (`DEL` when there is no final answer to cache); it is queued ([`Batcher`]) and goes once
 //! the provider has its answer, [`LINGER`] later, in one pipeline with those of the notices
 //! answered meanwhile (on a cluster, whose pipelines stay within one slot, one pipeline per
-//! notice, all at once).
+//! notice, all at once). A repeat answered from Redis makes one call, and writes nothing.
 //!
 //! Every cached answer carries the database writer's tag (`store/writer.rs`), `{tag:x}:{digest}`:
 //! after a failover the tag changes and an answer cached before it counts as absent, so a
@@ -33,7 +36,7 @@ use crate::metrics::{GateResult, Metrics};
 use crate::notice::{Notice, NoticeKind, Outcome};
 use crate::store::writer::Writer;
 
-use call::Call;
+use call::{Call, MARKER};
 use link::Link;
 use recent::Recent;
 
@@ -58,10 +61,11 @@ pub enum Decision {
     Proceed(Option<Marker>),
 }
 
-/// A marker this request took: its key, and the writer's tag when it was taken (the answer
-/// is cached under that tag, so one applied before a failover is never trusted after it).
+/// A marker this request took (on the notice's key), and the writer's tag when it was taken
+/// (the answer is cached under that tag, so one applied before a failover is never trusted
+/// after it).
 #[derive(Debug)]
-pub struct Marker(String, u64);
+pub struct Marker(u64);
 
 pub struct Gate {
     link: Arc<Link>,
@@ -159,8 +163,8 @@ impl Gate {
         }))
     }
 
-    /// The result key of a notice, hash-tagged by order so a notice's keys share a Redis
-    /// Cluster slot. Only payments and refunds have one: other kinds (transfers among them,
+    /// The key of a notice, which holds its marker or its final answer, hash-tagged by order
+    /// so the keys of one order share a Redis Cluster slot. Only payments and refunds have one: other kinds (transfers among them,
     /// rare and where money leaves) never skip the ledger.
     fn key(&self, n: &Notice) -> Option<String> {
         let order = escape(&n.out_trade_no);
@@ -180,14 +184,6 @@ impl Gate {
         }
     }
 
-    /// The marker of a result key, in a namespace of its own so no result key equals it.
-    fn marker_key(result_key: &str) -> String {
-        match result_key.split_once("}:") {
-            Some((head, tail)) => format!("{head}}}:marker:{tail}"),
-            None => format!("{result_key}:marker"),
-        }
-    }
-
     /// Before the ledger: a cached answer for the same content, the marker, or a bypass.
     pub async fn enter(&self, n: &Notice) -> Decision {
         let Some(key) = self.key(n) else {
@@ -201,15 +197,13 @@ impl Gate {
             self.link.metrics.gate_result(GateResult::HitLocal);
             return Decision::Answered;
         }
-        let marker = Self::marker_key(&key);
         if self.link.breaker.is_open() {
             self.link.metrics.gate_result(GateResult::BypassBreakerOpen);
             return Decision::Proceed(None);
         }
-        // One round trip: the cached answer, and the marker if nobody holds it.
+        // One command: the marker if the key is free, else what the key holds.
         let call = Call::Enter {
             key: key.clone(),
-            marker: marker.clone(),
             ttl_ms: self.marker_ttl_ms,
         };
         let reply = self
@@ -220,78 +214,50 @@ impl Gate {
             .pop()
             .flatten()
             .and_then(|replies| {
-                let [cached, taken]: [Value; 2] = replies.try_into().ok()?;
-                let cached = redis::from_redis_value::<Option<String>>(cached).ok()?;
-                let taken = redis::from_redis_value::<Option<String>>(taken).ok()?;
-                Some((cached, taken))
+                let [held]: [Value; 1] = replies.try_into().ok()?;
+                redis::from_redis_value::<Option<String>>(held).ok()
             });
-        let Some((cached, taken)) = reply else {
+        let Some(held) = reply else {
             return Decision::Proceed(None);
         };
-        let taken = taken.map(|_| Marker(marker.clone(), tag));
         let expected = Self::stamped(tag, digest.as_str());
-        match cached {
+        match held {
+            // The key was free: the marker is ours.
+            None => Decision::Proceed(Some(Marker(tag))),
             Some(seen) if seen == expected => {
                 self.link.metrics.gate_result(GateResult::Hit);
                 self.recent.remember(&digest, tag);
-                if let Some(Marker(marker, _)) = taken {
-                    self.post(Call::Leave {
-                        key,
-                        answer: None,
-                        marker: Some(marker),
-                        ttl_secs: self.result_ttl_secs,
-                    })
-                    .await;
-                }
                 Decision::Answered
             }
-            // Different content under this key (a conflict), or an answer cached under
-            // another writer (before a failover): the ledger decides.
-            Some(_) => Decision::Proceed(taken),
-            None if taken.is_some() => Decision::Proceed(taken),
-            None => {
-                let decision = self.wait_for_twin(&key, &marker, &expected).await;
+            Some(seen) if seen == MARKER => {
+                let decision = self.wait_for_twin(&key, &expected).await;
                 if let Decision::Answered = decision {
                     self.recent.remember(&digest, tag);
                 }
                 decision
             }
+            // Different content under this key (a conflict), or an answer cached under
+            // another writer (before a failover): the ledger decides, and no marker is taken.
+            Some(_) => Decision::Proceed(None),
         }
     }
 
     /// Another request is applying this key now: wait briefly for its answer. When the
     /// holder finishes without caching one (a conflict, an unknown order, an error), the
-    /// marker is gone and the ledger answers this request too. `digest` is as cached: under
-    /// the writer's tag.
-    async fn wait_for_twin(&self, key: &str, marker: &str, digest: &str) -> Decision {
+    /// key is gone and the ledger answers this request too; so it does when the key holds
+    /// another answer than `digest` (as cached: under the writer's tag).
+    async fn wait_for_twin(&self, key: &str, digest: &str) -> Decision {
         let deadline = Instant::now() + TWIN_WAIT;
         while Instant::now() < deadline {
             tokio::time::sleep(TWIN_POLL).await;
             match self.link.cached(key).await {
-                None => return Decision::Proceed(None),
                 Some(Some(seen)) if seen == digest => {
                     self.link.metrics.gate_result(GateResult::HitAfterWait);
                     return Decision::Answered;
                 }
-                Some(Some(_)) => return Decision::Proceed(None),
-                Some(None) => {}
-            }
-            let held = self
-                .link
-                .call("EXISTS", 1, |mut c| async move {
-                    c.exists::<_, bool>(marker).await
-                })
-                .await;
-            if held != Some(true) {
-                // The holder may have cached its answer and given the marker back between the
-                // two reads above: look once more before sending this twin to the ledger.
-                return match self.link.cached(key).await {
-                    Some(Some(seen)) if seen == digest => {
-                        self.link.metrics.gate_result(GateResult::HitAfterWait);
-                        Decision::Answered
-                    }
-                    _ => Decision::Proceed(None),
-                };
+                Some(Some(seen)) if seen == MARKER => {}
+                // Bypassed, given back without an answer, or another answer.
+                None | Some(None) | Some(Some(_)) => return Decision::Proceed(None),
             }
         }
         self.link.metrics.gate_result(GateResult::Busy);
@@ -302,9 +268,11 @@ impl Gate {
     /// marker back, without waiting (see [`LINGER`]). `outcome` is `None` when the
     /// ledger failed: nothing is cached then.
     ///
-    /// The marker is deleted, not compared first: it is ours unless it outlived its TTL while
-    /// the ledger worked and a twin took it, and deleting that one only lets a third twin on
-    /// to the ledger, whose unique keys decide.
+    /// The marker is overwritten (or deleted), not compared first: it is ours unless it
+    /// outlived its TTL while the ledger worked and a twin took it, and replacing that one
+    /// only lets a third twin on to the ledger (or answers it with this final answer of the
+    /// same key), and deleting a twin's answer only sends its repeats to the ledger, whose
+    /// unique keys decide.
     pub async fn leave(&self, n: &Notice, marker: Option<Marker>, outcome: Option<Outcome>) {
         let Some(key) = self.key(n) else { return };
         let settled = matches!(
@@ -313,7 +281,7 @@ impl Gate {
         );
         // The tag before the ledger ran: an answer given by the writer before a failover
         // is cached as that writer's.
-        let tag = marker.as_ref().map_or_else(|| self.tag(), |m| m.1);
+        let tag = marker.as_ref().map_or_else(|| self.tag(), |m| m.0);
         let answer = settled.then(|| {
             let digest = n.digest();
             self.recent.remember(&digest, tag);
@@ -322,7 +290,7 @@ impl Gate {
         let leave = Call::Leave {
             key,
             answer,
-            marker: marker.map(|Marker(key, _)| key),
+            held: marker.is_some(),
             ttl_secs: self.result_ttl_secs,
         };
         self.post(leave).await;
@@ -330,12 +298,7 @@ impl Gate {
 
     /// Queues a `Leave` without waiting (or, when the queue is full, sends it now).
     async fn post(&self, leave: Call) {
-        if let Call::Leave {
-            answer: None,
-            marker: None,
-            ..
-        } = leave
-        {
+        if leave.is_empty() {
             return;
         }
         if !leave.releases() && self.link.breaker.is_open() {
