@@ -5,7 +5,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
@@ -107,6 +107,8 @@ pub(super) struct Link {
     timeout: Duration,
     pub(super) breaker: Breaker,
     pub(super) metrics: Arc<Metrics>,
+    /// Whether a command refused by Redis itself (`ERR`) was logged: once, at warn.
+    refused: AtomicBool,
 }
 
 impl Link {
@@ -147,6 +149,7 @@ impl Link {
                 epoch: Instant::now(),
             },
             metrics,
+            refused: AtomicBool::new(false),
         })
     }
 
@@ -198,6 +201,11 @@ impl Link {
                 Some(value)
             }
             Ok(Err(error)) => {
+                // Redis refusing the command itself is no passing failure: an older Redis
+                // than the gate needs. Said once, where operators look.
+                if error.code() == Some("ERR") && !self.refused.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(what, %error, "redis refused a gate command (the gate needs Redis 7.0 or later); notices go to the database without it");
+                }
                 tracing::debug!(what, %error, "redis gate bypassed");
                 self.failed(generation.load(Ordering::Relaxed), Some(&error));
                 self.metrics.gate_results(GateResult::BypassError, calls);
