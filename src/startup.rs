@@ -5,7 +5,7 @@ use std::net::TcpListener;
 use std::sync::Arc;
 
 use actix_web::dev::Service;
-use actix_web::dev::{Server, ServerHandle, ServiceResponse};
+use actix_web::dev::{Server, ServerHandle};
 use actix_web::http::StatusCode;
 use actix_web::{HttpServer, web};
 
@@ -123,7 +123,7 @@ impl Application {
                     let response = srv.call(req);
                     async move {
                         let response = response.await;
-                        timer.observe(response.as_ref().ok().map(ServiceResponse::request));
+                        timer.observe();
                         response
                     }
                 })

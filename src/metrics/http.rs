@@ -3,30 +3,20 @@
 
 use std::time::Instant;
 
-use actix_web::HttpRequest;
 use actix_web::dev::ServiceRequest;
-use prometheus::HistogramVec;
+use prometheus::Histogram;
 
 use super::Metrics;
 
 /// A started request: [`RequestTimer::observe`] records its latency under fixed labels.
 pub struct RequestTimer {
-    histograms: HistogramVec,
-    method: &'static str,
+    histogram: Histogram,
     started: Instant,
 }
 
 impl RequestTimer {
-    /// Records the latency under the route pattern `request` matched (`unmatched` for none,
-    /// or without the request: an error instead of a response). Asked once the router has
-    /// run: the pattern of the matched resource is then read from the request, where before
-    /// routing the path would be matched against the whole route table a second time.
-    pub fn observe(self, request: Option<&HttpRequest>) {
-        let route = request.and_then(HttpRequest::match_pattern);
-        let route = route.as_deref().unwrap_or(ROUTE_UNMATCHED);
-        self.histograms
-            .with_label_values(&[route, self.method])
-            .observe(self.started.elapsed().as_secs_f64());
+    pub fn observe(self) {
+        self.histogram.observe(self.started.elapsed().as_secs_f64());
     }
 }
 
@@ -52,13 +42,15 @@ pub fn method_label(method: &actix_web::http::Method) -> &'static str {
 }
 
 impl Metrics {
-    /// Starts timing a request, labelled by its route pattern (or `unmatched`, see
-    /// [`RequestTimer::observe`]) and method (a standard one, else `other`): never by
-    /// anything the client chose.
+    /// Starts timing a request, labelled by its route pattern (or `unmatched`) and method
+    /// (a standard one, else `other`): never by anything the client chose.
     pub fn time_request(&self, req: &ServiceRequest) -> RequestTimer {
+        let route = req.match_pattern();
+        let route = route.as_deref().unwrap_or(ROUTE_UNMATCHED);
         RequestTimer {
-            histograms: self.request_seconds.clone(),
-            method: method_label(req.method()),
+            histogram: self
+                .request_seconds
+                .with_label_values(&[route, method_label(req.method())]),
             started: Instant::now(),
         }
     }
