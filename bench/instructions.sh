@@ -11,15 +11,15 @@
 #   GATE=1 bench/instructions.sh             # with the Redis gate ($REDIS_URL)
 #   KEEP=/tmp/instr bench/instructions.sh    # keep the callgrind dumps there
 #
-# Steps: build (unless BIN= is given), create a database on $PGURL (a unique name, dropped at
-# exit), sandbox keys, migrate, seed N waiting orders, start the service under callgrind
-# (relay on with its default sink; no Redis unless GATE=1), wait for /readyz, zero the
-# counters (`callgrind_control -z`), send the N first deliveries (a closed-loop sender of
-# CONNS keep-alive connections: it is not measured), wait until every order is PAID and the
-# relay has sent every message, dump (`callgrind_control -d`), send the same N requests
-# again, wait until the relay is idle, dump, stop the service. After each pass exactly-once
-# is checked in SQL (every order PAID, one pay_callback row and one ORDER_PAID message per
-# order, every message sent).
+# Steps: build (unless BIN= is given), create a database on $PGURL (bench/lib.sh: a unique
+# name, dropped at exit), sandbox keys, migrate, seed N waiting orders, start the service under
+# callgrind (relay on with its default sink; no Redis unless GATE=1), wait for /readyz, zero
+# the counters (`callgrind_control -z`), send the N first deliveries (`paynotify load`: RATE a
+# second over CONNS keep-alive connections; the sender is not measured), wait until every order
+# is PAID and the relay has sent every message, dump (`callgrind_control -d`), send the same N
+# requests again, wait until the relay is idle, dump, stop the service. After each pass
+# exactly-once is checked in SQL (every order PAID, one pay_callback row and one ORDER_PAID
+# message per order, every message sent).
 #
 # WeChat refuses a Wechatpay-Timestamp more than 5 minutes from now: the requests are forged
 # once the service is ready, and forged again (same orders, same transactions, same amounts:
@@ -36,6 +36,7 @@ set -euo pipefail
 
 N=${N:-500}
 CONNS=${CONNS:-4}
+RATE=${RATE:-25}
 GATE=${GATE:-0}
 PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
 REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379}
@@ -56,43 +57,21 @@ fi
 BIN=$(realpath "$BIN")
 command -v valgrind >/dev/null || { echo "installing valgrind"; apt-get install -y valgrind >/dev/null; }
 
-RUN_ID=$$
-DB=paynotify_instr_$RUN_ID
-DBURL=$PGURL/$DB
-WORK=$(mktemp -d /tmp/paynotify-instr.XXXXXX)
-REDIS_PREFIX="paynotify:instr:$RUN_ID:"
+HISTORY=0
+STALE=0
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 OUT=$WORK/callgrind.out
-SERVICE_PID=
-cleanup() {
-    if [ -n "$SERVICE_PID" ]; then
-        kill "$SERVICE_PID" 2>/dev/null || true
-        wait "$SERVICE_PID" 2>/dev/null || true
-    fi
-    psql -q "$PGURL/postgres" -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1 || true
-    if [ "$GATE" = 1 ]; then
-        redis-cli -u "$REDIS_URL" --scan --pattern "${REDIS_PREFIX}*" | xargs -r -n 500 redis-cli -u "$REDIS_URL" DEL >/dev/null || true
-    fi
+# The dumps are kept (KEEP=dir) before lib.sh's cleanup removes $WORK.
+keep_dumps() {
     if [ -n "$KEEP" ]; then
         mkdir -p "$KEEP"
         cp "$WORK"/callgrind.out* "$WORK"/*.log "$KEEP"/ 2>/dev/null || true
     fi
-    rm -rf "$WORK"
+    cleanup
 }
-trap cleanup EXIT
-
-sql() { psql -qAt "$DBURL" -c "$1"; }
-
-psql -q "$PGURL/postgres" -c "CREATE DATABASE $DB" >/dev/null
-"$BIN" sandbox-keys --out "$WORK/keys" --listen "127.0.0.1:$PORT" >/dev/null
-(cd "$WORK/keys" && PAYNOTIFY__DATABASE__URL=$DBURL "$BIN" migrate --config paynotify.toml >/dev/null 2>&1)
-sql "INSERT INTO orders (order_no, status, amount_fen, refunded_fen, currency, subject, created_at, expire_at)
-     SELECT 'I-' || g, 'WAIT_PAY', $AMOUNT, 0, 'CNY', 'bench', now(), now() + interval '1 day'
-     FROM generate_series(1, $N) g; ANALYZE orders;"
-
-forge() { # out
-    (cd "$WORK/keys" && "$BIN" forge wechat --prefix I- --count "$N" --amount-fen $AMOUNT \
-        --out "$1" --config paynotify.toml >/dev/null 2>&1)
-}
+trap keep_dumps EXIT
+seed_orders I- "$N" >/dev/null
 
 # Exactly-once for the N orders, and the relay done: "paid callbacks messages distinct other unsent".
 state() {
@@ -115,55 +94,11 @@ settled() { # pass
     exit 1
 }
 
-# Sends every request of a file (a length line, then a raw HTTP/1.1 request) once, over CONNS
-# keep-alive connections, each waiting for its answer before the next; prints the statuses.
+# Sends every request of a file once, RATE a second over CONNS keep-alive connections
+# (`paynotify load`); prints the answers' statuses.
 send() { # file
-    python3 - "$1" "$PORT" "$CONNS" <<'EOF'
-import socket, sys, threading, collections
-path, port, conns = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-reqs = []
-with open(path, "rb") as f:
-    while True:
-        line = f.readline()
-        if not line:
-            break
-        reqs.append(f.read(int(line)))
-statuses = collections.Counter()
-lock = threading.Lock()
-def worker(k):
-    s = socket.create_connection(("127.0.0.1", port))
-    buf = b""
-    for r in reqs[k::conns]:
-        s.sendall(r)
-        while b"\r\n\r\n" not in buf:
-            chunk = s.recv(65536)
-            if not chunk:
-                raise SystemExit("connection closed")
-            buf += chunk
-        head, _, buf = buf.partition(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        status = int(lines[0].split()[1])
-        length = 0
-        for h in lines[1:]:
-            name, _, value = h.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        while len(buf) < length:
-            chunk = s.recv(65536)
-            if not chunk:
-                raise SystemExit("connection closed")
-            buf += chunk
-        buf = buf[length:]
-        with lock:
-            statuses[status] += 1
-    s.close()
-threads = [threading.Thread(target=worker, args=(k,)) for k in range(conns)]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
-print(" ".join(f"{s}x{c}" for s, c in sorted(statuses.items())))
-EOF
+    "$BIN" load --requests "$1" --target "127.0.0.1:$PORT" --rate "$RATE" --connections "$CONNS" \
+        --timeout-secs 60 | sed -n 's/^RESULT.* ok=\([0-9]*\) errors=\([0-9]*\) statuses=\([^ ]*\).*/\1 ok, \2 errors (\3)/p'
 }
 
 metric() { # name and labels as /metrics prints them
@@ -204,7 +139,7 @@ fi
 # Let start-up's background work (the relay's first ticks, job scheduling) settle.
 sleep 5
 
-forge "$WORK/first"
+forge wechat I- "$N" "$WORK/first"
 callgrind_control -z "$SERVICE_PID" >/dev/null
 t0=$(date +%s)
 echo "first deliveries: $N requests, $CONNS connections: $(send "$WORK/first")"
@@ -214,7 +149,7 @@ FIRST_DUMP=$(ls -t "$WORK"/callgrind.out.* | head -1)
 
 if [ $(($(date +%s) - t0)) -gt "$REFORGE_AFTER" ]; then
     echo "  forged again for the repeats (the first requests' timestamps are too old by now)"
-    forge "$WORK/first"
+    forge wechat I- "$N" "$WORK/first"
 fi
 dup_before=$(metric 'paynotify_notifications_total{channel="wechat",outcome="duplicate"}')
 callgrind_control -z "$SERVICE_PID" >/dev/null

@@ -562,10 +562,7 @@ async fn a_repeat_this_instance_answered_needs_neither_redis_nor_the_database() 
     let n = TestNotification::paid("G-MEM", "T-MEM", 100);
     assert_eq!(deliver(&app, &n).await.0, StatusCode::NO_CONTENT);
     // Its answer cached and marker given back: two calls.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while app.metrics.gate_calls.get() < 2 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    gate_calls_reach(&app, 2).await;
     assert_eq!(app.metrics.gate_calls.get(), 2);
 
     assert_eq!(
@@ -741,10 +738,7 @@ async fn a_first_delivery_is_two_commands_on_one_key_and_a_repeat_one() {
     app.create_order("G-CMD", 100).await;
     let n = TestNotification::paid("G-CMD", "T-CMD", 100);
     assert_eq!(deliver(&app, &n).await.0, StatusCode::NO_CONTENT);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while app.metrics.gate_calls.get() < 2 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    gate_calls_reach(&app, 2).await;
     let key = format!("{prefix}{{G-CMD}}:pay:wechat");
     let deadline = Instant::now() + Duration::from_secs(10);
     while recorder.on_keys(&prefix).len() < 2 && Instant::now() < deadline {
@@ -913,4 +907,12 @@ async fn a_twin_waits_for_the_holders_answer_and_a_conflict_never_takes_it() {
         .await
         .expect("del");
     flush(&prefix).await;
+}
+
+/// Waits (10 s at most) until the gate has made `calls` calls.
+async fn gate_calls_reach(app: &TestApp, calls: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app.metrics.gate_calls.get() < calls && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

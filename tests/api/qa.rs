@@ -389,8 +389,8 @@ async fn sandbox_keys_serve_and_replay_end_to_end() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replay_wechat_combined_pays_every_sub_order_once() {
+/// A fresh sandbox (`paynotify sandbox-keys`) served by `paynotify serve`.
+async fn served_sandbox() -> (tempfile::TempDir, Service) {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = Command::new(BIN)
         .args(["sandbox-keys", "--out"])
@@ -399,6 +399,12 @@ async fn replay_wechat_combined_pays_every_sub_order_once() {
         .expect("sandbox-keys runs");
     assert!(out.status.success());
     let service = Service::start(dir.path()).await;
+    (dir, service)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_wechat_combined_pays_every_sub_order_once() {
+    let (dir, service) = served_sandbox().await;
     let d = dir.path();
     let client = reqwest::Client::new();
     let created = client
@@ -496,14 +502,7 @@ async fn replay_wechat_combined_pays_every_sub_order_once() {
 /// the same file sent again is answered 204 again as repeats.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forge_then_load_pays_every_order_once_at_a_fixed_rate() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = Command::new(BIN)
-        .args(["sandbox-keys", "--out"])
-        .arg(dir.path())
-        .output()
-        .expect("sandbox-keys runs");
-    assert!(out.status.success());
-    let service = Service::start(dir.path()).await;
+    let (dir, service) = served_sandbox().await;
     let d = dir.path();
     let client = reqwest::Client::new();
     const N: usize = 30;
