@@ -16,7 +16,9 @@
 # every pass (every order PAID, one callback row, one ORDER_PAID message, nothing else).
 #
 # GATE=1 puts the Redis gate in front ($REDIS_URL). SERVICE_ENV adds VAR=value words to the
-# service's environment. Requests are forged right before their pass (WeChat refuses a
+# service's environment. DB_SET="name = value" sets a PostgreSQL setting for the benchmark's
+# database (`ALTER DATABASE … SET`), for diagnosis: DB_SET="synchronous_commit = off" shows
+# what the WAL flush costs — never a way to run the service. Requests are forged right before their pass (WeChat refuses a
 # timestamp five minutes old). The load generator runs on the same machine: its own CPU is in
 # the figures' machine, not in the service's.
 #
@@ -28,6 +30,7 @@ DURATION=${DURATION:-8}
 MEASURE=${MEASURE:-15}
 RATES=${RATES:-"1000 2000 3000 4000 5000 6000 8000"}
 REFINE=${REFINE:-2}
+FRACTIONS=${FRACTIONS-"25 50 75"}   # percentages of the sustainable rate measured after the search
 P99_LIMIT_MS=${P99_LIMIT_MS:-100}
 GATE=${GATE:-0}
 PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
@@ -114,12 +117,13 @@ first_pass() { # name rate seconds: fresh orders, forged now; sets FILE, PREFIX,
     load_pass "$1" "$2" "$FILE" "$PREFIX" "$COUNT"
 }
 
+[ -n "${DB_SET:-}" ] && sql "ALTER DATABASE $DB SET $DB_SET"
 if [ "$GATE" = 1 ]; then
     start_service openloop PAYNOTIFY__REDIS__URL="$REDIS_URL" PAYNOTIFY__REDIS__KEY_PREFIX="$REDIS_PREFIX"
 else
     start_service openloop
 fi
-MACHINE="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), PostgreSQL $(sql 'SHOW server_version' | cut -d' ' -f1), synchronous_commit=$(sql 'SHOW synchronous_commit'); history $HISTORY orders; gate $([ "$GATE" = 1 ] && echo on || echo off); $CONNS connections"
+MACHINE="$(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'), PostgreSQL $(sql 'SHOW server_version' | cut -d' ' -f1), synchronous_commit=$(sql 'SHOW synchronous_commit')${DB_SET:+ ($DB_SET for the service)}; history $HISTORY orders; gate $([ "$GATE" = 1 ] && echo on || echo off); $CONNS connections"
 echo "machine: $MACHINE; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # A warm-up, not counted: connections, prepared statements, the relay's first claims.
@@ -145,7 +149,7 @@ done
 [ "$sustained" -gt 0 ] || { echo "not even ${RATES%% *}/s was sustained" >&2; exit 1; }
 echo "sustainable: $sustained/s$([ "$failed" -gt 0 ] && echo " (not $failed/s)")"
 
-for pct in 25 50 75; do
+for pct in $FRACTIONS; do
     rate=$((sustained * pct / 100))
     first_pass "first $pct%" "$rate" "$MEASURE" || true
     load_pass "repeat $pct%" "$rate" "$FILE" "$PREFIX" "$COUNT" || true
