@@ -253,7 +253,7 @@ pub async fn run(plan: &Plan, requests: Vec<Vec<u8>>) -> anyhow::Result<Report> 
     }
     report.latencies_us.sort_unstable();
     report.send_lag_us.sort_unstable();
-    timeline.sort_unstable_by(|a, b| b.1.cmp(&a.1));
+    timeline.sort_unstable_by_key(|answer| std::cmp::Reverse(answer.1));
     timeline.truncate(SLOWEST);
     report.slowest = timeline;
     Ok(report)
