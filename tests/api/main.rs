@@ -24,6 +24,7 @@ mod failover_pg;
 mod gate;
 mod gate_cluster;
 mod gate_sentinel;
+mod gate_twins;
 mod health;
 mod imports;
 mod ledger;
