@@ -14,6 +14,8 @@
 # 50 % and 75 % of the sustainable rate, MEASURE seconds of first deliveries (fresh orders)
 # and the same requests again at the same rate (repeats). Exactly-once is checked in SQL after
 # every pass (every order PAID, one callback row, one ORDER_PAID message, nothing else).
+# FRACTIONS (default "25 50 75") names the percentages measured after the search; empty:
+# none (RATES=2375 REFINE=0 FRACTIONS= measures one rate).
 #
 # GATE=1 puts the Redis gate in front ($REDIS_URL). SERVICE_ENV adds VAR=value words to the
 # service's environment. DB_SET="name = value" sets a PostgreSQL setting for the benchmark's
