@@ -204,7 +204,12 @@ impl Link {
                 // Redis refusing the command itself is no passing failure: an older Redis
                 // than the gate needs. Said once, where operators look.
                 if error.code() == Some("ERR") && !self.refused.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(what, %error, "redis refused a gate command (the gate needs Redis 7.0 or later); notices go to the database without it");
+                    tracing::warn!(
+                        what,
+                        %error,
+                        "redis refused a gate command (the gate needs Redis 7.0 or later); \
+                         notices go to the database without it"
+                    );
                 }
                 tracing::debug!(what, %error, "redis gate bypassed");
                 self.failed(generation.load(Ordering::Relaxed), Some(&error));

@@ -164,8 +164,9 @@ impl Gate {
     }
 
     /// The key of a notice, which holds its marker or its final answer, hash-tagged by order
-    /// so the keys of one order share a Redis Cluster slot. Only payments and refunds have one: other kinds (transfers among them,
-    /// rare and where money leaves) never skip the ledger.
+    /// so the keys of one order share a Redis Cluster slot. Only payments and refunds have
+    /// one: other kinds (transfers among them, rare and where money leaves) never skip the
+    /// ledger.
     fn key(&self, n: &Notice) -> Option<String> {
         let order = escape(&n.out_trade_no);
         match &n.kind {
