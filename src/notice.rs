@@ -5,7 +5,7 @@
 use std::fmt;
 
 use ring::digest::{SHA256, digest};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::text::hex;
 use crate::time::Timestamp;
@@ -412,7 +412,7 @@ impl Notice {
 }
 
 /// Why money that arrived must not mark the order paid (`PAYMENT_ANOMALY` payload `reason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum AnomalyReason {
     /// The amount or currency differs from the order (for refunds: more than was paid).
@@ -439,6 +439,11 @@ pub enum AnomalyReason {
 }
 
 impl AnomalyReason {
+    /// The `reason` a `PAYMENT_ANOMALY` payload names, if it is one of these.
+    pub fn of_payload(payload: &serde_json::Value) -> Option<Self> {
+        Self::deserialize(payload.get("reason")?).ok()
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::AmountMismatch => "AMOUNT_MISMATCH",

@@ -144,6 +144,12 @@ impl Message {
 
     /// Money arrived that must not mark the order paid (or a refund that does not fit it).
     /// `provider_id` is the payment's transaction id, or the refund id for refunds.
+    /// The `biz_key` of the `PAYMENT_ANOMALY` of payment (or refund) `provider_id` of an
+    /// order: one per order, channel and provider id.
+    pub fn payment_anomaly_key(order_no: &str, channel: ChannelId, provider_id: &str) -> String {
+        format!("{order_no}:{channel}:{provider_id}")
+    }
+
     pub fn payment_anomaly(
         n: &Notice,
         provider_id: &str,
@@ -167,7 +173,7 @@ impl Message {
         };
         Self {
             topic: Topic::PaymentAnomaly,
-            biz_key: format!("{}:{}:{}", n.out_trade_no, n.channel, provider_id),
+            biz_key: Self::payment_anomaly_key(&n.out_trade_no, n.channel, provider_id),
             payload: json!({
                 "order_no": n.out_trade_no,
                 "channel": n.channel,

@@ -136,6 +136,23 @@ statement!(InsertPayCallback, |self, out| {
     [Nullable<UtcTs>: &self.occurred_at] ")"
 }, unless_exists: " ON CONFLICT (out_trade_no, channel) DO NOTHING");
 
+/// Gives the callback row of an order to the payment `paid`, taking it from the payment
+/// `held_by` (another account's, recorded as a `MERCHANT_MISMATCH`): 1 row, or 0 when
+/// another transaction took it first.
+pub struct ReplacePayCallback<'a> {
+    pub paid: InsertPayCallback<'a>,
+    pub held_by: &'a str,
+}
+
+statement!(ReplacePayCallback, |self, out| {
+    "UPDATE pay_callback SET transaction_id = " [Text: self.paid.transaction_id]
+    ", amount_fen = " [BigInt: &self.paid.amount_fen] ", digest = " [Text: self.paid.digest]
+    ", created_at = " [UtcTs: &self.paid.created_at]
+    ", occurred_at = " [Nullable<UtcTs>: &self.paid.occurred_at]
+    " WHERE out_trade_no = " [Text: self.paid.out_trade_no] " AND channel = " [Text: self.paid.channel]
+    " AND transaction_id = " [Text: self.held_by]
+});
+
 /// Records a refund callback; 0 rows when `(out_refund_no, channel, out_trade_no)` exists.
 pub struct InsertRefundCallback<'a> {
     pub out_refund_no: &'a str,

@@ -422,6 +422,19 @@ async fn each_sub_order_is_judged_by_the_single_order_rules(backend: Backend) {
     let messages = app.db.count("local_message").await;
     assert_eq!(apply(&app, &notice).await, Outcome::Duplicate);
     assert_eq!(app.db.count("local_message").await, messages);
+    // J-1-3's payment of the wrong merchant holds its callback key only until a payment of
+    // its own merchant arrives, which pays it; the earlier one stays its one anomaly.
+    let mut corrected = notice.clone();
+    {
+        let subs = subs_of(&mut corrected);
+        subs[2].mchid = MCH_A.into();
+        subs[2].transaction_id = "TJ-1-3-A".into();
+    }
+    assert_eq!(apply(&app, &corrected).await, Outcome::Applied);
+    assert_eq!(app.status_of("J-1-3").await, "PAID");
+    assert_eq!(reason("J-1-3").await, "MERCHANT_MISMATCH");
+    assert_eq!(apply(&app, &notice).await, Outcome::Duplicate);
+    assert_eq!(app.status_of("J-1-3").await, "PAID");
 
     // A combination notified under another combine_mchid: every sub-order a
     // MERCHANT_MISMATCH, none moved.

@@ -330,6 +330,29 @@ async fn an_order_that_names_an_account_is_paid_only_by_that_account(backend: Ba
         .collect();
     assert_eq!(reasons, ["MERCHANT_MISMATCH"]);
     assert_eq!(app.messages("ORDER_PAID").await, 0);
+    // Order numbers are unique per merchant, not across them: B's payment holds the order's
+    // callback key only until A, the account the order names, pays it.
+    let of_a = paynotify::qa::forge::wechat::transaction(&sandbox('A'), "OW-1", "4200000A", 100);
+    let of_a = sandbox('A')
+        .notification("TRANSACTION.SUCCESS", &of_a, app.clock.now().unix_seconds())
+        .expect("forge");
+    for _ in 0..2 {
+        assert_eq!(
+            post_delivery(&app, "/notify/wechat/pay", &of_a).await,
+            (204, String::new())
+        );
+    }
+    assert_eq!(app.status_of("OW-1").await, "PAID");
+    assert_eq!(app.get_order("OW-1").await["transaction_id"], "4200000A");
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
+    // B's retries stay what they were: its one anomaly, nothing more.
+    assert_eq!(
+        post_delivery(&app, "/notify/wechat/pay", &of_b).await,
+        (204, String::new())
+    );
+    assert_eq!(app.status_of("OW-1").await, "PAID");
+    assert_eq!(app.anomalies("OW-1").await.len(), 1);
+    assert_eq!(app.messages("ORDER_PAID").await, 1);
     // The service provider's own payment for an order that names its sub-merchant.
     order(&app, "OW-2", "wechat_mchid", SUB).await;
     let direct = crate::wechat::paid(&app, &sandbox('A'), "OW-2", 100);

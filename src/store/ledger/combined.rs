@@ -11,14 +11,16 @@
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
-use super::{Abort, load_order, outcome_of, payment_anomaly};
+use super::{Abort, held_by_another_account, load_order, outcome_of, owner_of, payment_anomaly};
 use crate::notice::{AnomalyReason, Combination, Notice, Outcome, SubPayment};
 use crate::order::Order;
 use crate::outbox::Message;
 use crate::store::schema::{combined_order, order_account, orders, pay_callback};
 use crate::store::statements::{
-    InsertAnomaly, InsertMessage, InsertPayCallback, MarkPaid, MarkSubPaid, PRIMARY, unless_exists,
+    InsertAnomaly, InsertMessage, InsertPayCallback, MarkPaid, MarkSubPaid, PRIMARY,
+    ReplacePayCallback, unless_exists,
 };
+use crate::store::types::Payload;
 use crate::store::{Store, StoreError, with_conn};
 use crate::time::Timestamp;
 
@@ -80,6 +82,7 @@ macro_rules! decide_sub {
                 let written = InsertPayCallback::of(&one, &digest, now)
                     .execute($conn)
                     .await;
+                let mut decided = None;
                 if unless_exists(written, PRIMARY)? == 0 {
                     let (seen_txn, seen_digest): (String, String) = pay_callback::table
                         .find((&one.out_trade_no, one.channel.as_str()))
@@ -87,9 +90,16 @@ macro_rules! decide_sub {
                         .first($conn)
                         .await?;
                     if seen_digest == digest.as_str() {
-                        Decided::Repeat
+                        decided = Some(Decided::Repeat);
                     } else if seen_txn == one.transaction_id {
                         return Err(Abort::With(Outcome::Conflict));
+                    } else if held_by_another_account!($conn, &one, &seen_txn)? {
+                        ReplacePayCallback {
+                            paid: InsertPayCallback::of(&one, &digest, now),
+                            held_by: &seen_txn,
+                        }
+                        .execute($conn)
+                        .await?;
                     } else {
                         let message = Message::payment_anomaly(
                             &one,
@@ -97,42 +107,46 @@ macro_rules! decide_sub {
                             AnomalyReason::DuplicatePayment,
                             &order,
                         );
-                        anomaly_once!($conn, message, AnomalyReason::DuplicatePayment, now)
+                        decided = Some(anomaly_once!(
+                            $conn,
+                            message,
+                            AnomalyReason::DuplicatePayment,
+                            now
+                        ));
                     }
-                } else {
-                    let moved = if one.merchant_matches {
-                        MarkSubPaid {
-                            paid: MarkPaid::of(&one, now),
-                            combination,
-                        }
-                        .execute($conn)
-                        .await?
-                    } else {
-                        0
-                    };
-                    if moved == 1 {
-                        let message = Message::sub_order_paid(&one, now, combination);
-                        InsertMessage::pending(&message, now).execute($conn).await?;
-                        Decided::Applied
-                    } else {
-                        let order = load_order!($conn, &one.out_trade_no)?.unwrap_or(order);
-                        let owner: Option<String> = order_account::table
-                            .find((&one.out_trade_no, one.channel.as_str()))
-                            .select(order_account::account)
-                            .first($conn)
-                            .await
-                            .optional()?;
-                        match payment_anomaly(&order, &one, owner.as_deref()) {
-                            // The payment the order records, its callback row gone.
-                            None => Decided::Repeat,
-                            Some(reason) => {
-                                let message = Message::payment_anomaly(
-                                    &one,
-                                    &one.transaction_id,
-                                    reason,
-                                    &order,
-                                );
-                                anomaly_once!($conn, message, reason, now)
+                }
+                match decided {
+                    Some(decided) => decided,
+                    None => {
+                        let moved = if one.merchant_matches {
+                            MarkSubPaid {
+                                paid: MarkPaid::of(&one, now),
+                                combination,
+                            }
+                            .execute($conn)
+                            .await?
+                        } else {
+                            0
+                        };
+                        if moved == 1 {
+                            let message = Message::sub_order_paid(&one, now, combination);
+                            InsertMessage::pending(&message, now).execute($conn).await?;
+                            Decided::Applied
+                        } else {
+                            let order = load_order!($conn, &one.out_trade_no)?.unwrap_or(order);
+                            let owner = owner_of!($conn, &one)?;
+                            match payment_anomaly(&order, &one, owner.as_deref()) {
+                                // The payment the order records, its callback row gone.
+                                None => Decided::Repeat,
+                                Some(reason) => {
+                                    let message = Message::payment_anomaly(
+                                        &one,
+                                        &one.transaction_id,
+                                        reason,
+                                        &order,
+                                    );
+                                    anomaly_once!($conn, message, reason, now)
+                                }
                             }
                         }
                     }

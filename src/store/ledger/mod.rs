@@ -16,11 +16,14 @@ use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 
 use super::group::{GroupResult, Payment};
-use super::schema::{order_account, orders, pay_callback, refund_callback, refund_request};
+use super::schema::{
+    order_account, orders, pay_callback, payment_anomaly, refund_callback, refund_request,
+};
 use super::statements::{
     InsertAnomaly, InsertMessage, InsertPayCallback, InsertRefundCallback, InsertStatusCallback,
-    MarkPaid, MarkSubPaid, PRIMARY, unless_exists,
+    MarkPaid, MarkSubPaid, PRIMARY, ReplacePayCallback, unless_exists,
 };
+use super::types::Payload;
 use super::{Store, StoreError, with_conn};
 use crate::notice::{
     AnomalyReason, ChannelId, Digest, Notice, NoticeKind, Outcome, Refund, RefundAmount,
@@ -84,6 +87,55 @@ macro_rules! insert_anomaly {
         }
     }};
 }
+
+/// The account the order of notice `n` names on its channel (`order_account`), if any.
+macro_rules! owner_of {
+    ($conn:expr, $n:expr) => {
+        order_account::table
+            .find((&$n.out_trade_no, $n.channel.as_str()))
+            .select(order_account::account)
+            .first::<String>($conn)
+            .await
+            .optional()
+    };
+}
+
+pub(super) use owner_of;
+
+/// Whether the callback key of payment notice `n`'s order is held by the payment `seen_txn`
+/// of another account, recorded as a `MERCHANT_MISMATCH`, while `n` is a payment of the
+/// account the order names (or of any of the channel's, when it names none). Order numbers
+/// are unique per merchant, not across merchants: such a payment holds the key only until the
+/// order's own account pays.
+macro_rules! held_by_another_account {
+    ($conn:expr, $n:expr, $seen_txn:expr) => {{
+        let (n, seen_txn): (&Notice, &str) = ($n, $seen_txn);
+        if n.merchant_matches {
+            let owner = owner_of!($conn, n)?;
+            if owner.as_deref().is_none_or(|o| o == n.account()) {
+                payment_anomaly::table
+                    .find(Message::payment_anomaly_key(
+                        &n.out_trade_no,
+                        n.channel,
+                        seen_txn,
+                    ))
+                    .select(payment_anomaly::payload)
+                    .first::<Payload>($conn)
+                    .await
+                    .optional()
+                    .map(|found| {
+                        found.and_then(|p| AnomalyReason::of_payload(&p.0))
+                            == Some(AnomalyReason::MerchantMismatch)
+                    })
+            } else {
+                Ok(false)
+            }
+        } else {
+            Ok(false)
+        }
+    }};
+}
+pub(super) use held_by_another_account;
 
 /// A refund the ledger counts (applied now, or a repeat of one it applied): the refund
 /// started through paynotify under that number, if any, is `SUCCESS` in the same
@@ -266,13 +318,24 @@ impl Store {
                         // The same payment with other content: the provider contradicts itself.
                         return Ok(Outcome::Conflict);
                     }
-                    // Another real payment under the same key (a second merchant or app of
-                    // this channel): money arrived, so it is recorded, once. Its anomaly
-                    // message, which retention keeps, is what makes its retries duplicates.
                     let Some(order) = load_order!(conn, &n.out_trade_no)? else {
                         return Err(Abort::With(Outcome::UnknownOrder));
                     };
-                    return insert_anomaly!(conn, n, &n.transaction_id, AnomalyReason::DuplicatePayment, &order, now);
+                    // The key is held by another account's payment, recorded as a
+                    // MERCHANT_MISMATCH (order numbers are unique per merchant, not across
+                    // them): it holds the key only until the order's own account pays, whose
+                    // payment takes the callback row and goes on to move the order. The
+                    // other payment stays recorded by its anomaly.
+                    if !held_by_another_account!(conn, n, &seen_txn)? {
+                        // Another real payment under the same key (a second merchant or app
+                        // of this channel, paying twice): money arrived, so it is recorded,
+                        // once. Its anomaly message, which retention keeps, is what makes its
+                        // retries duplicates.
+                        return insert_anomaly!(conn, n, &n.transaction_id, AnomalyReason::DuplicatePayment, &order, now);
+                    }
+                    ReplacePayCallback { paid: InsertPayCallback::of(n, digest, now), held_by: &seen_txn }
+                        .execute(conn)
+                        .await?;
                 }
                 if n.merchant_matches {
                     let moved = MarkPaid::of(n, now).execute(conn)
@@ -300,12 +363,7 @@ impl Store {
                         return Ok(Outcome::Applied);
                     }
                 }
-                let owner: Option<String> = order_account::table
-                    .find((&n.out_trade_no, channel))
-                    .select(order_account::account)
-                    .first(conn)
-                    .await
-                    .optional()?;
+                let owner = owner_of!(conn, n)?;
                 let Some(reason) = payment_anomaly(&order, n, owner.as_deref()) else {
                     return Err(Abort::With(Outcome::Duplicate));
                 };
