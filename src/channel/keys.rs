@@ -21,6 +21,11 @@ impl RsaVerifier {
         self.0.verify(message, signature).is_ok()
     }
 
+    /// Whether `other` is the same public key.
+    pub fn same_key(&self, other: &Self) -> bool {
+        self.0.as_ref() == other.0.as_ref()
+    }
+
     /// `plaintext` encrypted to this key as WeChat Pay wants a sensitive field (a transfer's
     /// `user_name`): RSAES-OAEP with SHA-1 and MGF1-SHA-1, base64. Each call differs (OAEP is
     /// randomised); only the private half reads it back.

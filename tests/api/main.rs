@@ -48,6 +48,7 @@ mod refunds;
 mod relay;
 mod relay_commit;
 mod service;
+mod shared_certificate;
 mod shutdown;
 mod support;
 mod transfer_flow;

@@ -155,13 +155,8 @@ impl WechatBook {
                     format!("{serial} is given twice"),
                 ));
             }
-            if let Some(other) = book.keys.get(&serial)
-                && other.merchant.mchid != spec.account
-            {
-                return Err(Invalid::new(
-                    format!("{field}.serial"),
-                    format!("{serial} is a key of another merchant"),
-                ));
+            if let Some(why) = book.conflicting(&serial, &spec.account, &verifier.key) {
+                return Err(Invalid::new(format!("{field}.serial"), why));
             }
             platform.push((serial, verifier));
         }
@@ -233,15 +228,8 @@ impl WechatBook {
     fn take_out(book: &mut Book, mchid: &str) -> Vec<(String, Arc<PlatformVerifier>)> {
         book.merchants.remove(mchid);
         book.subs.remove(mchid);
-        let serials: Vec<String> = book
-            .keys
-            .iter()
-            .filter(|(_, p)| p.merchant.mchid == mchid)
-            .map(|(s, _)| s.clone())
-            .collect();
-        serials
+        book.take_keys_of(mchid)
             .into_iter()
-            .filter_map(|s| book.keys.remove(&s).map(|p| (s, p)))
             .filter(|(_, p)| p.origin == KeyOrigin::Downloaded)
             .collect()
     }
@@ -346,7 +334,7 @@ impl AccountBook for WechatBook {
                         // Keys downloaded before a rotation stay, now opening with the new
                         // APIv3 key; a configured key of the same serial wins.
                         for (serial, p) in downloaded {
-                            book.keys.insert(
+                            book.put_key(
                                 serial,
                                 Arc::new(PlatformVerifier {
                                     key: p.key.clone(),
@@ -359,7 +347,7 @@ impl AccountBook for WechatBook {
                             );
                         }
                         for (serial, p) in keys {
-                            book.keys.insert(serial, Arc::new(p));
+                            book.put_key(serial, Arc::new(p));
                         }
                         book.merchants.insert(account, merchant);
                         if let Some(api) = api {
@@ -472,7 +460,7 @@ fn serials(book: &Book, mchid: &str) -> Vec<String> {
     let mut all: Vec<String> = book
         .keys
         .iter()
-        .filter(|(_, p)| p.merchant.mchid == mchid)
+        .filter(|(_, held)| held.iter().any(|p| p.merchant.mchid == mchid))
         .map(|(s, _)| s.clone())
         .collect();
     all.sort();

@@ -255,8 +255,8 @@ impl WechatApi {
             .ok_or_else(|| Failure::BadSignature("answer without Wechatpay-Serial".into()))?;
         let platform = self
             .channel
-            .key(serial)
-            .filter(|p| p.merchant.mchid == m.merchant.mchid && p.usable_at(now))
+            .key_of(serial, &m.merchant.mchid)
+            .filter(|p| p.usable_at(now))
             .ok_or_else(|| {
                 Failure::UnknownKey(format!(
                     "Wechatpay-Serial {serial} is not a usable platform key of merchant {}",

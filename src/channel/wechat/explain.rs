@@ -1,6 +1,8 @@
 //! Explaining a stored request: the walk of `verify.rs` recorded, then decoding, and why a
 //! check failed.
 
+use std::sync::Arc;
+
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ring::aead::{Aad, LessSafeKey, Nonce};
@@ -27,8 +29,8 @@ impl WechatPay {
         let verifies = |key: &RsaVerifier, body: &[u8]| {
             key.verify(&string_to_sign(timestamp, nonce, body), signature)
         };
-        let key = self.key(serial);
-        if let Some(key) = key.as_ref().map(|p| &p.key) {
+        let holders = self.holders(serial);
+        if let Some(key) = holders.as_ref().and_then(|h| h.first()).map(|p| &p.key) {
             let compact = without_json_whitespace(body);
             if compact != body && verifies(key, &compact) {
                 return "the body is not the bytes WeChat signed: it was re-serialised \
@@ -251,10 +253,15 @@ impl WechatPay {
     /// key `serial` is configured under: another merchant's key, or a wrong key.
     pub(super) fn why_undecryptable(
         &self,
-        merchant: &Merchant,
+        holders: &[Arc<Merchant>],
         serial: &str,
         r: &Resource,
     ) -> String {
+        let tried: Vec<&str> = holders.iter().map(|m| m.mchid.as_str()).collect();
+        let merchant = match tried.as_slice() {
+            [one] => format!("merchant {one}"),
+            many => format!("any of merchants {}", many.join(", ")),
+        };
         let opens = |key: &LessSafeKey| -> bool {
             let Ok(nonce) = Nonce::try_assume_unique_for_key(r.nonce.as_bytes()) else {
                 return false;
@@ -268,18 +275,16 @@ impl WechatPay {
         let merchants = self.merchants();
         let mut others: Vec<&str> = merchants
             .iter()
-            .filter(|m| m.mchid != merchant.mchid && opens(&m.apiv3_key))
+            .filter(|m| !tried.contains(&m.mchid.as_str()) && opens(&m.apiv3_key))
             .map(|m| m.mchid.as_str())
             .collect();
         others.sort_unstable();
         match others.first() {
             Some(other) => format!(
-                "the resource does not decrypt with the apiv3_key of merchant {}, but does with merchant {other}'s: the platform key {serial} is configured under the wrong merchant",
-                merchant.mchid
+                "the resource does not decrypt with the apiv3_key of {merchant}, but does with merchant {other}'s: the platform key {serial} is configured under the wrong merchant"
             ),
             None => format!(
-                "the resource does not decrypt with the apiv3_key of merchant {}: the key configured is not the APIv3 key set in the WeChat Pay merchant platform (it was changed, or mistyped); fix wechat.merchants[].apiv3_key, then re-apply the receipts",
-                merchant.mchid
+                "the resource does not decrypt with the apiv3_key of {merchant}: the key configured is not the APIv3 key set in the WeChat Pay merchant platform (it was changed, or mistyped); fix wechat.merchants[].apiv3_key, then re-apply the receipts"
             ),
         }
     }

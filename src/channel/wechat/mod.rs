@@ -127,10 +127,87 @@ pub struct WechatPay {
 pub(super) struct Book {
     /// Every enabled merchant with its own keys.
     pub(super) merchants: HashMap<String, Arc<Merchant>>,
-    /// Every platform key by upper-case serial.
-    pub(super) keys: HashMap<String, Arc<PlatformVerifier>>,
+    /// Every platform key by upper-case serial: one merchant's, or, for a platform
+    /// certificate several merchants hold (certificate mode), one entry per merchant.
+    pub(super) keys: HashMap<String, Holders>,
     /// Every enabled sub-merchant (`partner_sub`) by `sub_mchid`.
     pub(super) subs: HashMap<String, Arc<SubMerchant>>,
+}
+
+/// The entries of one serial, each with its merchant.
+pub(super) type Holders = Arc<[Arc<PlatformVerifier>]>;
+
+impl Book {
+    /// `mchid`'s entry of the key `serial` (upper case), if it holds it.
+    pub(super) fn key_of(&self, serial: &str, mchid: &str) -> Option<&Arc<PlatformVerifier>> {
+        self.keys
+            .get(serial)?
+            .iter()
+            .find(|p| p.merchant.mchid == mchid)
+    }
+
+    /// Adds the key `serial` (upper case) of `p`'s merchant, replacing that merchant's
+    /// earlier entry of it; other merchants' entries of the serial stay.
+    pub(super) fn put_key(&mut self, serial: String, p: Arc<PlatformVerifier>) {
+        let mut next: Vec<Arc<PlatformVerifier>> = self
+            .keys
+            .get(&serial)
+            .map(|held| {
+                held.iter()
+                    .filter(|o| o.merchant.mchid != p.merchant.mchid)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        next.push(p);
+        self.keys.insert(serial, next.into());
+    }
+
+    /// Takes every key of `mchid` out, each with its serial; other merchants' entries of a
+    /// shared serial stay.
+    pub(super) fn take_keys_of(&mut self, mchid: &str) -> Vec<(String, Arc<PlatformVerifier>)> {
+        let serials: Vec<String> = self
+            .keys
+            .iter()
+            .filter(|(_, held)| held.iter().any(|p| p.merchant.mchid == mchid))
+            .map(|(s, _)| s.clone())
+            .collect();
+        let mut taken = Vec::new();
+        for serial in serials {
+            let Some(held) = self.keys.remove(&serial) else {
+                continue;
+            };
+            let (mine, others): (Vec<_>, Vec<_>) = held
+                .iter()
+                .cloned()
+                .partition(|p| p.merchant.mchid == mchid);
+            if !others.is_empty() {
+                self.keys.insert(serial.clone(), others.into());
+            }
+            taken.extend(mine.into_iter().map(|p| (serial.clone(), p)));
+        }
+        taken
+    }
+
+    /// Why `key` may not be `mchid`'s key `serial` (upper case): another merchant holds that
+    /// serial with another public key. A serial names one key; only a platform certificate
+    /// (the same key) is shared.
+    pub(super) fn conflicting(
+        &self,
+        serial: &str,
+        mchid: &str,
+        key: &RsaVerifier,
+    ) -> Option<String> {
+        let other = self
+            .keys
+            .get(serial)?
+            .iter()
+            .find(|p| p.merchant.mchid != mchid && !p.key.same_key(key))?;
+        Some(format!(
+            "{serial} is a key of merchant {} with another public key: a serial names one key",
+            other.merchant.mchid
+        ))
+    }
 }
 
 /// A sub-merchant (特约商户) served by a service provider's keys.
@@ -145,7 +222,8 @@ pub struct SubMerchant {
 
 impl std::fmt::Debug for WechatPay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let serials: Vec<String> = self.all_keys().into_iter().map(|(s, _)| s).collect();
+        let mut serials: Vec<String> = self.all_keys().into_iter().map(|(s, _)| s).collect();
+        serials.dedup();
         f.debug_struct("WechatPay")
             .field("serials", &serials)
             .finish()
@@ -181,20 +259,28 @@ impl WechatPay {
         out
     }
 
-    /// The platform key `serial` names (any case), usable or not.
-    pub(super) fn key(&self, serial: &str) -> Option<Arc<PlatformVerifier>> {
+    /// The platform keys `serial` names (any case), usable or not: one merchant's, or one
+    /// entry per merchant of a shared platform certificate.
+    pub(super) fn holders(&self, serial: &str) -> Option<Holders> {
         self.book().keys.get(&serial.to_ascii_uppercase()).cloned()
     }
 
-    /// Every platform key by serial, sorted.
+    /// `mchid`'s platform key `serial` (any case), usable or not.
+    pub(super) fn key_of(&self, serial: &str, mchid: &str) -> Option<Arc<PlatformVerifier>> {
+        self.book()
+            .key_of(&serial.to_ascii_uppercase(), mchid)
+            .cloned()
+    }
+
+    /// Every platform key with its serial, sorted by serial, then merchant.
     pub(super) fn all_keys(&self) -> Vec<(String, Arc<PlatformVerifier>)> {
         let mut all: Vec<(String, Arc<PlatformVerifier>)> = self
             .book()
             .keys
             .iter()
-            .map(|(s, p)| (s.clone(), Arc::clone(p)))
+            .flat_map(|(s, held)| held.iter().map(|p| (s.clone(), Arc::clone(p))))
             .collect();
-        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all.sort_by(|a, b| (&a.0, &a.1.merchant.mchid).cmp(&(&b.0, &b.1.merchant.mchid)));
         all
     }
 
@@ -237,20 +323,18 @@ impl WechatPay {
         all
     }
 
-    /// Adds (or replaces) a downloaded key; whether its serial was not known before. A
-    /// configured key with the same serial stays: configuration wins.
+    /// Adds (or replaces) a merchant's downloaded key; whether the merchant did not hold its
+    /// serial before. A configured key of the merchant with the same serial stays:
+    /// configuration wins.
     pub(super) fn learn(&self, serial: &str, key: PlatformVerifier) -> bool {
         let serial = serial.to_ascii_uppercase();
-        self.change(|book| match book.keys.get(&serial) {
-            Some(known) if known.origin == KeyOrigin::Configured => false,
-            Some(_) => {
-                book.keys.insert(serial, Arc::new(key));
-                false
+        self.change(|book| {
+            let known = book.key_of(&serial, &key.merchant.mchid).map(|k| k.origin);
+            if known == Some(KeyOrigin::Configured) {
+                return false;
             }
-            None => {
-                book.keys.insert(serial, Arc::new(key));
-                true
-            }
+            book.put_key(serial, Arc::new(key));
+            known.is_none()
         })
     }
 
@@ -291,7 +375,7 @@ impl WechatPay {
     /// Loads every merchant's configured keys once, at start-up. `now` decides certificate
     /// expiry. A merchant whose certificates are downloaded may have none configured.
     pub fn from_settings(settings: &WechatSettings, now: Timestamp) -> Result<Self, ConfigError> {
-        let mut keys = HashMap::new();
+        let mut book = Book::default();
         let mut merchants = Vec::new();
         for (i, m) in settings.merchants.iter().enumerate() {
             let prefix = format!("wechat.merchants[{i}]");
@@ -380,27 +464,27 @@ impl WechatPay {
                         ));
                     }
                 };
-                if keys
-                    .insert(serial.to_ascii_uppercase(), Arc::new(entry))
-                    .is_some()
-                {
+                let serial = serial.to_ascii_uppercase();
+                if book.key_of(&serial, &merchant.mchid).is_some() {
                     return Err(invalid(
                         format!("{key_name}.serial"),
                         format!("{serial} is configured twice"),
                     ));
                 }
+                if let Some(why) = book.conflicting(&serial, &merchant.mchid, &entry.key) {
+                    return Err(invalid(format!("{key_name}.serial"), why));
+                }
+                book.put_key(serial, Arc::new(entry));
             }
         }
+        let file = merchants.iter().map(|m| m.mchid.clone()).collect();
+        book.merchants = merchants
+            .into_iter()
+            .map(|m| (m.mchid.clone(), m))
+            .collect();
         Ok(Self {
-            file: merchants.iter().map(|m| m.mchid.clone()).collect(),
-            book: RwLock::new(Arc::new(Book {
-                merchants: merchants
-                    .into_iter()
-                    .map(|m| (m.mchid.clone(), m))
-                    .collect(),
-                keys,
-                subs: HashMap::new(),
-            })),
+            file,
+            book: RwLock::new(Arc::new(book)),
             refreshed: RwLock::new(HashMap::new()),
         })
     }
@@ -411,10 +495,12 @@ impl WechatPay {
     /// Fuzzing only (the `fuzzing` feature, never in the service): [`Channel::admit`]'s
     /// steps after the signature check, for a body as if signed with the key `serial`.
     pub fn admit_signed_body(&self, serial: &str, body: &[u8]) -> Result<Notice, Rejection> {
-        let platform = self.key(serial).ok_or_else(|| {
+        let holders = self.holders(serial).ok_or_else(|| {
             Rejection::UnknownSerial(format!("unknown Wechatpay-Serial {serial}"))
         })?;
-        self.open(&platform.merchant, serial, body, None, &mut super::Halt)
+        let merchants: Vec<Arc<Merchant>> =
+            holders.iter().map(|p| Arc::clone(&p.merchant)).collect();
+        self.open(&merchants, serial, body, None, &mut super::Halt)
             .and_then(|v| self.decode(v))
             .and_then(|n| n.checked().map_err(Rejection::BadRequest))
     }

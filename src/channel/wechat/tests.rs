@@ -316,7 +316,7 @@ fn sealed(plaintext: &str, nonce: &str) -> Vec<u8> {
 fn opened(body: &[u8]) -> Notice {
     let wechat = channel();
     let verified = wechat
-        .open(&merchant(), "SERIAL", body, Some(PAY_ROUTE), &mut Halt)
+        .open(&[merchant()], "SERIAL", body, Some(PAY_ROUTE), &mut Halt)
         .expect("opens");
     wechat.decode(verified).expect("decodes")
 }
@@ -437,7 +437,7 @@ fn signed_channel(serial: &str) -> (WechatPay, crate::qa::forge::wechat::Sandbox
     let wechat = WechatPay {
         book: RwLock::new(Arc::new(Book {
             merchants: HashMap::from([(m.mchid.clone(), m)]),
-            keys: HashMap::from([(serial.to_uppercase(), platform)]),
+            keys: HashMap::from([(serial.to_uppercase(), Arc::from([platform]))]),
             ..Book::default()
         })),
         file: vec![MCHID.into()],
@@ -564,4 +564,58 @@ fn the_qa_forge_s_combined_notification_is_wechat_s_and_verifies_as_the_combinat
         ..request
     };
     assert!(crate::channel::admit(&wechat, &request).is_err());
+}
+
+/// Merchants holding one platform certificate: the resource opens with one APIv3 key only,
+/// and that key's merchant is the notification's, whichever order they are tried in.
+#[test]
+fn a_shared_certificate_opens_with_the_one_merchant_whose_key_fits() {
+    let wechat = channel();
+    let other = Arc::new(
+        Merchant::new("1900000002".into(), vec![APPID.into()], &[b'B'; 32]).expect("32 bytes"),
+    );
+    let plaintext = r#"{"out_trade_no":"S-1"}"#;
+    let ciphertext = encrypt(
+        &[b'B'; 32],
+        "0123456789ab",
+        "transaction",
+        plaintext.as_bytes(),
+    )
+    .expect("seal");
+    let body = envelope(
+        "TRANSACTION.SUCCESS",
+        "transaction",
+        &ciphertext,
+        "transaction",
+        "0123456789ab",
+    );
+    for holders in [
+        vec![merchant(), Arc::clone(&other)],
+        vec![Arc::clone(&other), merchant()],
+    ] {
+        let verified = wechat
+            .open(
+                &holders,
+                "SERIAL",
+                body.as_bytes(),
+                Some(PAY_ROUTE),
+                &mut Halt,
+            )
+            .expect("opens");
+        assert_eq!(verified.merchant.mchid, "1900000002");
+        assert_eq!(verified.plaintext(), plaintext.as_bytes());
+    }
+    let why = wechat
+        .open(
+            &[merchant(), merchant()],
+            "SERIAL",
+            body.as_bytes(),
+            Some(PAY_ROUTE),
+            &mut Halt,
+        )
+        .expect_err("neither key fits");
+    assert!(
+        matches!(&why, Rejection::Undecryptable(m) if m.contains("any of the 2 merchants")),
+        "{why:?}"
+    );
 }

@@ -16,6 +16,7 @@ use super::{
     Merchant, PROBE_PREFIX, PlatformVerifier, SIGNATURE_TYPE, SubMerchant, TIMESTAMP_WINDOW_SECS,
     Verified, WechatPay,
 };
+use crate::channel::keys::RsaVerifier;
 use crate::channel::platform::KeyOrigin;
 use crate::channel::{
     Answer, Channel, Halt, Inbound, Rejection, Reply, SIGNATURE, Signed, Standing, Trail,
@@ -85,33 +86,44 @@ impl WechatPay {
             }
         }
 
-        let platform = match self.key(serial) {
-            Some(p) if p.usable_at(request.now) => {
-                trail.pass("serial", || {
-                    let origin = match p.origin {
-                        KeyOrigin::Configured => "configured",
-                        KeyOrigin::Downloaded => "downloaded",
-                    };
-                    format!(
+        let holders = self.holders(serial);
+        let usable: Vec<Arc<PlatformVerifier>> = holders
+            .iter()
+            .flat_map(|held| held.iter())
+            .filter(|p| p.usable_at(request.now))
+            .cloned()
+            .collect();
+        let mut platform = if usable.is_empty() {
+            let found = holders.as_ref().and_then(|held| held.first());
+            let why = Rejection::UnknownSerial(match found {
+                Some(p) => format!(
+                    "Wechatpay-Serial {serial} names a certificate that expired at {}",
+                    p.expire_at
+                        .map_or(String::new(), |at| at.as_datetime().to_rfc3339())
+                ),
+                None => format!("unknown Wechatpay-Serial {serial}"),
+            });
+            Err(trail.fail("serial", why, |_| {
+                self.why_unknown(serial, found.map(|p| &**p), request.now)
+            })?)
+        } else {
+            trail.pass("serial", || {
+                let origin = match usable[0].origin {
+                    KeyOrigin::Configured => "configured",
+                    KeyOrigin::Downloaded => "downloaded",
+                };
+                match usable.as_slice() {
+                    [p] => format!(
                         "{serial} is a {origin} platform key of merchant {}",
                         p.merchant.mchid
-                    )
-                });
-                Ok(p)
-            }
-            found => {
-                let why = Rejection::UnknownSerial(match &found {
-                    Some(p) => format!(
-                        "Wechatpay-Serial {serial} names a certificate that expired at {}",
-                        p.expire_at
-                            .map_or(String::new(), |at| at.as_datetime().to_rfc3339())
                     ),
-                    None => format!("unknown Wechatpay-Serial {serial}"),
-                });
-                Err(trail.fail("serial", why, |_| {
-                    self.why_unknown(serial, found.as_deref(), request.now)
-                })?)
-            }
+                    many => format!(
+                        "{serial} is a platform certificate held by {} merchants: the one whose apiv3_key opens the resource is the merchant",
+                        many.len()
+                    ),
+                }
+            });
+            Ok(usable)
         };
 
         trail.info("string to sign", || {
@@ -128,7 +140,7 @@ impl WechatPay {
             let why = Rejection::BadSignature("WECHATPAY/SIGNTEST probe".into());
             trail.fail(SIGNATURE, why, |_| "a WECHATPAY/SIGNTEST/ probe: WeChat checks that merchants refuse it; refusing it is correct".to_owned())?;
         } else {
-            match (&platform, BASE64.decode(signature)) {
+            match (&mut platform, BASE64.decode(signature)) {
                 (_, Err(_)) => {
                     let why = Rejection::BadSignature("Wechatpay-Signature is not base64".into());
                     trail.fail(SIGNATURE, why, |_| {
@@ -138,10 +150,13 @@ impl WechatPay {
                 (Err(_), Ok(_)) => {
                     trail.skip(SIGNATURE, || "no key for this serial".to_owned());
                 }
-                (Ok(p), Ok(sig)) => {
-                    if p.key
-                        .verify(&string_to_sign(timestamp, nonce, request.body), &sig)
-                    {
+                (Ok(held), Ok(sig)) => {
+                    if let Some(key) = verifying_key(held, timestamp, nonce, request.body, &sig) {
+                        // Several merchants holding the serial: those of the key that verified.
+                        if held.len() > 1 {
+                            let key = key.clone();
+                            held.retain(|p| p.key.same_key(&key));
+                        }
                         trail.pass(SIGNATURE, || {
                             "verifies with the platform key of this serial".to_owned()
                         });
@@ -155,7 +170,7 @@ impl WechatPay {
             }
         }
 
-        let platform = match platform {
+        let mut platform = match platform {
             Ok(platform) => platform,
             Err(why) => {
                 trail.skip("decryption", || "no merchant for this serial".to_owned());
@@ -163,17 +178,13 @@ impl WechatPay {
             }
         };
         if let Some(account) = request.route.and_then(|r| route_base(r).1) {
-            self.check_path_account(account, &platform, trail)?;
+            self.check_path_account(account, &mut platform, trail)?;
         }
+        let merchants: Vec<Arc<Merchant>> =
+            platform.iter().map(|p| Arc::clone(&p.merchant)).collect();
         // Verified (for a trail that ends at the first failure): from here on the body is
         // WeChat's.
-        self.open(
-            &platform.merchant,
-            serial,
-            request.body,
-            request.route,
-            trail,
-        )
+        self.open(&merchants, serial, request.body, request.route, trail)
     }
 }
 
@@ -183,7 +194,7 @@ impl WechatPay {
     fn check_path_account(
         &self,
         account: &str,
-        platform: &PlatformVerifier,
+        held: &mut Vec<Arc<PlatformVerifier>>,
         trail: &mut impl Trail,
     ) -> Result<(), Rejection> {
         const CHECK: &str = "account of the path";
@@ -200,18 +211,20 @@ impl WechatPay {
                 format!("the path names {account}, which is not an enabled WeChat merchant or sub-merchant here: add it (POST /admin/merchants) or re-enable it; WeChat retries for 24 hours")
             }));
         };
-        if platform.merchant.mchid != owner {
+        if !held.iter().any(|p| p.merchant.mchid == owner) {
+            let holder = held
+                .first()
+                .map_or_else(String::new, |p| p.merchant.mchid.clone());
             let why = Rejection::BadSignature(format!(
-                "the key that verified is merchant {}'s, not {account}'s",
-                platform.merchant.mchid
+                "the key that verified is merchant {holder}'s, not {account}'s"
             ));
             return Err(trail.stop(CHECK, why, |_| {
                 format!(
-                    "the path names {account}, whose keys are merchant {owner}'s; the serial named is a key of merchant {}: only the named account's keys verify on this path",
-                    platform.merchant.mchid
+                    "the path names {account}, whose keys are merchant {owner}'s; the serial named is a key of merchant {holder}: only the named account's keys verify on this path"
                 )
             }));
         }
+        held.retain(|p| p.merchant.mchid == owner);
         trail.pass(CHECK, || {
             format!("{account} is enabled; the key is merchant {owner}'s")
         });
@@ -491,7 +504,7 @@ impl Channel for WechatPay {
         let keyed = single_header(request.headers, "Wechatpay-Serial")
             .ok()
             .flatten()
-            .is_some_and(|serial| self.key(serial).is_some());
+            .is_some_and(|serial| self.holders(serial).is_some());
         Standing {
             keyed,
             shaped: serde_json::from_slice::<Envelope>(request.body).is_ok(),
@@ -537,4 +550,24 @@ pub(super) fn string_to_sign(timestamp: &str, nonce: &str, body: &[u8]) -> Vec<u
         message.push(b'\n');
     }
     message
+}
+
+/// The key among `held` that verifies `signature`: each distinct key tried once (a serial
+/// names one key; merchants holding a shared platform certificate hold the same one).
+fn verifying_key<'k>(
+    held: &'k [Arc<PlatformVerifier>],
+    timestamp: &str,
+    nonce: &str,
+    body: &[u8],
+    signature: &[u8],
+) -> Option<&'k RsaVerifier> {
+    let message = string_to_sign(timestamp, nonce, body);
+    let mut tried: Vec<&RsaVerifier> = Vec::new();
+    held.iter().map(|p| &p.key).find(|key| {
+        if tried.iter().any(|t| t.same_key(key)) {
+            return false;
+        }
+        tried.push(key);
+        key.verify(&message, signature)
+    })
 }

@@ -374,9 +374,12 @@ impl WechatPay {
     /// event type one the notify `route` takes, and `resource` decrypted with `merchant`'s
     /// APIv3 key (the key of the platform key `serial` names). For a trail that ends at the
     /// first failure, only ever reached by a body whose signature verified.
+    /// Opens `resource` with the APIv3 key of the first of `merchants` (those holding the
+    /// key that verified: one, or several sharing a platform certificate) whose key opens it:
+    /// AES-GCM authenticates, so only the right key does.
     pub(super) fn open(
         &self,
-        merchant: &Arc<Merchant>,
+        merchants: &[Arc<Merchant>],
         serial: &str,
         body: &[u8],
         route: Option<&str>,
@@ -416,18 +419,39 @@ impl WechatPay {
             let why = Rejection::BadRequest("resource.ciphertext is not base64".into());
             return Err(trail.stop(CHECK, why, Rejection::to_string));
         };
-        let Ok(plaintext) = merchant.apiv3_key.open_in_place(
-            nonce,
-            Aad::from(r.associated_data.as_bytes()),
-            &mut sealed,
-        ) else {
-            let why = Rejection::Undecryptable(format!(
-                "resource does not decrypt with the apiv3_key of merchant {}",
-                merchant.mchid
-            ));
-            return Err(trail.stop(CHECK, why, |_| self.why_undecryptable(merchant, serial, &r)));
+        let aad = || Aad::from(r.associated_data.as_bytes());
+        let opened = match merchants {
+            [merchant] => merchant
+                .apiv3_key
+                .open_in_place(nonce, aad(), &mut sealed)
+                .ok()
+                .map(|plaintext| (merchant, plaintext.to_vec())),
+            // Each try on a copy: a failed open leaves its buffer unspecified.
+            _ => merchants.iter().find_map(|merchant| {
+                let nonce = Nonce::try_assume_unique_for_key(r.nonce.as_bytes()).ok()?;
+                let mut copy = sealed.clone();
+                let plaintext = merchant
+                    .apiv3_key
+                    .open_in_place(nonce, aad(), &mut copy)
+                    .ok()?;
+                Some((merchant, plaintext.to_vec()))
+            }),
         };
-        let plaintext = plaintext.to_vec();
+        let Some((merchant, plaintext)) = opened else {
+            let why = Rejection::Undecryptable(match merchants {
+                [merchant] => format!(
+                    "resource does not decrypt with the apiv3_key of merchant {}",
+                    merchant.mchid
+                ),
+                _ => format!(
+                    "resource does not decrypt with the apiv3_key of any of the {} merchants holding {serial}",
+                    merchants.len()
+                ),
+            });
+            return Err(trail.stop(CHECK, why, |_| {
+                self.why_undecryptable(merchants, serial, &r)
+            }));
+        };
         trail.pass(CHECK, || {
             format!(
                 "decrypts with the apiv3_key of merchant {} ({} bytes)",
