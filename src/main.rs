@@ -411,15 +411,12 @@ async fn rotate_secrets(new_key_file: PathBuf, config: Option<PathBuf>) -> anyho
     let old = settings.secrets.master_key()?.context(
         "secrets.master_key is not set: the current key is needed to open the stored keys",
     )?;
-    let text = std::fs::read_to_string(&new_key_file)
-        .with_context(|| format!("cannot read {}", new_key_file.display()))?;
-    let new = MasterKey::from_base64("--new-key-file", text.lines().next().unwrap_or_default())
-        .map_err(|e| match e {
-            paynotify::config::ConfigError::Invalid { message, .. } => {
-                anyhow::anyhow!("--new-key-file {}: {message}", new_key_file.display())
-            }
-            other => other.into(),
-        })?;
+    let new = MasterKey::from_file("--new-key-file", &new_key_file).map_err(|e| match e {
+        paynotify::config::ConfigError::Invalid { message, .. } => {
+            anyhow::anyhow!("--new-key-file {}: {message}", new_key_file.display())
+        }
+        other => other.into(),
+    })?;
     let store = Store::connect(&settings.database)?;
     let resealed = match paynotify::merchants::rotate::rotate(&store, &old, &new).await {
         Ok(n) => n,

@@ -15,6 +15,28 @@ use crate::notice::ChannelId;
 /// The length of a master key, in bytes.
 pub const KEY_LEN: usize = 32;
 
+/// The most of a master key file read: its first line is a 44-character base64 key.
+pub const KEY_FILE_MAX: u64 = 4096;
+
+/// Warns once, at start-up, when a key file can be read by its group or by everyone.
+fn warn_if_shared(field: &str, path: &std::path::Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(meta) = std::fs::metadata(path) {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                tracing::warn!(
+                    field,
+                    path = %path.display(),
+                    mode = format_args!("{mode:o}"),
+                    "the master key file can be read by others; make it 0600"
+                );
+            }
+        }
+    }
+}
+
 /// The length of the GCM tag that ends every seal.
 const TAG_LEN: usize = 16;
 
@@ -51,6 +73,37 @@ impl MasterKey {
                 ),
             )
         })
+    }
+
+    /// The key on the first line of the file at `path` (a master key file): at most
+    /// [`KEY_FILE_MAX`] bytes are read, so a path naming a device or a large file is an error,
+    /// not a start-up that reads it whole. A file others may read is allowed, with a warning.
+    pub fn from_file(field: &str, path: &std::path::Path) -> Result<Self, ConfigError> {
+        use std::io::Read;
+        let unreadable =
+            |e: std::io::Error| invalid(field, format!("cannot read {}: {e}", path.display()));
+        let file = std::fs::File::open(path).map_err(unreadable)?;
+        let mut head = Vec::new();
+        file.take(KEY_FILE_MAX + 1)
+            .read_to_end(&mut head)
+            .map_err(unreadable)?;
+        let line = match head.iter().position(|&b| b == b'\n') {
+            Some(end) => &head[..end],
+            None if head.len() as u64 > KEY_FILE_MAX => {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{} has no line end in its first {KEY_FILE_MAX} bytes: not a key file",
+                        path.display()
+                    ),
+                ));
+            }
+            None => &head[..],
+        };
+        let line = std::str::from_utf8(line)
+            .map_err(|_| invalid(field, format!("{} is not text", path.display())))?;
+        warn_if_shared(field, path);
+        Self::from_base64(field, line)
     }
 
     /// `None` unless `bytes` is exactly [`KEY_LEN`] long.

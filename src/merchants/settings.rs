@@ -57,16 +57,7 @@ impl SecretsSettings {
             (false, None) => {
                 MasterKey::from_base64("secrets.master_key", s.master_key.expose()).map(Some)
             }
-            (true, Some(path)) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    invalid(
-                        "secrets.master_key_file",
-                        format!("cannot read {}: {e}", path.display()),
-                    )
-                })?;
-                let line = text.lines().next().unwrap_or_default();
-                MasterKey::from_base64("secrets.master_key_file", line).map(Some)
-            }
+            (true, Some(path)) => MasterKey::from_file("secrets.master_key_file", path).map(Some),
             (true, None) => Ok(None),
         }
     }
@@ -170,6 +161,40 @@ mod tests {
         .expect_err("both")
         .to_string();
         assert!(err.contains("secrets.master_key_file"), "{err}");
+    }
+
+    #[test]
+    fn a_key_file_is_read_only_to_its_first_line_end() {
+        use crate::merchants::seal::{KEY_FILE_MAX, MasterKey};
+        let b64 = STANDARD.encode([4u8; 32]);
+        // A key file whose first line ends within the limit opens, whatever follows it.
+        let mut file = tempfile::NamedTempFile::new().expect("temp file");
+        let tail = vec![b'x'; 3 * KEY_FILE_MAX as usize];
+        file.write_all(format!("{b64}\n").as_bytes())
+            .expect("write");
+        file.write_all(&tail).expect("write");
+        let key = MasterKey::from_file("secrets.master_key_file", file.path()).expect("opens");
+        assert_eq!(
+            key.id(),
+            MasterKey::from_base64("k", &b64).expect("key").id()
+        );
+        // No line end in the first KEY_FILE_MAX bytes: not a key file, named by its field.
+        let mut long = tempfile::NamedTempFile::new().expect("temp file");
+        long.write_all(&tail).expect("write");
+        let err = MasterKey::from_file("secrets.master_key_file", long.path())
+            .expect_err("too long")
+            .to_string();
+        assert!(err.contains("secrets.master_key_file"), "{err}");
+        assert!(err.contains("no line end"), "{err}");
+        // A device that never ends is refused the same way, not read whole.
+        let err = MasterKey::from_file("--new-key-file", std::path::Path::new("/dev/zero"))
+            .expect_err("a device")
+            .to_string();
+        assert!(err.contains("--new-key-file"), "{err}");
+        // A key without a line end at all is the whole (short) file.
+        let mut bare = tempfile::NamedTempFile::new().expect("temp file");
+        bare.write_all(b64.as_bytes()).expect("write");
+        assert!(MasterKey::from_file("secrets.master_key_file", bare.path()).is_ok());
     }
 
     #[test]
