@@ -3,6 +3,9 @@
 //! form, and the RSA-2048 verification alone with `ring` and with `rsa`, which is why
 //! verification uses `ring`.
 //!
+//! A platform certificate held by many merchants (certificate mode) costs one APIv3-key try
+//! per holder before the payer's: `wechat shared certificate, payer last of N`.
+//!
 //! `cargo bench --bench verify`
 
 use std::hint::black_box;
@@ -173,5 +176,79 @@ fn alipay(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, wechat, alipay);
+/// One certificate held by `n` merchants, each with its own APIv3 key; the payer is the last
+/// holder, so every other holder's key is tried first (the worst case).
+fn shared_certificate(c: &mut Criterion) {
+    let key = PrivateKey::try_generate().expect("key");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pem = key
+        .to_public_key()
+        .to_public_key_pem(LineEnding::LF)
+        .expect("pem");
+    std::fs::write(dir.path().join("k.pem"), pem).expect("write");
+    let serial = "5157F09EFDC096DE15EBE81A47057A7232F1B8E1";
+    let now = SystemClock.now();
+    for n in [1usize, 100, 10_000] {
+        let merchants: Vec<WechatMerchant> = (0..n)
+            .map(|i| WechatMerchant {
+                private_key_file: None,
+                merchant_serial: None,
+                api_base: None,
+                certificates: None,
+                mchid: format!("19{i:08}"),
+                appid: Some(format!("wx{i:016}")),
+                appids: Vec::new(),
+                apiv3_key: Secret::new(format!("{i:032}")),
+                platform_keys: vec![PlatformKey {
+                    serial: Some(serial.into()),
+                    public_key_file: Some(dir.path().join("k.pem")),
+                    certificate_file: None,
+                }],
+            })
+            .collect();
+        let started = std::time::Instant::now();
+        let channel =
+            WechatPay::from_settings(&WechatSettings { merchants }, now).expect("channel");
+        println!(
+            "{n} merchants on one certificate: built in {:?}",
+            started.elapsed()
+        );
+        let last = n - 1;
+        let sandbox = Sandbox {
+            serial: serial.into(),
+            private_key: key.clone(),
+            mchid: format!("19{last:08}"),
+            appid: format!("wx{last:016}"),
+            apiv3_key: format!("{last:032}"),
+        };
+        let plaintext = wechat::transaction(&sandbox, "PN1", "4200002793202611185421936078", 19900);
+        let delivery = sandbox
+            .notification("TRANSACTION.SUCCESS", &plaintext, now.unix_seconds())
+            .expect("forge");
+        let mut headers = HeaderMap::new();
+        for (k, v) in &delivery.headers {
+            headers.append(
+                HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                HeaderValue::from_str(v).expect("value"),
+            );
+        }
+        c.bench_function(
+            &format!("wechat shared certificate, payer last of {n}"),
+            |b| {
+                b.iter(|| {
+                    let inbound = Inbound {
+                        headers: &headers,
+                        body: &delivery.body,
+                        now,
+                        route: Some(paynotify::channel::wechat::PAY_ROUTE),
+                    };
+                    let verified = channel.verify(black_box(&inbound)).expect("verifies");
+                    black_box(channel.decode(verified).expect("decodes"))
+                })
+            },
+        );
+    }
+}
+
+criterion_group!(benches, wechat, alipay, shared_certificate);
 criterion_main!(benches);

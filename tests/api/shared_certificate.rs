@@ -1,7 +1,8 @@
 //! A platform certificate several WeChat merchants hold (certificate mode): its serial
 //! names the key that verifies, and the merchant is the one whose APIv3 key opens the
 //! resource — in the configuration file and through `/admin/merchants` alike. A serial that
-//! names another public key for another merchant is refused.
+//! names another public key for another merchant is refused, and so is a second holder of a
+//! certificate with the same APIv3 key (a notification would open for both).
 
 use paynotify::channel::wechat::PlatformKey;
 use paynotify::config::{Secret, Settings};
@@ -177,6 +178,25 @@ async fn an_account_added_with_a_shared_certificate_is_paid_as_itself(backend: B
     .await;
     assert_eq!(status, 404, "nothing stored");
 
+    // The certificate again, under A's APIv3 key: its notifications would open for A and E.
+    let body = json!({
+        "channel": "wechat", "account": "1900000005", "mode": "direct", "appids": ["wx0000000000000055"],
+        "keys": {"apiv3_key": crate::wechat::APIV3_A, "platform_keys": [{"certificate_pem": cert_pem}]},
+    });
+    let (status, answer) = request(&app, Method::POST, "/admin/merchants", &body).await;
+    assert_eq!(status, 400, "{answer}");
+    let error = answer["error"].as_str().unwrap_or_default();
+    assert!(error.contains("keys.apiv3_key"), "{error}");
+    assert!(error.contains("merchant 1900000001"), "{error}");
+    let (status, _) = request(
+        &app,
+        Method::GET,
+        "/admin/merchants/wechat/1900000005",
+        &Value::Null,
+    )
+    .await;
+    assert_eq!(status, 404, "nothing stored");
+
     // Disabling C takes only C's entry of the certificate: A's payments still verify.
     let (status, view) = request(
         &app,
@@ -196,7 +216,7 @@ async fn an_account_added_with_a_shared_certificate_is_paid_as_itself(backend: B
 }
 
 #[test]
-fn a_file_serial_naming_another_key_for_another_merchant_is_a_start_up_error() {
+fn a_file_serial_naming_another_key_or_the_same_apiv3_key_is_a_start_up_error() {
     let mut settings = crate::wechat::settings();
     settings.merchants[1].platform_keys.push(PlatformKey {
         serial: Some("PUB_KEY_ID_0000000000000000000000000000000A".into()),
@@ -214,4 +234,20 @@ fn a_file_serial_naming_another_key_for_another_merchant_is_a_start_up_error() {
         "{err}"
     );
     assert!(err.contains("another public key"), "{err}");
+
+    // The certificate A holds, given to B under A's APIv3 key: ambiguous.
+    let mut settings = crate::wechat::settings();
+    settings.merchants[1].apiv3_key = Secret::new(crate::wechat::APIV3_A);
+    settings.merchants[1].platform_keys.push(PlatformKey {
+        serial: None,
+        public_key_file: None,
+        certificate_file: Some(certificate("wechat-cert", CERT_SERIAL).1),
+    });
+    let err = paynotify::channel::wechat::WechatPay::from_settings(
+        &settings,
+        paynotify::time::Timestamp::new(chrono::Utc::now()),
+    )
+    .expect_err("the same APIv3 key under one certificate")
+    .to_string();
+    assert!(err.contains("wechat.merchants[1].apiv3_key"), "{err}");
 }

@@ -158,6 +158,9 @@ impl WechatBook {
             if let Some(why) = book.conflicting(&serial, &spec.account, &verifier.key) {
                 return Err(Invalid::new(format!("{field}.serial"), why));
             }
+            if let Some(why) = book.ambiguous(&serial, &merchant) {
+                return Err(Invalid::new("keys.apiv3_key", why));
+            }
             platform.push((serial, verifier));
         }
         let api = match (&keys.private_key_pem, &keys.merchant_serial) {

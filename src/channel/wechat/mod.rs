@@ -67,16 +67,20 @@ pub struct Merchant {
     /// Every app bound to this mchid; a payment from any of them is ours.
     pub appids: Vec<String>,
     apiv3_key: LessSafeKey,
+    /// SHA-256 of the APIv3 key: tells whether two merchants hold the same key.
+    apiv3_digest: [u8; 32],
 }
 
 impl Merchant {
     /// `None` when `apiv3_key` is not exactly 32 bytes.
     pub(super) fn new(mchid: String, appids: Vec<String>, apiv3_key: &[u8]) -> Option<Self> {
         let key = UnboundKey::new(&AES_256_GCM, apiv3_key).ok()?;
+        let digest = ring::digest::digest(&ring::digest::SHA256, apiv3_key);
         Some(Self {
             mchid,
             appids,
             apiv3_key: LessSafeKey::new(key),
+            apiv3_digest: digest.as_ref().try_into().ok()?,
         })
     }
 }
@@ -205,6 +209,19 @@ impl Book {
             .find(|p| p.merchant.mchid != mchid && !p.key.same_key(key))?;
         Some(format!(
             "{serial} is a key of merchant {} with another public key: a serial names one key",
+            other.merchant.mchid
+        ))
+    }
+
+    /// Why `merchant` may not hold the key `serial` (upper case): another merchant holding it
+    /// has the same APIv3 key, so a notification under it would open for both and name
+    /// either.
+    pub(super) fn ambiguous(&self, serial: &str, merchant: &Merchant) -> Option<String> {
+        let other = self.keys.get(serial)?.iter().find(|p| {
+            p.merchant.mchid != merchant.mchid && p.merchant.apiv3_digest == merchant.apiv3_digest
+        })?;
+        Some(format!(
+            "merchant {} holds the platform key {serial} with the same APIv3 key: a notification under it would open for both",
             other.merchant.mchid
         ))
     }
@@ -473,6 +490,9 @@ impl WechatPay {
                 }
                 if let Some(why) = book.conflicting(&serial, &merchant.mchid, &entry.key) {
                     return Err(invalid(format!("{key_name}.serial"), why));
+                }
+                if let Some(why) = book.ambiguous(&serial, &merchant) {
+                    return Err(invalid(format!("{prefix}.apiv3_key"), why));
                 }
                 book.put_key(serial, Arc::new(entry));
             }
