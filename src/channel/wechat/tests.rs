@@ -619,3 +619,51 @@ fn a_shared_certificate_opens_with_the_one_merchant_whose_key_fits() {
         "{why:?}"
     );
 }
+
+/// A platform certificate downloaded by two merchants: each holds its own entry, a download
+/// replaces only the downloading merchant's, a configured entry is never replaced by one, and
+/// taking a merchant out leaves the other's.
+#[test]
+fn each_merchant_holds_its_own_entry_of_a_shared_certificate() {
+    use crate::channel::platform::KeyOrigin;
+    let (wechat, _) = signed_channel("CERT");
+    let a = wechat.key_of("CERT", MCHID).expect("A's configured entry");
+    let b = Arc::new(Merchant::new("1900000002".into(), vec![], &[b'B'; 32]).expect("32 bytes"));
+    let entry = |merchant: &Arc<Merchant>, origin| super::PlatformVerifier {
+        key: a.key.clone(),
+        merchant: Arc::clone(merchant),
+        origin,
+        effective_at: None,
+        expire_at: None,
+        fetched_at: None,
+    };
+    assert!(
+        wechat.learn("cert", entry(&b, KeyOrigin::Downloaded)),
+        "new for B"
+    );
+    assert!(
+        !wechat.learn("CERT", entry(&b, KeyOrigin::Downloaded)),
+        "B's again"
+    );
+    assert!(!wechat.learn("CERT", entry(&a.merchant, KeyOrigin::Downloaded)));
+    let held = wechat.holders("CERT").expect("held");
+    let mut owners: Vec<(&str, KeyOrigin)> = held
+        .iter()
+        .map(|p| (p.merchant.mchid.as_str(), p.origin))
+        .collect();
+    owners.sort_by_key(|(m, _)| *m);
+    assert_eq!(
+        owners,
+        [
+            (MCHID, KeyOrigin::Configured),
+            ("1900000002", KeyOrigin::Downloaded)
+        ]
+    );
+    wechat.change(|book| {
+        let taken = book.take_keys_of(MCHID);
+        assert_eq!(taken.len(), 1);
+    });
+    let held = wechat.holders("CERT").expect("B's stays");
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].merchant.mchid, "1900000002");
+}
