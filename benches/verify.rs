@@ -23,73 +23,21 @@ use rsa::pkcs8::{EncodePublicKey, LineEnding};
 use rsa::sha2::Sha256;
 use rsa::{Generate, PrivateKey};
 
-fn wechat(c: &mut Criterion) {
+/// A fresh RSA-2048 key and its public half as a PEM file named `name` in `dir`.
+fn key_with_pem(dir: &std::path::Path, name: &str) -> PrivateKey {
     let key = PrivateKey::try_generate().expect("key");
-    let dir = tempfile::tempdir().expect("tempdir");
     let pem = key
         .to_public_key()
         .to_public_key_pem(LineEnding::LF)
         .expect("pem");
-    std::fs::write(dir.path().join("k.pem"), pem).expect("write");
-    let serial = "PUB_KEY_ID_0000000000000000000000000000000A";
-    let apiv3 = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA1";
-    let settings = WechatSettings {
-        merchants: vec![WechatMerchant {
-            private_key_file: None,
-            merchant_serial: None,
-            api_base: None,
-            certificates: None,
-            mchid: "1900000001".into(),
-            appid: Some("wx0000000000000001".into()),
-            appids: Vec::new(),
-            apiv3_key: Secret::new(apiv3),
-            platform_keys: vec![PlatformKey {
-                serial: Some(serial.into()),
-                public_key_file: Some(dir.path().join("k.pem")),
-                certificate_file: None,
-            }],
-        }],
-    };
-    let now = SystemClock.now();
-    let channel = WechatPay::from_settings(&settings, now).expect("channel");
-    let sandbox = Sandbox {
-        serial: serial.into(),
-        private_key: key.clone(),
-        mchid: "1900000001".into(),
-        appid: "wx0000000000000001".into(),
-        apiv3_key: apiv3.into(),
-    };
-    let mut plaintext = wechat::transaction(
-        &sandbox,
-        "PN20261130100512000371",
-        "4200002793202611185421936078",
-        19900,
-    );
-    plaintext["attach"] = "自定义数据".into();
-    plaintext["promotion_detail"] = serde_json::json!([{"coupon_id": "109519", "name": "单品惠-6", "scope": "SINGLE", "type": "DISCOUNT", "amount": 100, "stock_id": "931386", "currency": "CNY"}]);
-    let delivery = sandbox
-        .notification("TRANSACTION.SUCCESS", &plaintext, now.unix_seconds())
-        .expect("forge");
-    let mut headers = HeaderMap::new();
-    for (k, v) in &delivery.headers {
-        headers.append(
-            HeaderName::from_bytes(k.as_bytes()).expect("name"),
-            HeaderValue::from_str(v).expect("value"),
-        );
-    }
+    std::fs::write(dir.join(name), pem).expect("write");
+    key
+}
+
+/// A forged delivery's headers as the server receives them.
+fn header_map(delivery: &paynotify::qa::forge::Delivery) -> HeaderMap {
     println!("WeChat notification body: {} bytes", delivery.body.len());
-    c.bench_function("wechat verify+decrypt+decode", |b| {
-        b.iter(|| {
-            let inbound = Inbound {
-                headers: &headers,
-                body: &delivery.body,
-                now,
-                route: Some(paynotify::channel::wechat::PAY_ROUTE),
-            };
-            let verified = channel.verify(black_box(&inbound)).expect("verifies");
-            black_box(channel.decode(verified).expect("decodes"))
-        })
-    });
+    wechat_notification(c, "wechat verify+decrypt+decode", &channel, &delivery);
 
     let message = b"1794967523\n29LH9I1HCJ2D2CQERDTLC3ES13YNGPA2\n{\"id\":\"x\"}\n";
     let signature = key.pkcs1v15_sign::<Sha256>(message).expect("sign");
@@ -119,13 +67,8 @@ fn alipay(c: &mut Criterion) {
     use paynotify::channel::alipay::{AlipayApp, AlipaySettings};
     use paynotify::qa::forge::alipay;
 
-    let key = PrivateKey::try_generate().expect("key");
     let dir = tempfile::tempdir().expect("tempdir");
-    let pem = key
-        .to_public_key()
-        .to_public_key_pem(LineEnding::LF)
-        .expect("pem");
-    std::fs::write(dir.path().join("alipay.pem"), pem).expect("write");
+    let key = key_with_pem(dir.path(), "alipay.pem");
     let settings = AlipaySettings {
         apps: vec![AlipayApp {
             app_private_key_file: None,
@@ -153,13 +96,7 @@ fn alipay(c: &mut Criterion) {
         "TRADE_SUCCESS",
     );
     let delivery = sandbox.notification(fields, false).expect("forge");
-    let mut headers = HeaderMap::new();
-    for (k, v) in &delivery.headers {
-        headers.append(
-            HeaderName::from_bytes(k.as_bytes()).expect("name"),
-            HeaderValue::from_str(v).expect("value"),
-        );
-    }
+    let headers = header_map(&delivery);
     println!("Alipay notification body: {} bytes", delivery.body.len());
     let now = SystemClock.now();
     c.bench_function("alipay parse+verify+decode", |b| {
@@ -179,13 +116,8 @@ fn alipay(c: &mut Criterion) {
 /// One certificate held by `n` merchants, each with its own APIv3 key; the payer is the last
 /// holder, so every other holder's key is tried first (the worst case).
 fn shared_certificate(c: &mut Criterion) {
-    let key = PrivateKey::try_generate().expect("key");
     let dir = tempfile::tempdir().expect("tempdir");
-    let pem = key
-        .to_public_key()
-        .to_public_key_pem(LineEnding::LF)
-        .expect("pem");
-    std::fs::write(dir.path().join("k.pem"), pem).expect("write");
+    let key = key_with_pem(dir.path(), "k.pem");
     let serial = "5157F09EFDC096DE15EBE81A47057A7232F1B8E1";
     let now = SystemClock.now();
     for n in [1usize, 100, 10_000] {
@@ -225,27 +157,11 @@ fn shared_certificate(c: &mut Criterion) {
         let delivery = sandbox
             .notification("TRANSACTION.SUCCESS", &plaintext, now.unix_seconds())
             .expect("forge");
-        let mut headers = HeaderMap::new();
-        for (k, v) in &delivery.headers {
-            headers.append(
-                HeaderName::from_bytes(k.as_bytes()).expect("name"),
-                HeaderValue::from_str(v).expect("value"),
-            );
-        }
-        c.bench_function(
+        wechat_notification(
+            c,
             &format!("wechat shared certificate, payer last of {n}"),
-            |b| {
-                b.iter(|| {
-                    let inbound = Inbound {
-                        headers: &headers,
-                        body: &delivery.body,
-                        now,
-                        route: Some(paynotify::channel::wechat::PAY_ROUTE),
-                    };
-                    let verified = channel.verify(black_box(&inbound)).expect("verifies");
-                    black_box(channel.decode(verified).expect("decodes"))
-                })
-            },
+            &channel,
+            &delivery,
         );
     }
 }

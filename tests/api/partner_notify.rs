@@ -11,7 +11,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::alipay::{APP as ISV_APP, pay_fields, set, signed};
-use crate::support::helpers::{Backend, TestApp, post_delivery, spawn_app_with};
+use crate::support::helpers::{Backend, TestApp, admin_json, post_delivery, spawn_app_with};
 use crate::wechat::sandbox;
 
 crate::on_every_backend!(
@@ -43,26 +43,12 @@ async fn app(backend: Backend) -> TestApp {
     spawn_app_with(backend, configure).await
 }
 
-async fn request(app: &TestApp, method: Method, path: &str, body: &Value) -> (u16, Value) {
-    let response = app
-        .client
-        .request(method, app.url(path))
-        .bearer_auth(&app.api_token)
-        .json(body)
-        .send()
-        .await
-        .expect("request");
-    let status = response.status().as_u16();
-    let body = response.json().await.unwrap_or(Value::Null);
-    (status, body)
-}
-
 async fn add_sub(app: &TestApp) {
     let body = json!({
         "channel": "wechat", "account": SUB, "mode": "partner_sub",
         "sp_account": SP, "appids": [SUB_APPID],
     });
-    let (status, view) = request(app, Method::POST, "/admin/merchants", &body).await;
+    let (status, view) = admin_json(app, Method::POST, "/admin/merchants", &body).await;
     assert_eq!(status, 201, "{view}");
     assert_eq!(view["mode"], "partner_sub", "{view}");
     assert_eq!(view["sp_account"], SP, "{view}");
@@ -70,7 +56,7 @@ async fn add_sub(app: &TestApp) {
 
 async fn order(app: &TestApp, order_no: &str, field: &str, account: &str) {
     let body = json!({"order_no": order_no, "amount_fen": 100, "currency": "CNY", field: account});
-    let (status, answer) = request(app, Method::POST, "/orders", &body).await;
+    let (status, answer) = admin_json(app, Method::POST, "/orders", &body).await;
     assert_eq!(status, 201, "{order_no}: {answer}");
 }
 
@@ -147,7 +133,7 @@ async fn an_unregistered_sub_merchant_is_refused_until_it_is_registered(backend:
     assert_eq!(app.status_of("SP-2").await, "PAID");
 
     // Disabled again: refused like an unknown one.
-    let (status, view) = request(
+    let (status, view) = admin_json(
         &app,
         Method::DELETE,
         &format!("/admin/merchants/wechat/{SUB}"),
@@ -271,7 +257,7 @@ async fn an_isv_notification_is_applied_to_the_authorizing_merchants_order(backe
         "sp_account": ISV_APP, "seller_id": AUTH_SELLER,
         "keys": {"app_auth_token": "202611BB0000000000000000000000000301"},
     });
-    let (status, view) = request(&app, Method::POST, "/admin/merchants", &body).await;
+    let (status, view) = admin_json(&app, Method::POST, "/admin/merchants", &body).await;
     assert_eq!(status, 201, "{view}");
     assert_eq!(view["has_app_auth_token"], true, "{view}");
     assert!(!view.to_string().contains("202611BB"), "{view}");

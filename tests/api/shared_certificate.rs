@@ -12,7 +12,7 @@ use paynotify::time::Clock;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::support::helpers::{Backend, TestApp, post_delivery, spawn_app_with};
+use crate::support::helpers::{Backend, TestApp, admin_json, post_delivery, spawn_app_with};
 use crate::support::keys::{certificate, public_key_path, rsa_key};
 
 crate::on_every_backend!(
@@ -58,24 +58,11 @@ fn paid(app: &TestApp, s: &Sandbox, order_no: &str) -> Delivery {
     .expect("forge")
 }
 
-async fn request(app: &TestApp, method: Method, path: &str, body: &Value) -> (u16, Value) {
-    let response = app
-        .client
-        .request(method, app.url(path))
-        .bearer_auth(&app.api_token)
-        .json(body)
-        .send()
-        .await
-        .expect("request");
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 /// An order that names merchant `mchid`: paid only by that merchant's payment.
 async fn order_of(app: &TestApp, order_no: &str, mchid: &str) {
     let body =
         json!({"order_no": order_no, "amount_fen": 100, "currency": "CNY", "wechat_mchid": mchid});
-    let (status, answer) = request(app, Method::POST, "/orders", &body).await;
+    let (status, answer) = admin_json(app, Method::POST, "/orders", &body).await;
     assert_eq!(status, 201, "{order_no}: {answer}");
 }
 
@@ -134,7 +121,7 @@ async fn an_account_added_with_a_shared_certificate_is_paid_as_itself(backend: B
         "channel": "wechat", "account": c, "mode": "direct", "appids": ["wx0000000000000033"],
         "keys": {"apiv3_key": apiv3_c, "platform_keys": [{"certificate_pem": cert_pem}]},
     });
-    let (status, view) = request(&app, Method::POST, "/admin/merchants", &body).await;
+    let (status, view) = admin_json(&app, Method::POST, "/admin/merchants", &body).await;
     assert_eq!(status, 201, "{view}");
     assert_eq!(view["platform_serials"], json!([CERT_SERIAL]), "{view}");
 
@@ -164,12 +151,12 @@ async fn an_account_added_with_a_shared_certificate_is_paid_as_itself(backend: B
             {"serial": "PUB_KEY_ID_0000000000000000000000000000000A", "public_key_pem": other}
         ]},
     });
-    let (status, answer) = request(&app, Method::POST, "/admin/merchants", &body).await;
+    let (status, answer) = admin_json(&app, Method::POST, "/admin/merchants", &body).await;
     assert_eq!(status, 400, "{answer}");
     let error = answer["error"].as_str().unwrap_or_default();
     assert!(error.contains("keys.platform_keys[0].serial"), "{error}");
     assert!(error.contains("another public key"), "{error}");
-    let (status, _) = request(
+    let (status, _) = admin_json(
         &app,
         Method::GET,
         "/admin/merchants/wechat/1900000004",
@@ -183,12 +170,12 @@ async fn an_account_added_with_a_shared_certificate_is_paid_as_itself(backend: B
         "channel": "wechat", "account": "1900000005", "mode": "direct", "appids": ["wx0000000000000055"],
         "keys": {"apiv3_key": crate::wechat::APIV3_A, "platform_keys": [{"certificate_pem": cert_pem}]},
     });
-    let (status, answer) = request(&app, Method::POST, "/admin/merchants", &body).await;
+    let (status, answer) = admin_json(&app, Method::POST, "/admin/merchants", &body).await;
     assert_eq!(status, 400, "{answer}");
     let error = answer["error"].as_str().unwrap_or_default();
     assert!(error.contains("keys.apiv3_key"), "{error}");
     assert!(error.contains("merchant 1900000001"), "{error}");
-    let (status, _) = request(
+    let (status, _) = admin_json(
         &app,
         Method::GET,
         "/admin/merchants/wechat/1900000005",
@@ -198,7 +185,7 @@ async fn an_account_added_with_a_shared_certificate_is_paid_as_itself(backend: B
     assert_eq!(status, 404, "nothing stored");
 
     // Disabling C takes only C's entry of the certificate: A's payments still verify.
-    let (status, view) = request(
+    let (status, view) = admin_json(
         &app,
         Method::DELETE,
         &format!("/admin/merchants/wechat/{c}"),

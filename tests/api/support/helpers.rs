@@ -891,6 +891,26 @@ pub async fn admin(app: &TestApp, method: reqwest::Method, path: &str) -> (u16, 
     (status, response.json().await.expect("JSON"))
 }
 
+/// An admin request with the API token and a JSON body: the status and the JSON answer
+/// (`null` when the answer is not JSON).
+pub async fn admin_json(
+    app: &TestApp,
+    method: reqwest::Method,
+    path: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let response = app
+        .client
+        .request(method, app.url(path))
+        .bearer_auth(&app.api_token)
+        .json(body)
+        .send()
+        .await
+        .expect(path);
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or_default())
+}
+
 /// POSTs a forged provider request (its headers and raw body); returns status and body.
 pub async fn post_delivery(
     app: &TestApp,
