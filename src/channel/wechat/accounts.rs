@@ -229,8 +229,11 @@ impl WechatBook {
     /// Takes `mchid` out of `book` (and reports whether its downloaded keys must follow a
     /// replacement): its merchant, sub-merchant entry and every key.
     fn take_out(book: &mut Book, mchid: &str) -> Vec<(String, Arc<PlatformVerifier>)> {
-        book.merchants.remove(mchid);
         book.subs.remove(mchid);
+        if book.merchants.remove(mchid).is_none() {
+            // Keys are held only by merchants here (`WechatPay::learn`): none to look for.
+            return Vec::new();
+        }
         book.take_keys_of(mchid)
             .into_iter()
             .filter(|(_, p)| p.origin == KeyOrigin::Downloaded)

@@ -138,8 +138,9 @@ pub(super) struct Book {
     pub(super) subs: HashMap<String, Arc<SubMerchant>>,
 }
 
-/// The entries of one serial, each with its merchant.
-pub(super) type Holders = Arc<[Arc<PlatformVerifier>]>;
+/// The entries of one serial, each with its merchant. Shared between books until a change
+/// edits it (`Arc::make_mut`): a batch of changes copies a serial's entries once.
+pub(super) type Holders = Arc<Vec<Arc<PlatformVerifier>>>;
 
 impl Book {
     /// `mchid`'s entry of the key `serial` (upper case), if it holds it.
@@ -153,18 +154,14 @@ impl Book {
     /// Adds the key `serial` (upper case) of `p`'s merchant, replacing that merchant's
     /// earlier entry of it; other merchants' entries of the serial stay.
     pub(super) fn put_key(&mut self, serial: String, p: Arc<PlatformVerifier>) {
-        let mut next: Vec<Arc<PlatformVerifier>> = self
-            .keys
-            .get(&serial)
-            .map(|held| {
-                held.iter()
-                    .filter(|o| o.merchant.mchid != p.merchant.mchid)
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default();
-        next.push(p);
-        self.keys.insert(serial, next.into());
+        let held = Arc::make_mut(self.keys.entry(serial).or_default());
+        match held
+            .iter()
+            .position(|o| o.merchant.mchid == p.merchant.mchid)
+        {
+            Some(at) => held[at] = p,
+            None => held.push(p),
+        }
     }
 
     /// Takes every key of `mchid` out, each with its serial; other merchants' entries of a
@@ -202,11 +199,13 @@ impl Book {
         mchid: &str,
         key: &RsaVerifier,
     ) -> Option<String> {
+        // Every holder of a serial holds its one key: the first other one tells.
         let other = self
             .keys
             .get(serial)?
             .iter()
-            .find(|p| p.merchant.mchid != mchid && !p.key.same_key(key))?;
+            .find(|p| p.merchant.mchid != mchid)
+            .filter(|p| !p.key.same_key(key))?;
         Some(format!(
             "{serial} is a key of merchant {} with another public key: a serial names one key",
             other.merchant.mchid
@@ -342,10 +341,15 @@ impl WechatPay {
 
     /// Adds (or replaces) a merchant's downloaded key; whether the merchant did not hold its
     /// serial before. A configured key of the merchant with the same serial stays:
-    /// configuration wins.
-    pub(super) fn learn(&self, serial: &str, key: PlatformVerifier) -> bool {
+    /// configuration wins. A merchant that is not here (any more) learns nothing, and the
+    /// key opens with the merchant's current APIv3 key (a download may outlive a rotation).
+    pub(super) fn learn(&self, serial: &str, mut key: PlatformVerifier) -> bool {
         let serial = serial.to_ascii_uppercase();
         self.change(|book| {
+            let Some(merchant) = book.merchants.get(&key.merchant.mchid) else {
+                return false;
+            };
+            key.merchant = Arc::clone(merchant);
             let known = book.key_of(&serial, &key.merchant.mchid).map(|k| k.origin);
             if known == Some(KeyOrigin::Configured) {
                 return false;

@@ -437,7 +437,7 @@ fn signed_channel(serial: &str) -> (WechatPay, crate::qa::forge::wechat::Sandbox
     let wechat = WechatPay {
         book: RwLock::new(Arc::new(Book {
             merchants: HashMap::from([(m.mchid.clone(), m)]),
-            keys: HashMap::from([(serial.to_uppercase(), Arc::from([platform]))]),
+            keys: HashMap::from([(serial.to_uppercase(), Arc::new(vec![platform]))]),
             ..Book::default()
         })),
         file: vec![MCHID.into()],
@@ -637,6 +637,12 @@ fn each_merchant_holds_its_own_entry_of_a_shared_certificate() {
         expire_at: None,
         fetched_at: None,
     };
+    assert!(
+        !wechat.learn("cert", entry(&b, KeyOrigin::Downloaded)),
+        "B is not a merchant here yet"
+    );
+    assert_eq!(wechat.holders("CERT").expect("A's").len(), 1);
+    wechat.change(|book| book.merchants.insert(b.mchid.clone(), Arc::clone(&b)));
     assert!(
         wechat.learn("cert", entry(&b, KeyOrigin::Downloaded)),
         "new for B"
