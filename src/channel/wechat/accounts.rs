@@ -338,9 +338,12 @@ impl AccountBook for WechatBook {
                         api,
                     }) => {
                         // Keys downloaded before a rotation stay, now opening with the new
-                        // APIv3 key; a configured key of the same serial wins.
+                        // APIv3 key; a configured key of the same serial wins. The merchant
+                        // holds nothing else now: its entries are added without a search,
+                        // unless a configured key may meet a download.
+                        let downloads = !downloaded.is_empty();
                         for (serial, p) in downloaded {
-                            book.put_key(
+                            book.add_key(
                                 serial,
                                 Arc::new(PlatformVerifier {
                                     key: p.key.clone(),
@@ -353,7 +356,11 @@ impl AccountBook for WechatBook {
                             );
                         }
                         for (serial, p) in keys {
-                            book.put_key(serial, Arc::new(p));
+                            if downloads {
+                                book.put_key(serial, Arc::new(p));
+                            } else {
+                                book.add_key(serial, Arc::new(p));
+                            }
                         }
                         book.merchants.insert(account, merchant);
                         if let Some(api) = api {

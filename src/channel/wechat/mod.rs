@@ -164,6 +164,12 @@ impl Book {
         }
     }
 
+    /// Adds the key `serial` (upper case) of `p`'s merchant, which holds no entry of it.
+    pub(super) fn add_key(&mut self, serial: String, p: Arc<PlatformVerifier>) {
+        debug_assert!(self.key_of(&serial, &p.merchant.mchid).is_none());
+        Arc::make_mut(self.keys.entry(serial).or_default()).push(p);
+    }
+
     /// Takes every key of `mchid` out, each with its serial; other merchants' entries of a
     /// shared serial stay.
     pub(super) fn take_keys_of(&mut self, mchid: &str) -> Vec<(String, Arc<PlatformVerifier>)> {
@@ -428,6 +434,8 @@ impl WechatPay {
                     "at least one key is needed (or certificates = \"download\" with API credentials)",
                 ));
             }
+            // This merchant's serials: it holds nothing in the book yet.
+            let mut serials = std::collections::HashSet::new();
             for (j, k) in m.platform_keys.iter().enumerate() {
                 let key_name = format!("{prefix}.platform_keys[{j}]");
                 let (serial, entry) = match (&k.public_key_file, &k.certificate_file) {
@@ -486,7 +494,7 @@ impl WechatPay {
                     }
                 };
                 let serial = serial.to_ascii_uppercase();
-                if book.key_of(&serial, &merchant.mchid).is_some() {
+                if !serials.insert(serial.clone()) {
                     return Err(invalid(
                         format!("{key_name}.serial"),
                         format!("{serial} is configured twice"),
@@ -498,7 +506,7 @@ impl WechatPay {
                 if let Some(why) = book.ambiguous(&serial, &merchant) {
                     return Err(invalid(format!("{prefix}.apiv3_key"), why));
                 }
-                book.put_key(serial, Arc::new(entry));
+                book.add_key(serial, Arc::new(entry));
             }
         }
         let file = merchants.iter().map(|m| m.mchid.clone()).collect();
