@@ -96,8 +96,9 @@ async fn merchants_sharing_a_certificate_each_get_their_own_payments(backend: Ba
     // A per-account path takes only that account's entry of the certificate.
     order_of(&app, "SC-P", A).await;
     let of_a_on_b = paid(&app, &of_a, "SC-P");
-    let (status, _) = post_delivery(&app, &format!("/notify/wechat/pay/{B}"), &of_a_on_b).await;
-    assert_eq!(status, 500, "A's resource does not open with B's key");
+    let (status, body) = post_delivery(&app, &format!("/notify/wechat/pay/{B}"), &of_a_on_b).await;
+    assert_eq!(status, 401, "A's notification on B's path: {body}");
+    assert!(body.contains("another merchant holding"), "{body}");
     assert_eq!(app.status_of("SC-P").await, "WAIT_PAY");
     assert_eq!(
         post_delivery(&app, &format!("/notify/wechat/pay/{A}"), &of_a_on_b).await,

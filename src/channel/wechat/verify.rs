@@ -177,14 +177,39 @@ impl WechatPay {
                 return Err(why);
             }
         };
-        if let Some(account) = request.route.and_then(|r| route_base(r).1) {
+        // A per-account path narrows a shared certificate's holders to the account's entry;
+        // the others are kept to tell another account's notification from a wrong key.
+        let mut others: Vec<Arc<Merchant>> = Vec::new();
+        let path_account = request.route.and_then(|r| route_base(r).1);
+        if let Some(account) = path_account {
+            let held = platform.clone();
             self.check_path_account(account, &mut platform, trail)?;
+            others = held
+                .iter()
+                .filter(|p| !platform.iter().any(|kept| Arc::ptr_eq(kept, p)))
+                .map(|p| Arc::clone(&p.merchant))
+                .collect();
         }
         let merchants: Vec<Arc<Merchant>> =
             platform.iter().map(|p| Arc::clone(&p.merchant)).collect();
         // Verified (for a trail that ends at the first failure): from here on the body is
         // WeChat's.
-        self.open(&merchants, serial, request.body, request.route, trail)
+        match self.open(&merchants, serial, request.body, request.route, trail) {
+            // Signed with the certificate the account shares, but encrypted for another of
+            // its holders: not this account's notification (a 401, as for another key).
+            Err(Rejection::Undecryptable(_))
+                if !others.is_empty()
+                    && self
+                        .open(&others, serial, request.body, request.route, &mut Halt)
+                        .is_ok() =>
+            {
+                Err(Rejection::BadSignature(format!(
+                    "the resource opens with the APIv3 key of another merchant holding {serial}, not with {}'s",
+                    path_account.unwrap_or_default()
+                )))
+            }
+            result => result,
+        }
     }
 }
 
