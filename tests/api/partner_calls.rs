@@ -11,7 +11,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::reconcile::{APP_ID, MCHID, configure, fake, paid_at, post};
-use crate::support::helpers::{Backend, TestApp, spawn_app_with};
+use crate::support::helpers::{Backend, TestApp, admin_json, spawn_app_with};
 use crate::support::keys::{private_key_path, public_key_path, rsa_key};
 use crate::support::provider::{FakeProvider, MERCHANT_KEY, Trade};
 
@@ -41,22 +41,9 @@ async fn app(backend: Backend, fake: &FakeProvider) -> TestApp {
     .await
 }
 
-async fn admin(app: &TestApp, method: Method, path: &str, body: &Value) -> (u16, Value) {
-    let response = app
-        .client
-        .request(method, app.url(path))
-        .bearer_auth(&app.api_token)
-        .json(body)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{path}: {e}"));
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 /// Adds an account through `POST /admin/merchants`, which must take it.
 async fn added(app: &TestApp, body: Value) {
-    let (status, view) = admin(app, Method::POST, "/admin/merchants", &body).await;
+    let (status, view) = admin_json(app, Method::POST, "/admin/merchants", &body).await;
     assert_eq!(status, 201, "{body}: {view}");
 }
 
@@ -68,7 +55,7 @@ fn wechat_sub(sub: &str, sp: &str) -> Value {
 /// Creates order `no` of `fen` naming `field` = `account`.
 async fn create(app: &TestApp, no: &str, fen: i64, field: &str, account: &str) {
     let body = json!({"order_no": no, "amount_fen": fen, "currency": "CNY", field: account});
-    let (status, answer) = admin(app, Method::POST, "/orders", &body).await;
+    let (status, answer) = admin_json(app, Method::POST, "/orders", &body).await;
     assert_eq!(status, 201, "{answer}");
 }
 
@@ -113,7 +100,8 @@ async fn partner_a_sub_merchant_s_order_is_queried_closed_and_refunded_through_i
     );
 
     let refund = json!({"out_refund_no": "PC-W-R1", "amount_fen": 100});
-    let (status, answer) = admin(&app, Method::POST, "/orders/PC-W-PAID/refunds", &refund).await;
+    let (status, answer) =
+        admin_json(&app, Method::POST, "/orders/PC-W-PAID/refunds", &refund).await;
     assert!((200..300).contains(&status), "{status} {answer}");
     let calls = fake.state.partner_calls();
     let sent = calls
@@ -270,7 +258,7 @@ async fn partner_a_rotation_of_the_service_provider_s_key_reaches_its_sub_mercha
     // The provider's merchant API certificate is replaced: WeChat takes only the new serial.
     fake.state.also_provider(SP, NEW_SERIAL);
     let rotate = json!({"keys": {"merchant_serial": NEW_SERIAL}});
-    let (status, view) = admin(
+    let (status, view) = admin_json(
         &app,
         Method::PATCH,
         &format!("/admin/merchants/wechat/{SP}"),
