@@ -79,9 +79,7 @@ fn from_memory(app: &TestApp) -> u64 {
 }
 
 pub(crate) async fn redis() -> redis::aio::MultiplexedConnection {
-    redis::Client::open(REDIS)
-        .expect("client")
-        .get_multiplexed_async_connection()
+    crate::support::helpers::redis_connection(REDIS)
         .await
         .expect("Redis must run on 127.0.0.1:6379 (bash tests/run.sh starts it)")
 }

@@ -41,9 +41,7 @@ fn cluster_port(taken: &[u16]) -> u16 {
 }
 
 async fn node(port: u16) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .expect("client")
-        .get_multiplexed_async_connection()
+    crate::support::helpers::redis_connection(&format!("redis://127.0.0.1:{port}"))
         .await
         .expect("node answers")
 }

@@ -15,19 +15,22 @@ use paynotify::relay::sink::Sink;
 use paynotify::relay::sinks::RedisStreamSink;
 
 use crate::support::helpers::{
-    Backend, TestApp, eventually, metric, readiness, redis_answers, spawn_app_with, stream_entries,
+    Backend, TestApp, eventually, metric, readiness, redis_answers, redis_connection,
+    spawn_app_with, stream_entries,
 };
 use crate::support::test_channel::{TestNotification, deliver};
 
 const MASTER_NAME: &str = "pn-sentinel";
 
-/// A free port in 40000..49000, not in `taken`.
+/// A free port in 10000..19000, not in `taken`: below the kernel's ephemeral range
+/// (32768..60999 by default), where an outgoing connection's local port (a replica's link to
+/// its master, a test's client) could take it between this check and the node's bind.
 fn free_port(taken: &[u16]) -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let seed = std::process::id().wrapping_mul(7907);
     for _ in 0..500 {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let Ok(port) = u16::try_from(40000 + seed.wrapping_add(n.wrapping_mul(41)) % 9000) else {
+        let Ok(port) = u16::try_from(10000 + seed.wrapping_add(n.wrapping_mul(41)) % 9000) else {
             continue;
         };
         if !taken.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
@@ -42,20 +45,20 @@ fn url(port: u16) -> String {
 }
 
 async fn conn(port: u16) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url(port))
-        .expect("client")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("node answers")
+    redis_connection(&url(port)).await.expect("node answers")
+}
+
+/// `command` on the node at `port`; `None` when it cannot be reached or refuses (a node
+/// being polled for a state it has not reached yet).
+async fn ask<T: redis::FromRedisValue>(port: u16, command: &redis::Cmd) -> Option<T> {
+    let mut c = redis_connection(&url(port)).await.ok()?;
+    command.query_async(&mut c).await.ok()
 }
 
 /// `ROLE`'s first element: `master`, `slave` or `sentinel`; empty when the node does not
 /// answer.
 async fn role(port: u16) -> String {
-    let Ok(client) = redis::Client::open(url(port)) else {
-        return String::new();
-    };
-    let Ok(mut c) = client.get_multiplexed_async_connection().await else {
+    let Ok(mut c) = redis_connection(&url(port)).await else {
         return String::new();
     };
     let answer: Result<Vec<redis::Value>, _> = redis::cmd("ROLE").query_async(&mut c).await;
@@ -105,6 +108,8 @@ impl OwnSentinels {
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .args(["--save", "", "--appendonly", "no"])
                 .args(["--dbfilename", &format!("dump-{port}.rdb")])
+                .arg("--logfile")
+                .arg(own.dir.path().join(format!("node-{port}.log")))
                 .arg("--dir")
                 .arg(own.dir.path());
             if i == 1 {
@@ -113,23 +118,23 @@ impl OwnSentinels {
             own.spawn(port, &mut command);
         }
         for port in own.data {
-            assert!(redis_answers(&url(port)).await, "redis on {port}");
+            assert!(
+                redis_answers(&url(port)).await,
+                "redis on {port}: {}",
+                own.log_tail(port)
+            );
         }
         let replica = own.data[1];
         let linked = eventually(Duration::from_secs(10), || async move {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query_async(&mut conn(replica).await)
-                .await
-                .unwrap_or_default();
-            info.contains("master_link_status:up")
+            let info: Option<String> = ask(replica, redis::cmd("INFO").arg("replication")).await;
+            info.is_some_and(|i| i.contains("master_link_status:up"))
         })
         .await;
         assert!(linked, "the replica follows the master");
         for port in own.sentinels {
             let conf = own.dir.path().join(format!("sentinel-{port}.conf"));
             let text = format!(
-                "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile {dir}/node-{port}.log\n\
                  sentinel monitor {MASTER_NAME} 127.0.0.1 {master} 2\n\
                  sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
                  sentinel failover-timeout {MASTER_NAME} 3000\n\
@@ -142,16 +147,19 @@ impl OwnSentinels {
             own.spawn(port, &mut command);
         }
         for port in own.sentinels {
-            assert!(redis_answers(&url(port)).await, "sentinel on {port}");
+            assert!(
+                redis_answers(&url(port)).await,
+                "sentinel on {port}: {}",
+                own.log_tail(port)
+            );
             // The sentinel has found the replica (INFO on the master) and it is usable.
             let knows = eventually(Duration::from_secs(10), || async move {
-                let replicas: Vec<std::collections::HashMap<String, String>> =
-                    redis::cmd("SENTINEL")
-                        .arg("REPLICAS")
-                        .arg(MASTER_NAME)
-                        .query_async(&mut conn(port).await)
-                        .await
-                        .unwrap_or_default();
+                let replicas: Vec<std::collections::HashMap<String, String>> = ask(
+                    port,
+                    redis::cmd("SENTINEL").arg("REPLICAS").arg(MASTER_NAME),
+                )
+                .await
+                .unwrap_or_default();
                 replicas.iter().any(|r| {
                     r.get("flags").is_some_and(|f| f == "slave")
                         && r.get("master-link-status").is_some_and(|s| s == "ok")
@@ -161,6 +169,14 @@ impl OwnSentinels {
             assert!(knows, "sentinel {port} knows the replica");
         }
         own
+    }
+
+    /// The last lines of the node's log (its `dir` holds it), for a failed start's message.
+    fn log_tail(&self, port: u16) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join(format!("node-{port}.log")))
+            .unwrap_or_else(|e| format!("(no log: {e})"));
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(10)..].join("\n")
     }
 
     fn spawn(&mut self, port: u16, command: &mut Command) {
@@ -219,12 +235,12 @@ impl OwnSentinels {
         };
         let sentinel = self.sentinels[0];
         let started = eventually(Duration::from_secs(10), || async move {
-            redis::cmd("SENTINEL")
-                .arg("FAILOVER")
-                .arg(MASTER_NAME)
-                .query_async::<()>(&mut conn(sentinel).await)
-                .await
-                .is_ok()
+            ask::<()>(
+                sentinel,
+                redis::cmd("SENTINEL").arg("FAILOVER").arg(MASTER_NAME),
+            )
+            .await
+            .is_some()
         })
         .await;
         assert!(started, "SENTINEL FAILOVER accepted");
@@ -234,12 +250,13 @@ impl OwnSentinels {
                 return false;
             }
             for port in sentinels {
-                let named: Option<(String, u16)> = redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(MASTER_NAME)
-                    .query_async(&mut conn(port).await)
-                    .await
-                    .ok();
+                let named: Option<(String, u16)> = ask(
+                    port,
+                    redis::cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(MASTER_NAME),
+                )
+                .await;
                 if named.map(|(_, p)| p) != Some(new) {
                     return false;
                 }
@@ -247,12 +264,8 @@ impl OwnSentinels {
             if !settled {
                 return true;
             }
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query_async(&mut conn(old).await)
-                .await
-                .unwrap_or_default();
-            info.contains("master_link_status:up")
+            let info: Option<String> = ask(old, redis::cmd("INFO").arg("replication")).await;
+            info.is_some_and(|i| i.contains("master_link_status:up"))
         })
         .await;
         assert!(done, "failed over from {old} to {new}");
@@ -367,12 +380,32 @@ fn stream_sink(redis: &RedisSettings, stream: &str) -> Arc<dyn Sink> {
             "redis.sentinels",
             &target,
             stream,
-            Duration::from_secs(1),
+            // The service gives a batch max(redis.timeout_ms, 1 s); these tests are about
+            // `WAIT`, and on a loaded machine a sentinel lookup, a connect and a pipeline can
+            // take longer than a second, which would fail a batch for another reason.
+            Duration::from_secs(5),
             redis.wait_replicas_for(&target),
             Duration::from_millis(redis.wait_timeout_ms),
         )
         .expect("sink"),
     )
+}
+
+/// Ticks `relay` (each retry due at once) until it has published `want` rows or 30 s have
+/// passed; how many it published. Bounded by time, not by a count of ticks: a tick whose
+/// `WAIT` is not answered takes the whole `redis.wait_timeout_ms`, and how many of those a
+/// restarted replica or a failover takes depends on the machine's load.
+async fn publish_all(app: &TestApp, relay: &paynotify::relay::Relay, want: usize) -> usize {
+    let started = std::time::Instant::now();
+    let mut published = 0;
+    while published < want && started.elapsed() < Duration::from_secs(30) {
+        app.clock.advance(3600);
+        published += relay.tick().await.expect("tick").published;
+        if published < want {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    published
 }
 
 fn biz_keys(entries: &[(String, Vec<(String, String)>)]) -> Vec<String> {
@@ -392,7 +425,7 @@ async fn a_stream_batch_no_replica_confirmed_is_not_marked_sent_until_one_does()
     let own = OwnSentinels::start().await;
     let app = spawn_app_with(Backend::Sqlite, |_| {}).await;
     let stream = "pn-sentinel:events";
-    let relay = crate::relay::relay(&app, stream_sink(&own.settings(), stream), 16);
+    let relay = crate::relay::relay(&app, stream_sink(&own.settings(), stream), 1000);
     crate::relay::pending_tagged(&app, "w", 3).await;
 
     let replica = own.data[1];
@@ -405,17 +438,7 @@ async fn a_stream_batch_no_replica_confirmed_is_not_marked_sent_until_one_does()
     assert_eq!(stream_entries(&url(own.data[0]), stream).await.len(), 3);
 
     // Once the replica answers again, the retry is confirmed and marked sent.
-    app.clock.advance(3600);
-    let mut published = 0;
-    for _ in 0..20 {
-        published += relay.tick().await.expect("tick").published;
-        if published == 3 {
-            break;
-        }
-        app.clock.advance(3600);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(published, 3);
+    assert_eq!(publish_all(&app, &relay, 3).await, 3);
     assert_eq!(app.db.count("local_message WHERE status = 1").await, 3);
     let on_the_replica = biz_keys(&stream_entries(&url(replica), stream).await);
     for key in ["w0", "w1", "w2"] {
@@ -431,22 +454,17 @@ async fn the_stream_sink_follows_the_new_master_after_a_failover() {
     let own = OwnSentinels::start().await;
     let app = spawn_app_with(Backend::Sqlite, |_| {}).await;
     let stream = "pn-sentinel:events";
-    let relay = crate::relay::relay(&app, stream_sink(&own.settings(), stream), 16);
+    let relay = crate::relay::relay(&app, stream_sink(&own.settings(), stream), 1000);
     crate::relay::pending_tagged(&app, "a", 2).await;
     assert_eq!(relay.tick().await.expect("tick").published, 2);
 
     let second = own.fail_over(true).await;
     crate::relay::pending_tagged(&app, "b", 2).await;
-    let mut published = 0;
-    for _ in 0..20 {
-        published += relay.tick().await.expect("tick").published;
-        if published == 2 {
-            break;
-        }
-        app.clock.advance(3600);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(published, 2, "the new rows reached the new master");
+    assert_eq!(
+        publish_all(&app, &relay, 2).await,
+        2,
+        "the new rows reached the new master"
+    );
     assert_eq!(app.db.count("local_message WHERE status = 1").await, 4);
     let on_the_new_master = biz_keys(&stream_entries(&url(second), stream).await);
     for key in ["a0", "a1", "b0", "b1"] {

@@ -895,9 +895,7 @@ async fn the_redis_stream_sink_adds_every_event_with_its_fields() {
         .expect("Redis must run on 127.0.0.1:6379 (bash tests/run.sh starts it)");
     assert_eq!(tick_once(&app, Arc::new(sink), 16).await.published, 5);
     let entries = crate::support::helpers::stream_entries("redis://127.0.0.1:6379", &stream).await;
-    let mut conn = redis::Client::open("redis://127.0.0.1:6379")
-        .expect("client")
-        .get_multiplexed_async_connection()
+    let mut conn = crate::support::helpers::redis_connection("redis://127.0.0.1:6379")
         .await
         .expect("conn");
     let _: () = redis::cmd("DEL")

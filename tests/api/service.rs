@@ -305,9 +305,7 @@ async fn the_stream_goes_to_relay_redis_url_and_survives_a_flush_of_the_gate(bac
         "nothing is published into the gate's Redis"
     );
 
-    let client = redis::Client::open(gate_url.as_str()).expect("gate url");
-    let mut gate = client
-        .get_multiplexed_async_connection()
+    let mut gate = crate::support::helpers::redis_connection(&gate_url)
         .await
         .expect("gate redis answers");
     redis::cmd("FLUSHALL")

@@ -957,13 +957,22 @@ pub fn wechat_paid(
     }
 }
 
+/// A test's own connection to the Redis at `url`: patient (5 s to connect, 5 s for an
+/// answer), because the client's defaults (1 s, 0.5 s) are what the service's timeouts are
+/// tested against, not what a two-core machine running the whole suite guarantees a test's
+/// look at a node.
+pub async fn redis_connection(url: &str) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    let patient = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
+        .set_response_timeout(Some(std::time::Duration::from_secs(5)));
+    redis::Client::open(url)?
+        .get_multiplexed_async_connection_with_config(&patient)
+        .await
+}
+
 /// Every entry of a Redis stream: `(id, [(field, value)])`.
 pub async fn stream_entries(redis_url: &str, stream: &str) -> Vec<(String, Vec<(String, String)>)> {
-    let client = redis::Client::open(redis_url).expect("client");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("conn");
+    let mut conn = redis_connection(redis_url).await.expect("conn");
     redis::cmd("XRANGE")
         .arg(stream)
         .arg("-")
@@ -1040,10 +1049,7 @@ pub async fn readiness(app: &TestApp) -> (u16, serde_json::Value) {
 /// Waits (up to 10 s) until a Redis server the test started at `url` answers PING.
 pub async fn redis_answers(url: &str) -> bool {
     eventually(std::time::Duration::from_secs(10), || async {
-        let Ok(client) = redis::Client::open(url) else {
-            return false;
-        };
-        match client.get_multiplexed_async_connection().await {
+        match redis_connection(url).await {
             Ok(mut c) => redis::cmd("PING")
                 .query_async::<String>(&mut c)
                 .await
