@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # cargo fuzz smoke: every target under fuzz/ for CHAOS_FUZZ_SECS seconds (default 60, 15 with
 # --fast) each, one after the other. Any crash, leak or timeout fails the scenario; the input
-# is kept under fuzz/artifacts/TARGET/ (reproduce: cargo +nightly fuzz run TARGET FILE).
+# is kept under fuzz/artifacts/TARGET/ (reproduce: cargo +nightly fuzz run --codegen-units 16
+# TARGET FILE).
 # Needs the nightly toolchain (rustup toolchain install nightly); cargo-fuzz is installed from
 # crates.io when missing. The corpus grows in fuzz/corpus/TARGET (not committed).
 #   CHAOS_FUZZ_SECS, CHAOS_FUZZ_TARGETS (default: all five), CHAOS_FUZZ_TARGET_DIR (where the
@@ -31,8 +32,11 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 
 cd "$REPO_DIR/fuzz" || exit 1
+# 16 codegen units (cargo fuzz's release default is one): the build runs on both cores; the
+# run below passes the same, or it would build again. fuzz/Cargo.toml sets opt-level 1.
+BUILD=(--codegen-units 16)
 log "building ${TARGETS[*]} ($(cargo fuzz --version))"
-cargo +nightly fuzz build >&2 || {
+cargo +nightly fuzz build "${BUILD[@]}" >&2 || {
   log "FAIL: the fuzz targets do not build"
   echo "RESULT fuzz: FAIL"
   exit 1
@@ -42,7 +46,7 @@ for target in "${TARGETS[@]}"; do
   mkdir -p "corpus/$target"
   out=$(mktemp "${TMPDIR:-/tmp}/fuzz-$target.XXXXXX")
   # -timeout: one input taking over 10 s is a finding; -rss_limit_mb bounds memory.
-  cargo +nightly fuzz run "$target" "corpus/$target" -- -max_total_time="$SECS" \
+  cargo +nightly fuzz run "${BUILD[@]}" "$target" "corpus/$target" -- -max_total_time="$SECS" \
     -dict="dict/$target.dict" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     >"$out" 2>&1
   rc=$?

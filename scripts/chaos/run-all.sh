@@ -63,7 +63,7 @@ for name in "${names[@]}"; do
   echo "=== $name" >&2
   started=$SECONDS
   # A bound on each scenario, whatever happens inside it. The fuzz scenario's first run builds
-  # the instrumented targets with nightly (cargo-fuzz install and 16 minutes of build on 2
+  # the instrumented targets with nightly (cargo-fuzz install and 15 minutes of build on 2
   # cores, before a minute of fuzzing): it gets an hour.
   limit=${CHAOS_SCENARIO_TIMEOUT:-1200}
   [ "$name" = fuzz ] && limit=${CHAOS_FUZZ_TIMEOUT:-3600}
