@@ -66,6 +66,21 @@ async fn order_of(app: &TestApp, order_no: &str, mchid: &str) {
     assert_eq!(status, 201, "{order_no}: {answer}");
 }
 
+/// `POST /admin/merchants` of `body` is 400 with an error naming each of `named`, and the
+/// account it names is not stored.
+async fn refused_and_not_stored(app: &TestApp, body: &Value, named: &[&str]) {
+    let (status, answer) = admin_json(app, Method::POST, "/admin/merchants", body).await;
+    assert_eq!(status, 400, "{answer}");
+    let error = answer["error"].as_str().unwrap_or_default();
+    for part in named {
+        assert!(error.contains(part), "{part} in {error}");
+    }
+    let account = body["account"].as_str().unwrap_or_default();
+    let path = format!("/admin/merchants/wechat/{account}");
+    let (status, _) = admin_json(app, Method::GET, &path, &Value::Null).await;
+    assert_eq!(status, 404, "nothing stored of {account}");
+}
+
 async fn merchants_sharing_a_certificate_each_get_their_own_payments(backend: Backend) {
     let app = spawn_app_with(backend, both_hold_the_certificate).await;
     let of_a = under_certificate(A, "wx0000000000000001", crate::wechat::APIV3_A);
@@ -152,38 +167,19 @@ async fn an_account_added_with_a_shared_certificate_is_paid_as_itself(backend: B
             {"serial": "PUB_KEY_ID_0000000000000000000000000000000A", "public_key_pem": other}
         ]},
     });
-    let (status, answer) = admin_json(&app, Method::POST, "/admin/merchants", &body).await;
-    assert_eq!(status, 400, "{answer}");
-    let error = answer["error"].as_str().unwrap_or_default();
-    assert!(error.contains("keys.platform_keys[0].serial"), "{error}");
-    assert!(error.contains("another public key"), "{error}");
-    let (status, _) = admin_json(
+    refused_and_not_stored(
         &app,
-        Method::GET,
-        "/admin/merchants/wechat/1900000004",
-        &Value::Null,
+        &body,
+        &["keys.platform_keys[0].serial", "another public key"],
     )
     .await;
-    assert_eq!(status, 404, "nothing stored");
 
     // The certificate again, under A's APIv3 key: its notifications would open for A and E.
     let body = json!({
         "channel": "wechat", "account": "1900000005", "mode": "direct", "appids": ["wx0000000000000055"],
         "keys": {"apiv3_key": crate::wechat::APIV3_A, "platform_keys": [{"certificate_pem": cert_pem}]},
     });
-    let (status, answer) = admin_json(&app, Method::POST, "/admin/merchants", &body).await;
-    assert_eq!(status, 400, "{answer}");
-    let error = answer["error"].as_str().unwrap_or_default();
-    assert!(error.contains("keys.apiv3_key"), "{error}");
-    assert!(error.contains("merchant 1900000001"), "{error}");
-    let (status, _) = admin_json(
-        &app,
-        Method::GET,
-        "/admin/merchants/wechat/1900000005",
-        &Value::Null,
-    )
-    .await;
-    assert_eq!(status, 404, "nothing stored");
+    refused_and_not_stored(&app, &body, &["keys.apiv3_key", "merchant 1900000001"]).await;
 
     // Disabling C takes only C's entry of the certificate: A's payments still verify.
     let (status, view) = admin_json(
